@@ -1,0 +1,88 @@
+"""Row-major GEMM for float and double over SciPy's Fortran BLAS.
+
+Fortran BLAS is column-major: a row-major ``[m, n]`` array is, to Fortran, the ``[n, m]``
+matrix ``Cᵀ``.  So row-major ``C = op(A)·op(B)`` is computed as Fortran
+``Cᵀ = op(B)ᵀ·op(A)ᵀ``: pass B first, then A, swap m and n, keep each operand's own flag.
+"""
+from cython cimport floating
+from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
+
+
+cdef void gemm(bint trans_a, bint trans_b, int m, int n, int k, floating alpha,
+               const floating *A, int lda, const floating *B, int ldb,
+               floating beta, floating *C, int ldc) noexcept nogil:
+    cdef char ta = b't' if trans_a else b'n'
+    cdef char tb = b't' if trans_b else b'n'
+    cdef char tv
+    cdef int inc_a, one = 1, rows, cols
+    cdef Py_ssize_t i
+    if m <= 0 or n <= 0:
+        return
+    if k <= 0:
+        # BLAS leaves C untouched for k == 0 only when beta == 1; make it explicit.
+        for i in range(m):
+            scale_row(C + i * ldc, n, beta)
+        return
+    if m == 1:
+        # c[1, n] = a[1, k] · op(B): Fortran sees B (row-major [k, n]) as the [n, k] matrix Bᵀ,
+        # so c = Bᵀ_f · a  ("N"), and for B stored [n, k]  c = B_fᵀ · a  ("T").
+        inc_a = lda if trans_a else 1
+        if trans_b:
+            tv = b't'
+            rows = k
+            cols = n
+        else:
+            tv = b'n'
+            rows = n
+            cols = k
+        if floating is float:
+            sgemv(&tv, &rows, &cols, &alpha, <float *>B, &ldb, <float *>A, &inc_a,
+                  &beta, C, &one)
+        else:
+            dgemv(&tv, &rows, &cols, &alpha, <double *>B, &ldb, <double *>A, &inc_a,
+                  &beta, C, &one)
+        return
+    if floating is float:
+        sgemm(&tb, &ta, &n, &m, &k, &alpha, <float *>B, &ldb, <float *>A, &lda,
+              &beta, C, &ldc)
+    else:
+        dgemm(&tb, &ta, &n, &m, &k, &alpha, <double *>B, &ldb, <double *>A, &lda,
+              &beta, C, &ldc)
+
+
+cdef inline void scale_row(floating *c, int n, floating beta) noexcept nogil:
+    cdef int j
+    if beta == 0:
+        for j in range(n):
+            c[j] = 0
+    elif beta != 1:
+        for j in range(n):
+            c[j] = beta * c[j]
+
+
+def gemm_rm(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
+            const floating[:, :] B, double beta, floating[:, :] C):
+    """``C = alpha·op(A)·op(B) + beta·C`` on row-major 2-D arrays (for tests and tools).
+
+    Each array may be a row-strided view (unit stride along its last axis).
+    """
+    cdef int m = A.shape[1] if trans_a else A.shape[0]
+    cdef int k = A.shape[0] if trans_a else A.shape[1]
+    cdef int kb = B.shape[1] if trans_b else B.shape[0]
+    cdef int n = B.shape[0] if trans_b else B.shape[1]
+    if kb != k or C.shape[0] != m or C.shape[1] != n:
+        raise ValueError(f"gemm_rm: shapes do not match: op(A) [{m}, {k}], op(B) [{kb}, {n}], "
+                         f"C [{C.shape[0]}, {C.shape[1]}]")
+    for arr, name in ((A, "A"), (B, "B"), (C, "C")):
+        if arr.shape[0] * arr.shape[1] > 0 and arr.strides[1] != sizeof(floating):
+            raise ValueError(f"gemm_rm: {name} must have unit stride along its last axis")
+    cdef int lda = max(1, A.strides[0] // sizeof(floating)) if A.shape[0] > 1 else max(1, A.shape[1])
+    cdef int ldb = max(1, B.strides[0] // sizeof(floating)) if B.shape[0] > 1 else max(1, B.shape[1])
+    cdef int ldc = max(1, C.strides[0] // sizeof(floating)) if C.shape[0] > 1 else max(1, C.shape[1])
+    cdef const floating *pa = &A[0, 0] if A.shape[0] * A.shape[1] > 0 else NULL
+    cdef const floating *pb = &B[0, 0] if B.shape[0] * B.shape[1] > 0 else NULL
+    if m == 0 or n == 0:
+        return
+    with nogil:
+        gemm(trans_a, trans_b, m, n, k, <floating>alpha, pa, lda, pb, ldb, <floating>beta,
+             &C[0, 0], ldc)

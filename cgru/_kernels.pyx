@@ -1,0 +1,680 @@
+"""Time loops and fused gate kernels of one GRU layer (all its directions), forward and backward.
+
+Equations (gates in canonical order r, z, n; row-vector form, per step t, one direction)::
+
+    1. gx = x_t·Wᵀ                      (all steps at once, before the loop: engine.py)
+    2. gh = (h ⊙ m)·Rᵀ                  (reset-after: all 3 gates; reset-before: r, z only)
+    3. r = f_r(clip(gx_r + gh_r + b_r)),  z = f_z(clip(gx_z + gh_z + b_z))
+           b_r = b_Wr + b_Rr, b_z = b_Wz + b_Rz                       (summed in engine.py)
+    4. reset-after:  hn = gh_n + b_Rn,  n = g(clip(gx_n + b_Wn + r ⊙ hn))
+       reset-before: gh_n = (r ⊙ h ⊙ m)·R_nᵀ,  n = g(clip(gx_n + gh_n + b_Wn + b_Rn))
+    5. h' = n + z ⊙ (h − n)   (flip_z: h' = h + z ⊙ (n − h));  y_t = h'
+    Rows with t ≥ len[b] are inactive: h' = h, y_t = 0.
+
+Saved in the reserve by the training forward (per direction; T·N rows, time t row t·N + b)::
+
+    ws_gates   [T, N, 3H]   r, z, n after activation   (0 on inactive rows)
+    ws_pre     [T, N, 3H]   pre-activations before clip (general cells only)
+    ws_hn      [T, N, H]    hn = gh_n + b_Rn            (reset-after only)
+    ws_states  [T+1, N, H]  slot 0 = h0, slot t+1 = state after time t (forward);
+                            slot T = h0, slot t = state after time t (reversed direction)
+
+Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
+
+    bwd of 5: dh += dy_t;  dn = dh ⊙ (1 − z), dz = dh ⊙ (h − n), dh_prev = dh ⊙ z
+              (flip_z: dn = dh ⊙ z, dz = dh ⊙ (n − h), dh_prev = dh ⊙ (1 − z))
+    bwd of 4: dpn = dn ⊙ g'(…);  reset-after: dgx_n = dpn, dgh_n = dpn ⊙ r, dr = dpn ⊙ hn
+              reset-before: dgx_n = dgh_n = dpn, drh = dpn·R_n, dr = drh ⊙ h ⊙ m,
+                            dh_prev += drh ⊙ r ⊙ m
+    bwd of 3: dgx_r = dgh_r = dr ⊙ f_r'(…),  dgx_z = dgh_z = dz ⊙ f_z'(…)
+    bwd of 2: dh_prev += m ⊙ (dgh·R)          (reset-before: r, z columns only)
+    After the loop (engine.py): dW = dgxᵀ·X, dR = dghᵀ·(h ⊙ m) (reset-before n rows:
+    dgh_nᵀ·(r ⊙ h ⊙ m), which the backward writes into ws_rhm), db_W = Σ dgx, db_R = Σ dgh,
+    dX = dgx·W.
+
+Parallelism: one OpenMP loop over work items (direction, batch chunk); each item runs the
+whole time loop for its rows with single-threaded BLAS.  The chunking depends on N only, so
+results are bitwise identical for every thread count.
+"""
+from cython cimport floating
+from cython.parallel cimport prange
+from libc.math cimport exp, expf, tanh, tanhf, log1p, log1pf, fabs
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy, memset
+
+import numpy as np
+cimport numpy as cnp
+
+from cgru._blas cimport gemm
+
+cnp.import_array()
+
+# --- activations -----------------------------------------------------------------------------
+
+
+cdef struct Act:
+    int code
+    double alpha
+    double beta
+
+
+cdef struct CellSpec:
+    bint reset_after
+    bint flip_z
+    bint fast
+    bint has_clip
+    double clip
+    Act f_r
+    Act f_z
+    Act g
+
+
+cdef inline floating sigmoid(floating x) noexcept nogil:
+    if floating is float:
+        return 1.0 / (1.0 + expf(-x))
+    else:
+        return 1.0 / (1.0 + exp(-x))
+
+
+cdef inline floating tanh_(floating x) noexcept nogil:
+    if floating is float:
+        return tanhf(x)
+    else:
+        return tanh(x)
+
+
+cdef inline floating exp_(floating x) noexcept nogil:
+    if floating is float:
+        return expf(x)
+    else:
+        return exp(x)
+
+
+cdef inline floating clamp(floating x, bint has_clip, floating c) noexcept nogil:
+    if has_clip:
+        if x > c:
+            return c
+        if x < -c:
+            return -c
+    return x
+
+
+cdef inline floating activate(const Act *f, floating x) noexcept nogil:
+    cdef floating a = <floating>f.alpha
+    cdef floating b = <floating>f.beta
+    cdef floating v
+    cdef int code = f.code
+    if code == 0:
+        return sigmoid(x)
+    elif code == 1:
+        return tanh_(x)
+    elif code == 2:
+        return x if x > 0 else 0
+    elif code == 3:
+        return x
+    elif code == 4:
+        v = a * x + b
+        return 0 if v < 0 else (1 if v > 1 else v)
+    elif code == 5:
+        return a * x + b
+    elif code == 6:
+        return x if x >= 0 else a * x
+    elif code == 7:
+        return x if x > a else 0
+    elif code == 8:
+        return a * tanh_(b * x)
+    elif code == 9:
+        return x if x >= 0 else a * (exp_(x) - 1)
+    elif code == 10:
+        return x / (1 + fabs(x))
+    else:  # 11 softplus, stable: max(x, 0) + log1p(exp(-|x|))
+        if floating is float:
+            return (x if x > 0 else 0) + log1pf(expf(-fabs(x)))
+        else:
+            return (x if x > 0 else 0) + log1p(exp(-fabs(x)))
+
+
+cdef inline floating activate_grad(const Act *f, floating x, floating y) noexcept nogil:
+    """d activation / d x at pre-activation x with value y."""
+    cdef floating a = <floating>f.alpha
+    cdef floating b = <floating>f.beta
+    cdef floating v
+    cdef int code = f.code
+    if code == 0:
+        return y * (1 - y)
+    elif code == 1:
+        return 1 - y * y
+    elif code == 2:
+        return 1 if x > 0 else 0
+    elif code == 3:
+        return 1
+    elif code == 4:
+        v = a * x + b
+        return a if (v > 0 and v < 1) else 0
+    elif code == 5:
+        return a
+    elif code == 6:
+        return 1 if x >= 0 else a
+    elif code == 7:
+        return 1 if x > a else 0
+    elif code == 8:
+        v = tanh_(b * x)
+        return a * b * (1 - v * v)
+    elif code == 9:
+        return 1 if x >= 0 else a * exp_(x)
+    elif code == 10:
+        v = 1 + fabs(x)
+        return 1 / (v * v)
+    else:
+        return sigmoid(x)
+
+
+cdef inline floating clip_grad(floating x, bint has_clip, floating c) noexcept nogil:
+    if has_clip and (x > c or x < -c):
+        return 0
+    return 1
+
+
+# --- the arguments of one layer --------------------------------------------------------------
+cdef struct Dir:
+    # per direction; every pointer is to the dtype's elements, rows as documented
+    bint reverse
+    const void *gx           # [T·N, 3H], row stride ldgx       (IN)
+    Py_ssize_t ldgx
+    const void *R            # [3H, H]                          (IN)
+    const void *b_rzn        # [3H] b_r, b_z, b_n (see step 3/4) (IN)
+    const void *b_hn         # [H]  b_Rn (reset-after)           (IN)
+    const void *h0           # [N, H]                           (IN)
+    void *hy                 # [N, H]                           (OUT)
+    void *gates              # [T·N, 3H] or NULL (inference)    (OUT)
+    void *pre                # [T·N, 3H] or NULL                (OUT)
+    void *hn                 # [T·N, H] or NULL                 (OUT)
+    void *states             # [(T+1)·N, H] or NULL             (OUT)
+    # backward
+    const void *dhy          # [N, H] or NULL                   (IN)
+    void *dh0                # [N, H]                           (OUT)
+    void *dgx                # [T·N, 3H]                        (OUT)
+    void *dgh                # [T·N, 3H] (reset-after)          (OUT)
+    void *rhm                # [T·N, H]  (reset-before: r⊙h⊙m)  (OUT)
+    void *hm                 # [T·N, H]  (mask: h⊙m)            (OUT)
+
+
+cdef struct Layer:
+    int T
+    int N
+    int H
+    int D
+    int n_chunks
+    const long long *lengths   # [N]
+    const void *mask           # [T, N, D·H] or NULL
+    void *y                    # [T, N, D·H] forward output      (OUT)
+    const void *dy             # [T, N, D·H] or NULL             (IN, backward)
+    Dir dirs[2]
+
+
+cdef inline void *ptr(object a):
+    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+# --- forward -------------------------------------------------------------------------------
+cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C, int item,
+                      bint training) noexcept nogil:
+    """Whole time loop for one (direction, batch chunk) work item.  Returns 0, or -1 if out of
+    memory."""
+    cdef int T = L.T, N = L.N, H = L.H, D = L.D
+    cdef int d = item // L.n_chunks, c = item % L.n_chunks
+    cdef int b0 = <int>((<long long>c * N) // L.n_chunks)
+    cdef int b1 = <int>((<long long>(c + 1) * N) // L.n_chunks)
+    cdef int rows = b1 - b0
+    cdef const Dir *P = &L.dirs[d]
+    cdef const floating *gx = <const floating *>P.gx
+    cdef const floating *R = <const floating *>P.R
+    cdef const floating *b_rzn = <const floating *>P.b_rzn
+    cdef const floating *b_hn = <const floating *>P.b_hn
+    cdef const floating *mask = <const floating *>L.mask
+    cdef floating *y = <floating *>L.y
+    cdef floating *states = <floating *>P.states
+    cdef floating *ws_gates = <floating *>P.gates
+    cdef floating *ws_pre = <floating *>P.pre
+    cdef floating *ws_hn = <floating *>P.hn
+    cdef Py_ssize_t H3 = 3 * H, DH = D * H, ldgx = P.ldgx
+    cdef floating clipv = <floating>C.clip
+    cdef bint has_clip = C.has_clip, flip = C.flip_z
+    cdef int s, t, i, j, b
+    cdef Py_ssize_t row
+    cdef const floating *gxr
+    cdef const floating *mrow
+    cdef const floating *hp
+    cdef floating *hnew
+    cdef floating *ghr
+    cdef floating *g3
+    cdef floating pr, pz, pn, r, z, n, hnv, hv
+    if rows <= 0:
+        return 0
+    # scratch: gh [rows, 3H] | hm [rows, H] | rz [rows, 3H] (reset-before inference: r, z, n) |
+    #          h_a, h_b [rows, H] (inference: the state, ping-pong)
+    cdef floating *scratch = <floating *>malloc((<size_t>rows) * 9 * H * sizeof(floating) + 64)
+    if scratch == NULL:
+        return -1
+    cdef floating *gh = scratch
+    cdef floating *hm = gh + <size_t>rows * H3
+    cdef floating *rz = hm + <size_t>rows * H
+    cdef floating *h_a = rz + <size_t>rows * H3
+    cdef floating *h_b = h_a + <size_t>rows * H
+    cdef floating *h_prev
+    cdef floating *h_next
+    cdef const floating *h_src
+
+    # initial state
+    if training:
+        h_prev = states + (<size_t>(T if P.reverse else 0) * N + b0) * H
+    else:
+        h_prev = h_a
+    memcpy(h_prev, <const floating *>P.h0 + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
+
+    for s in range(T):
+        t = T - 1 - s if P.reverse else s
+        if training:
+            h_next = states + (<size_t>(t if P.reverse else t + 1) * N + b0) * H
+        else:
+            h_next = h_b if h_prev == h_a else h_a
+        # 2. gh = (h ⊙ m)·Rᵀ
+        h_src = h_prev
+        if mask != NULL:
+            for i in range(rows):
+                mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
+                for j in range(H):
+                    hm[i * H + j] = h_prev[i * H + j] * mrow[j]
+            h_src = hm
+        # gh[rows, 3H or 2H] = h_src[rows, H] · R[3H or 2H, H]ᵀ
+        gemm(False, True, rows, 3 * H if C.reset_after else 2 * H, H, <floating>1,
+             h_src, H, R, H, <floating>0, gh, H3)
+        if C.reset_after:
+            for i in range(rows):
+                b = b0 + i
+                row = <Py_ssize_t>t * N + b
+                hp = h_prev + i * H
+                hnew = h_next + i * H
+                if t >= L.lengths[b]:
+                    memcpy(hnew, hp, H * sizeof(floating))
+                    memset(y + row * DH + d * H, 0, H * sizeof(floating))
+                    if training:
+                        memset(ws_gates + row * H3, 0, H3 * sizeof(floating))
+                        memset(ws_hn + row * H, 0, H * sizeof(floating))
+                        if ws_pre != NULL:
+                            memset(ws_pre + row * H3, 0, H3 * sizeof(floating))
+                    continue
+                gxr = gx + row * ldgx
+                ghr = gh + i * H3
+                if C.fast:
+                    # 3.-5. fused, sigmoid/tanh, no clip
+                    if training:
+                        g3 = ws_gates + row * H3
+                        for j in range(H):
+                            r = sigmoid(gxr[j] + ghr[j] + b_rzn[j])
+                            z = sigmoid(gxr[H + j] + ghr[H + j] + b_rzn[H + j])
+                            hnv = ghr[2 * H + j] + b_hn[j]
+                            n = tanh_(gxr[2 * H + j] + b_rzn[2 * H + j] + r * hnv)
+                            hv = hp[j]
+                            hnew[j] = (hv + z * (n - hv)) if flip else (n + z * (hv - n))
+                            g3[j] = r
+                            g3[H + j] = z
+                            g3[2 * H + j] = n
+                            ws_hn[row * H + j] = hnv
+                    else:
+                        for j in range(H):
+                            r = sigmoid(gxr[j] + ghr[j] + b_rzn[j])
+                            z = sigmoid(gxr[H + j] + ghr[H + j] + b_rzn[H + j])
+                            n = tanh_(gxr[2 * H + j] + b_rzn[2 * H + j]
+                                      + r * (ghr[2 * H + j] + b_hn[j]))
+                            hv = hp[j]
+                            hnew[j] = (hv + z * (n - hv)) if flip else (n + z * (hv - n))
+                else:
+                    for j in range(H):
+                        pr = gxr[j] + ghr[j] + b_rzn[j]
+                        pz = gxr[H + j] + ghr[H + j] + b_rzn[H + j]
+                        r = activate(&C.f_r, clamp(pr, has_clip, clipv))
+                        z = activate(&C.f_z, clamp(pz, has_clip, clipv))
+                        hnv = ghr[2 * H + j] + b_hn[j]
+                        pn = gxr[2 * H + j] + b_rzn[2 * H + j] + r * hnv
+                        n = activate(&C.g, clamp(pn, has_clip, clipv))
+                        hv = hp[j]
+                        hnew[j] = (hv + z * (n - hv)) if flip else (n + z * (hv - n))
+                        if training:
+                            g3 = ws_gates + row * H3
+                            g3[j] = r
+                            g3[H + j] = z
+                            g3[2 * H + j] = n
+                            ws_hn[row * H + j] = hnv
+                            ws_pre[row * H3 + j] = pr
+                            ws_pre[row * H3 + H + j] = pz
+                            ws_pre[row * H3 + 2 * H + j] = pn
+                memcpy(y + row * DH + d * H, hnew, H * sizeof(floating))
+        else:
+            # reset-before, pass 1: r, z; hm = r ⊙ h ⊙ m for the candidate's recurrent product
+            for i in range(rows):
+                b = b0 + i
+                row = <Py_ssize_t>t * N + b
+                hp = h_prev + i * H
+                g3 = (ws_gates + row * H3) if training else (rz + i * H3)
+                if t >= L.lengths[b]:
+                    memset(hm + i * H, 0, H * sizeof(floating))
+                    continue
+                gxr = gx + row * ldgx
+                ghr = gh + i * H3
+                mrow = mask + (<size_t>t * N + b) * DH + <size_t>d * H if mask != NULL else NULL
+                for j in range(H):
+                    pr = gxr[j] + ghr[j] + b_rzn[j]
+                    pz = gxr[H + j] + ghr[H + j] + b_rzn[H + j]
+                    if C.fast:
+                        r = sigmoid(pr)
+                        z = sigmoid(pz)
+                    else:
+                        r = activate(&C.f_r, clamp(pr, has_clip, clipv))
+                        z = activate(&C.f_z, clamp(pz, has_clip, clipv))
+                        if training:
+                            ws_pre[row * H3 + j] = pr
+                            ws_pre[row * H3 + H + j] = pz
+                    g3[j] = r
+                    g3[H + j] = z
+                    hm[i * H + j] = r * hp[j] * (mrow[j] if mrow != NULL else 1)
+            # gh_n[rows, H] = hm[rows, H] · R_n[H, H]ᵀ
+            gemm(False, True, rows, H, H, <floating>1, hm, H, R + <size_t>2 * H * H, H,
+                 <floating>0, gh + 2 * H, H3)
+            # pass 2: n and h'
+            for i in range(rows):
+                b = b0 + i
+                row = <Py_ssize_t>t * N + b
+                hp = h_prev + i * H
+                hnew = h_next + i * H
+                if t >= L.lengths[b]:
+                    memcpy(hnew, hp, H * sizeof(floating))
+                    memset(y + row * DH + d * H, 0, H * sizeof(floating))
+                    if training:
+                        memset(ws_gates + row * H3, 0, H3 * sizeof(floating))
+                        if ws_pre != NULL:
+                            memset(ws_pre + row * H3, 0, H3 * sizeof(floating))
+                    continue
+                gxr = gx + row * ldgx
+                ghr = gh + i * H3
+                g3 = (ws_gates + row * H3) if training else (rz + i * H3)
+                for j in range(H):
+                    pn = gxr[2 * H + j] + ghr[2 * H + j] + b_rzn[2 * H + j]
+                    if C.fast:
+                        n = tanh_(pn)
+                    else:
+                        n = activate(&C.g, clamp(pn, has_clip, clipv))
+                        if training:
+                            ws_pre[row * H3 + 2 * H + j] = pn
+                    z = g3[H + j]
+                    hv = hp[j]
+                    hnew[j] = (hv + z * (n - hv)) if flip else (n + z * (hv - n))
+                    g3[2 * H + j] = n
+                memcpy(y + row * DH + d * H, hnew, H * sizeof(floating))
+        h_prev = h_next
+    memcpy(<floating *>P.hy + <size_t>b0 * H, h_prev, <size_t>rows * H * sizeof(floating))
+    free(scratch)
+    return 0
+
+
+# --- backward ------------------------------------------------------------------------------
+cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C,
+                       int item) noexcept nogil:
+    """Backward time loop for one (direction, batch chunk) work item (see the module
+    docstring).  Returns 0, or -1 if out of memory."""
+    cdef int T = L.T, N = L.N, H = L.H, D = L.D
+    cdef int d = item // L.n_chunks, c = item % L.n_chunks
+    cdef int b0 = <int>((<long long>c * N) // L.n_chunks)
+    cdef int b1 = <int>((<long long>(c + 1) * N) // L.n_chunks)
+    cdef int rows = b1 - b0
+    cdef const Dir *P = &L.dirs[d]
+    cdef const floating *R = <const floating *>P.R
+    cdef const floating *mask = <const floating *>L.mask
+    cdef const floating *dy = <const floating *>L.dy
+    cdef const floating *states = <const floating *>P.states
+    cdef const floating *ws_gates = <const floating *>P.gates
+    cdef const floating *ws_pre = <const floating *>P.pre
+    cdef const floating *ws_hn = <const floating *>P.hn
+    cdef floating *dgx = <floating *>P.dgx
+    cdef floating *dgh = <floating *>P.dgh if C.reset_after else <floating *>P.dgx
+    cdef floating *rhm = <floating *>P.rhm
+    cdef floating *hm = <floating *>P.hm
+    cdef Py_ssize_t H3 = 3 * H, DH = D * H
+    cdef floating clipv = <floating>C.clip
+    cdef bint has_clip = C.has_clip, flip = C.flip_z, fast = C.fast
+    cdef int s, t, i, j, b
+    cdef Py_ssize_t row
+    cdef const floating *hp
+    cdef const floating *g3
+    cdef const floating *pre3
+    cdef const floating *mrow
+    cdef floating *dxr
+    cdef floating *dhr
+    cdef floating r, z, n, hv, dhv, dn, dz, dpn, dpr, dpz, dr, m
+    if rows <= 0:
+        return 0
+    # scratch: dh [rows, H] (the carry) | tmp [rows, H] (GEMM result)
+    cdef floating *scratch = <floating *>malloc((<size_t>rows) * 2 * H * sizeof(floating) + 64)
+    if scratch == NULL:
+        return -1
+    cdef floating *dh = scratch
+    cdef floating *tmp = dh + <size_t>rows * H
+    if P.dhy != NULL:
+        memcpy(dh, <const floating *>P.dhy + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
+    else:
+        memset(dh, 0, <size_t>rows * H * sizeof(floating))
+
+    for s in range(T):
+        t = s if P.reverse else T - 1 - s
+        # h_prev of time t: slot t (forward) or t+1 (reversed)
+        hp = states + (<size_t>(t + 1 if P.reverse else t) * N + b0) * H
+        for i in range(rows):
+            b = b0 + i
+            row = <Py_ssize_t>t * N + b
+            dhr = dh + i * H
+            dxr = dgx + row * H3
+            mrow = mask + (<size_t>t * N + b) * DH + <size_t>d * H if mask != NULL else NULL
+            if hm != NULL:
+                for j in range(H):
+                    hm[row * H + j] = hp[i * H + j] * mrow[j]
+            if t >= L.lengths[b]:
+                # inactive: the state passes through; no gate gradients
+                memset(dxr, 0, H3 * sizeof(floating))
+                if C.reset_after:
+                    memset(dgh + row * H3, 0, H3 * sizeof(floating))
+                else:
+                    memset(rhm + row * H, 0, H * sizeof(floating))
+                continue
+            if dy != NULL:
+                for j in range(H):
+                    dhr[j] += dy[row * DH + d * H + j]
+            g3 = ws_gates + row * H3
+            pre3 = ws_pre + row * H3 if ws_pre != NULL else NULL
+            for j in range(H):
+                r = g3[j]
+                z = g3[H + j]
+                n = g3[2 * H + j]
+                hv = hp[i * H + j]
+                dhv = dhr[j]
+                # bwd of 5
+                if flip:
+                    dn = dhv * z
+                    dz = dhv * (n - hv)
+                    dhr[j] = dhv * (1 - z)
+                else:
+                    dn = dhv * (1 - z)
+                    dz = dhv * (hv - n)
+                    dhr[j] = dhv * z
+                # bwd of 4 (candidate), 3 (update gate)
+                if fast:
+                    dpn = dn * (1 - n * n)
+                    dpz = dz * z * (1 - z)
+                else:
+                    dpn = dn * activate_grad(&C.g, clamp(pre3[2 * H + j], has_clip, clipv), n) \
+                        * clip_grad(pre3[2 * H + j], has_clip, clipv)
+                    dpz = dz * activate_grad(&C.f_z, clamp(pre3[H + j], has_clip, clipv), z) \
+                        * clip_grad(pre3[H + j], has_clip, clipv)
+                dxr[H + j] = dpz
+                dxr[2 * H + j] = dpn
+                if C.reset_after:
+                    dr = dpn * ws_hn[row * H + j]
+                    if fast:
+                        dpr = dr * r * (1 - r)
+                    else:
+                        dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
+                            * clip_grad(pre3[j], has_clip, clipv)
+                    dxr[j] = dpr
+                    dgh[row * H3 + j] = dpr
+                    dgh[row * H3 + H + j] = dpz
+                    dgh[row * H3 + 2 * H + j] = dpn * r
+                else:
+                    m = mrow[j] if mrow != NULL else 1
+                    rhm[row * H + j] = r * hv * m
+        if C.reset_after:
+            # bwd of 2: dh_prev += m ⊙ (dgh[rows, 3H] · R[3H, H])
+            if mask == NULL:
+                gemm(False, False, rows, H, 3 * H, <floating>1, dgh + (<size_t>t * N + b0) * H3,
+                     H3, R, H, <floating>1, dh, H)
+            else:
+                gemm(False, False, rows, H, 3 * H, <floating>1, dgh + (<size_t>t * N + b0) * H3,
+                     H3, R, H, <floating>0, tmp, H)
+                for i in range(rows):
+                    mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
+                    for j in range(H):
+                        dh[i * H + j] += mrow[j] * tmp[i * H + j]
+        else:
+            # bwd of 4 (reset-before): drh[rows, H] = dgx_n[rows, H] · R_n[H, H]
+            gemm(False, False, rows, H, H, <floating>1, dgx + (<size_t>t * N + b0) * H3 + 2 * H,
+                 H3, R + <size_t>2 * H * H, H, <floating>0, tmp, H)
+            for i in range(rows):
+                b = b0 + i
+                if t >= L.lengths[b]:
+                    continue
+                row = <Py_ssize_t>t * N + b
+                g3 = ws_gates + row * H3
+                pre3 = ws_pre + row * H3 if ws_pre != NULL else NULL
+                mrow = mask + (<size_t>t * N + b) * DH + <size_t>d * H if mask != NULL else NULL
+                for j in range(H):
+                    r = g3[j]
+                    m = mrow[j] if mrow != NULL else 1
+                    dr = tmp[i * H + j] * hp[i * H + j] * m
+                    dh[i * H + j] += tmp[i * H + j] * r * m
+                    if fast:
+                        dpr = dr * r * (1 - r)
+                    else:
+                        dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
+                            * clip_grad(pre3[j], has_clip, clipv)
+                    dgx[row * H3 + j] = dpr
+            # bwd of 2: dh_prev += m ⊙ (dgx_rz[rows, 2H] · R_rz[2H, H])
+            if mask == NULL:
+                gemm(False, False, rows, H, 2 * H, <floating>1, dgx + (<size_t>t * N + b0) * H3,
+                     H3, R, H, <floating>1, dh, H)
+            else:
+                gemm(False, False, rows, H, 2 * H, <floating>1, dgx + (<size_t>t * N + b0) * H3,
+                     H3, R, H, <floating>0, tmp, H)
+                for i in range(rows):
+                    mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
+                    for j in range(H):
+                        dh[i * H + j] += mrow[j] * tmp[i * H + j]
+    memcpy(<floating *>P.dh0 + <size_t>b0 * H, dh, <size_t>rows * H * sizeof(floating))
+    free(scratch)
+    return 0
+
+
+# --- Python entry points -------------------------------------------------------------------
+cdef CellSpec make_cell(object cell):
+    cdef CellSpec C
+    C.reset_after = cell.reset_after
+    C.flip_z = cell.flip_z
+    C.fast = cell.is_fast
+    C.has_clip = cell.clip is not None
+    C.clip = cell.clip if cell.clip is not None else 0.0
+    C.f_r.code = cell.f_r.code
+    C.f_r.alpha = cell.f_r.alpha
+    C.f_r.beta = cell.f_r.beta
+    C.f_z.code = cell.f_z.code
+    C.f_z.alpha = cell.f_z.alpha
+    C.f_z.beta = cell.f_z.beta
+    C.g.code = cell.g.code
+    C.g.alpha = cell.g.alpha
+    C.g.beta = cell.g.beta
+    return C
+
+
+cdef Layer make_layer(int T, int N, int H, int n_chunks, object lengths, object mask,
+                      object y, object dy, list dirs):
+    cdef Layer L
+    cdef Dir *P
+    memset(&L, 0, sizeof(Layer))
+    L.T, L.N, L.H, L.D, L.n_chunks = T, N, H, len(dirs), n_chunks
+    L.lengths = <const long long *>ptr(lengths)
+    L.mask = ptr(mask)
+    L.y = ptr(y)
+    L.dy = ptr(dy)
+    for d, a in enumerate(dirs):
+        P = &L.dirs[d]
+        P.reverse = a["reverse"]
+        P.gx = ptr(a.get("gx"))
+        P.ldgx = a.get("ldgx", 3 * H)
+        P.R = ptr(a["R"])
+        P.b_rzn = ptr(a.get("b_rzn"))
+        P.b_hn = ptr(a.get("b_hn"))
+        P.h0 = ptr(a.get("h0"))
+        P.hy = ptr(a.get("hy"))
+        P.gates = ptr(a.get("gates"))
+        P.pre = ptr(a.get("pre"))
+        P.hn = ptr(a.get("hn"))
+        P.states = ptr(a.get("states"))
+        P.dhy = ptr(a.get("dhy"))
+        P.dh0 = ptr(a.get("dh0"))
+        P.dgx = ptr(a.get("dgx"))
+        P.dgh = ptr(a.get("dgh"))
+        P.rhm = ptr(a.get("rhm"))
+        P.hm = ptr(a.get("hm"))
+    return L
+
+
+def forward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, cell,
+                  lengths, mask, y, list dirs, bint training):
+    """Run the forward time loops of one layer.  ``dirs`` holds one dict of arrays per
+    direction (keys as in the ``Dir`` struct); every array is C-contiguous, of ``dtype``, and
+    of the documented size — the engine checks, this function trusts."""
+    cdef CellSpec C = make_cell(cell)
+    cdef Layer L = make_layer(T, N, H, n_chunks, lengths, mask, y, None, dirs)
+    cdef int n_items = L.D * n_chunks, item, failed = 0
+    cdef bint is_float = np.dtype(dtype) == np.float32
+    cdef const float *fs = NULL
+    cdef const double *ds = NULL
+    if T == 0 or N == 0:
+        return
+    for item in prange(n_items, nogil=True, schedule="static", num_threads=num_threads):
+        if is_float:
+            if forward_item(fs, &L, &C, item, training) != 0:
+                failed += 1
+        else:
+            if forward_item(ds, &L, &C, item, training) != 0:
+                failed += 1
+    if failed:
+        raise MemoryError("cgru: out of memory for the per-thread scratch of the forward loop")
+
+
+def backward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, cell,
+                   lengths, mask, dy, list dirs):
+    """Run the backward time loops of one layer (see ``forward_layer``)."""
+    cdef CellSpec C = make_cell(cell)
+    cdef Layer L = make_layer(T, N, H, n_chunks, lengths, mask, None, dy, dirs)
+    cdef int n_items = L.D * n_chunks, item, failed = 0
+    cdef bint is_float = np.dtype(dtype) == np.float32
+    cdef const float *fs = NULL
+    cdef const double *ds = NULL
+    if T == 0 or N == 0:
+        return
+    for item in prange(n_items, nogil=True, schedule="static", num_threads=num_threads):
+        if is_float:
+            if backward_item(fs, &L, &C, item) != 0:
+                failed += 1
+        else:
+            if backward_item(ds, &L, &C, item) != 0:
+                failed += 1
+    if failed:
+        raise MemoryError("cgru: out of memory for the per-thread scratch of the backward loop")

@@ -1,0 +1,129 @@
+"""The GRU cell variant: one frozen description of which function "GRU" means.
+
+Gates in canonical order r (reset), z (update), n (candidate); ``x·Wᵀ`` with ``W`` stored
+``[H, in]``::
+
+    r = f_r(clip(x·W_rᵀ + b_Wr + h·R_rᵀ + b_Rr))
+    z = f_z(clip(x·W_zᵀ + b_Wz + h·R_zᵀ + b_Rz))
+    reset_after=True :  n = g(clip(x·W_nᵀ + b_Wn + r ⊙ (h·R_nᵀ + b_Rn)))
+    reset_after=False:  n = g(clip(x·W_nᵀ + (r ⊙ h)·R_nᵀ + b_Wn + b_Rn))
+    flip_z=False:       h' = (1 − z) ⊙ n + z ⊙ h
+    flip_z=True :       h' = z ⊙ n + (1 − z) ⊙ h
+
+``clip`` (ONNX) clamps every complete pre-activation to ``[−clip, clip]``; ``None`` means no
+clamp.  With a state mask ``m`` every ``h`` that enters a recurrent product is ``h ⊙ m``.
+"""
+from dataclasses import dataclass, field
+import math
+
+# name -> (kernel code, default alpha, default beta).  The alpha/beta defaults are those of
+# the matching ONNX operators; hard_sigmoid's are MPSGraph's / Keras' (0.2, 0.5).
+_KINDS = {
+    "sigmoid": (0, 0.0, 0.0),
+    "tanh": (1, 0.0, 0.0),
+    "relu": (2, 0.0, 0.0),
+    "identity": (3, 0.0, 0.0),
+    "hard_sigmoid": (4, 0.2, 0.5),
+    "affine": (5, 1.0, 0.0),
+    "leaky_relu": (6, 0.01, 0.0),
+    "thresholded_relu": (7, 1.0, 0.0),
+    "scaled_tanh": (8, 1.0, 1.0),
+    "elu": (9, 1.0, 0.0),
+    "softsign": (10, 0.0, 0.0),
+    "softplus": (11, 0.0, 0.0),
+}
+_ALIASES = {
+    "none": "identity", "linear": "identity",
+    "hardsigmoid": "hard_sigmoid", "leakyrelu": "leaky_relu",
+    "thresholdedrelu": "thresholded_relu", "scaledtanh": "scaled_tanh",
+}
+ACTIVATION_NAMES = tuple(_KINDS)
+
+
+def _canonical_name(name):
+    if not isinstance(name, str):
+        raise TypeError(f"activation: expected a name (str), got {type(name).__name__}")
+    key = name.strip().lower()
+    key = _ALIASES.get(key.replace("_", ""), _ALIASES.get(key, key))
+    if key not in _KINDS:
+        raise ValueError(f"activation: unknown name {name!r}; expected one of "
+                         f"{', '.join(ACTIVATION_NAMES)} (or 'none')")
+    return key
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An activation function by name with its ``alpha``/``beta`` (``None`` → the default).
+
+    ``hard_sigmoid``: ``clip(alpha·x + beta, 0, 1)``; ``affine``: ``alpha·x + beta``;
+    ``leaky_relu``: ``x if x ≥ 0 else alpha·x``; ``thresholded_relu``: ``x if x > alpha else 0``;
+    ``scaled_tanh``: ``alpha·tanh(beta·x)``; ``elu``: ``x if x ≥ 0 else alpha·(eˣ − 1)``;
+    ``softsign``: ``x / (1 + |x|)``; ``softplus``: ``log(1 + eˣ)``.
+    """
+    name: str
+    alpha: float = None
+    beta: float = None
+
+    def __post_init__(self):
+        name = _canonical_name(self.name)
+        _, da, db = _KINDS[name]
+        alpha = da if self.alpha is None else self.alpha
+        beta = db if self.beta is None else self.beta
+        for label, v in (("alpha", alpha), ("beta", beta)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"activation {name!r}: {label} must be a finite number, got {v!r}")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "alpha", float(alpha))
+        object.__setattr__(self, "beta", float(beta))
+
+    @property
+    def code(self):
+        """The integer the kernels dispatch on."""
+        return _KINDS[self.name][0]
+
+
+def _as_activation(value, what):
+    if isinstance(value, Activation):
+        return value
+    if isinstance(value, str):
+        return Activation(value)
+    if isinstance(value, tuple) and 1 <= len(value) <= 3:
+        return Activation(*value)
+    raise TypeError(f"{what}: expected an activation name, an Activation or a "
+                    f"(name, alpha, beta) tuple, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Which GRU: candidate form, interpolation direction, activations and clip.
+
+    The default is the cuDNN / PyTorch / TF cell: reset after the recurrent product,
+    ``h' = (1 − z)·n + z·h``, sigmoid gates, tanh candidate, no clip.
+    Activations may be given as names, ``Activation`` objects or ``(name, alpha, beta)``.
+    """
+    reset_after: bool = True
+    flip_z: bool = False
+    f_r: Activation = field(default="sigmoid")
+    f_z: Activation = field(default="sigmoid")
+    g: Activation = field(default="tanh")
+    clip: float = None
+
+    def __post_init__(self):
+        for name in ("reset_after", "flip_z"):
+            v = getattr(self, name)
+            if not isinstance(v, (bool, int)) or v not in (0, 1):
+                raise TypeError(f"Cell.{name}: expected a bool, got {v!r}")
+            object.__setattr__(self, name, bool(v))
+        for name in ("f_r", "f_z", "g"):
+            object.__setattr__(self, name, _as_activation(getattr(self, name), f"Cell.{name}"))
+        if self.clip is not None:
+            c = self.clip
+            if isinstance(c, bool) or not isinstance(c, (int, float)) or not (c > 0) or math.isnan(c):
+                raise ValueError(f"Cell.clip: expected None or a positive number, got {c!r}")
+            object.__setattr__(self, "clip", float(c))
+
+    @property
+    def is_fast(self):
+        """True for the sigmoid/sigmoid/tanh cell without clip: the kernels' fast path."""
+        return (self.f_r.name == "sigmoid" and self.f_z.name == "sigmoid"
+                and self.g.name == "tanh" and self.clip is None)
