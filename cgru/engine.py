@@ -66,6 +66,12 @@ _MIN_ROWS = 8
 _MAX_CHUNKS = 4
 
 
+def _empty(shape, dtype):
+    """Every buffer the engine returns or fills (outputs, reserve, workspaces) comes from here,
+    so that tests can poison them (e.g. with NaN) and see that each element is written."""
+    return np.empty(shape, dtype)
+
+
 def _n_chunks(N):
     return max(1, min(_MAX_CHUNKS, N // _MIN_ROWS))
 
@@ -384,13 +390,13 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
     X = _time_major(x, batch_major).reshape(T * N, topo.input_size)
     if h0 is None:
         h0 = np.zeros((L * D, N, H), dtype)
-    hy = np.empty((L * D, N, H), dtype)
-    y = np.empty((T, N, D * H), dtype)
+    hy = _empty((L * D, N, H), dtype)
+    y = _empty((T, N, D * H), dtype)
     views = None
     reserve = None
     if training:
         regions, nbytes = _reserve_layout(topo, T, N, cell, dtype)
-        reserve = np.empty(nbytes, np.uint8)
+        reserve = _empty(nbytes, np.uint8)
         views = _carve(reserve, regions, dtype)
         head = views["header"]
         head[:] = 0
@@ -399,7 +405,7 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
         head[7], head[8] = s1, s2
         views["lengths"][:] = lengths
     masks = dropout_masks(topo, T, N, dropout=p, seed=(s1, s2), dtype=dtype) if p > 0 else None
-    gx_buf = [np.empty((T * N, 3 * H), dtype) for _ in range(D)]
+    gx_buf = [_empty((T * N, 3 * H), dtype) for _ in range(D)]
 
     for layer in range(L):
         last = layer == L - 1
@@ -408,7 +414,7 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
         elif training:
             out = views[f"xin{layer + 1}"]
         else:
-            out = np.empty((T, N, D * H), dtype)
+            out = _empty((T, N, D * H), dtype)
         dirs = []
         for d in range(D):
             i = layer * D + d
@@ -488,11 +494,11 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
     beta = 1.0 if accumulate else 0.0
 
     x_tm = _time_major(x, batch_major).reshape(T * N, topo.input_size)
-    dh0 = np.empty((L * D, N, H), dtype)
-    dgx = [np.empty((T * N, 3 * H), dtype) for _ in range(D)]
-    dgh = [np.empty((T * N, 3 * H), dtype) for _ in range(D)] if cell.reset_after else dgx
-    rhm = [np.empty((T * N, H), dtype) for _ in range(D)] if not cell.reset_after else None
-    hm = [np.empty((T * N, H), dtype) for _ in range(D)] if mask is not None else None
+    dh0 = _empty((L * D, N, H), dtype)
+    dgx = [_empty((T * N, 3 * H), dtype) for _ in range(D)]
+    dgh = [_empty((T * N, 3 * H), dtype) for _ in range(D)] if cell.reset_after else dgx
+    rhm = [_empty((T * N, H), dtype) for _ in range(D)] if not cell.reset_after else None
+    hm = [_empty((T * N, H), dtype) for _ in range(D)] if mask is not None else None
     d_out = dy  # gradient of the current layer's output, [T, N, D·H] time-major or None
 
     for layer in reversed(range(L)):
@@ -531,7 +537,7 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
                     _gemm(True, False, dgx[d], X, g.W, beta)
             # dX[T·N, in] = Σ_d dgx_d · W_d
             in_size = X.shape[1]
-            dX = np.empty((T * N, in_size), dtype)
+            dX = _empty((T * N, in_size), dtype)
             if layer == 0 and topo.input_mode == "projected":
                 for d in range(D):
                     dX[:, d * 3 * H:(d + 1) * 3 * H] = dgx[d]
