@@ -37,7 +37,7 @@ def _compiler_accepts(flag):
 
 
 OPENMP = sys.platform != "win32" and _compiler_accepts("-fopenmp")
-compile_args = ["-O3", "-fno-math-errno"]
+compile_args = ["-O3", "-fno-math-errno", "-Wno-psabi"]
 link_args = []
 if OPENMP:
     compile_args.append("-fopenmp")
@@ -65,6 +65,7 @@ extensions = [
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
+        depends=["cgru/_simd.h", "cgru/_openmp.pxd", "cgru/_blas.pxd"],
     )
     for name in ("_openmp", "_blas", "_kernels")
 ]

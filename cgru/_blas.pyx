@@ -76,9 +76,17 @@ def gemm_rm(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
     for arr, name in ((A, "A"), (B, "B"), (C, "C")):
         if arr.shape[0] * arr.shape[1] > 0 and arr.strides[1] != sizeof(floating):
             raise ValueError(f"gemm_rm: {name} must have unit stride along its last axis")
-    cdef int lda = max(1, A.strides[0] // sizeof(floating)) if A.shape[0] > 1 else max(1, A.shape[1])
-    cdef int ldb = max(1, B.strides[0] // sizeof(floating)) if B.shape[0] > 1 else max(1, B.shape[1])
-    cdef int ldc = max(1, C.strides[0] // sizeof(floating)) if C.shape[0] > 1 else max(1, C.shape[1])
+        if arr.shape[0] > 1 and arr.shape[1] > 0 and (
+                arr.strides[0] % sizeof(floating) or arr.strides[0] // <Py_ssize_t>sizeof(floating) < arr.shape[1]):
+            raise ValueError(f"gemm_rm: {name} must have a positive row stride of at least its "
+                             f"row length ({arr.shape[1] * sizeof(floating)} bytes), got "
+                             f"{arr.strides[0]}")
+    cdef int lda = A.strides[0] // sizeof(floating) if A.shape[0] > 1 else max(1, A.shape[1])
+    cdef int ldb = B.strides[0] // sizeof(floating) if B.shape[0] > 1 else max(1, B.shape[1])
+    cdef int ldc = C.strides[0] // sizeof(floating) if C.shape[0] > 1 else max(1, C.shape[1])
+    lda = max(lda, 1)
+    ldb = max(ldb, 1)
+    ldc = max(ldc, 1)
     cdef const floating *pa = &A[0, 0] if A.shape[0] * A.shape[1] > 0 else NULL
     cdef const floating *pb = &B[0, 0] if B.shape[0] * B.shape[1] > 0 else NULL
     if m == 0 or n == 0:

@@ -45,9 +45,20 @@ from libc.string cimport memcpy, memset
 import numpy as np
 cimport numpy as cnp
 
-from cgru._blas cimport gemm
-
 cnp.import_array()
+
+cdef extern from "_simd.h" nogil:
+    size_t cgru_packed_size(int n, int k, int nr)
+    void cgru_pack_f32(int trans, int n, int k, const float *B, int ldb, float *Bp)
+    void cgru_pack_f64(int trans, int n, int k, const double *B, int ldb, double *Bp)
+    void cgru_gemm_packed_f32(int m, int n, int k, const float *A, int lda, const float *Bp,
+                              int beta1, float *C, int ldc)
+    void cgru_gemm_packed_f64(int m, int n, int k, const double *A, int lda, const double *Bp,
+                              int beta1, double *C, int ldc)
+    void cgru_sigmoid_f32(int n, const float *x, float *y)
+    void cgru_tanh_f32(int n, const float *x, float *y)
+    int CGRU_NR_F
+    int CGRU_NR_D
 
 # --- activations -----------------------------------------------------------------------------
 
@@ -181,7 +192,10 @@ cdef struct Dir:
     bint reverse
     const void *gx           # [T·N, 3H], row stride ldgx       (IN)
     Py_ssize_t ldgx
-    const void *R            # [3H, H]                          (IN)
+    const void *Rp           # forward: R_rzn (reset-after) or R_rz, packed for h·Rᵀ (IN)
+    const void *Rp_n         # forward, reset-before: R_n packed for (r⊙h⊙m)·R_nᵀ      (IN)
+    const void *Rb           # backward: R [3H, H] (reset-after) or R_rz [2H, H], packed (IN)
+    const void *Rb_n         # backward, reset-before: R_n [H, H], packed              (IN)
     const void *b_rzn        # [3H] b_r, b_z, b_n (see step 3/4) (IN)
     const void *b_hn         # [H]  b_Rn (reset-after)           (IN)
     const void *h0           # [N, H]                           (IN)
@@ -217,6 +231,68 @@ cdef inline void *ptr(object a):
 
 
 # --- forward -------------------------------------------------------------------------------
+cdef inline void sigmoid_inplace(floating *v, int n) noexcept nogil:
+    cdef int j
+    if floating is float:
+        cgru_sigmoid_f32(n, v, v)
+    else:
+        for j in range(n):
+            v[j] = sigmoid(v[j])
+
+
+cdef inline void tanh_inplace(floating *v, int n) noexcept nogil:
+    cdef int j
+    if floating is float:
+        cgru_tanh_f32(n, v, v)
+    else:
+        for j in range(n):
+            v[j] = tanh_(v[j])
+
+
+cdef inline void gemm_packed(int m, int n, int k, const floating *A, int lda,
+                             const floating *Bp, bint beta1, floating *C, int ldc) noexcept nogil:
+    # C[m, n] (+)= A[m, k] · op(B), op(B) packed by pack_rhs
+    if floating is float:
+        cgru_gemm_packed_f32(m, n, k, A, lda, Bp, beta1, C, ldc)
+    else:
+        cgru_gemm_packed_f64(m, n, k, A, lda, Bp, beta1, C, ldc)
+
+
+cdef inline void blend(floating *hnew, const floating *hp, const floating *z,
+                       const floating *n, int H, bint flip) noexcept nogil:
+    # 5. h' = n + z ⊙ (h − n)   (flip_z: h' = h + z ⊙ (n − h))
+    cdef int j
+    if flip:
+        for j in range(H):
+            hnew[j] = hp[j] + z[j] * (n[j] - hp[j])
+    else:
+        for j in range(H):
+            hnew[j] = n[j] + z[j] * (hp[j] - n[j])
+
+
+cdef void general_gates(const CellSpec *C, int H, const floating *gxr, const floating *ghr,
+                        const floating *b_rzn, const floating *b_hn, const floating *hp,
+                        floating *g3, floating *hn, floating *pre3) noexcept nogil:
+    """Steps 3-4 for a general cell, reset-after: gates into g3 [3H], hn [H], pre3 [3H]."""
+    cdef floating clipv = <floating>C.clip
+    cdef bint has_clip = C.has_clip
+    cdef floating pr, pz, pn, r
+    cdef int j
+    for j in range(H):
+        pr = gxr[j] + ghr[j] + b_rzn[j]
+        pz = gxr[H + j] + ghr[H + j] + b_rzn[H + j]
+        r = activate(&C.f_r, clamp(pr, has_clip, clipv))
+        g3[j] = r
+        g3[H + j] = activate(&C.f_z, clamp(pz, has_clip, clipv))
+        hn[j] = ghr[2 * H + j] + b_hn[j]
+        pn = gxr[2 * H + j] + b_rzn[2 * H + j] + r * hn[j]
+        g3[2 * H + j] = activate(&C.g, clamp(pn, has_clip, clipv))
+        if pre3 != NULL:
+            pre3[j] = pr
+            pre3[H + j] = pz
+            pre3[2 * H + j] = pn
+
+
 cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C, int item,
                       bint training) noexcept nogil:
     """Whole time loop for one (direction, batch chunk) work item.  Returns 0, or -1 if out of
@@ -228,7 +304,8 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
     cdef int rows = b1 - b0
     cdef const Dir *P = &L.dirs[d]
     cdef const floating *gx = <const floating *>P.gx
-    cdef const floating *R = <const floating *>P.R
+    cdef const floating *Rp = <const floating *>P.Rp
+    cdef const floating *Rp_n = <const floating *>P.Rp_n
     cdef const floating *b_rzn = <const floating *>P.b_rzn
     cdef const floating *b_hn = <const floating *>P.b_hn
     cdef const floating *mask = <const floating *>L.mask
@@ -239,7 +316,7 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
     cdef floating *ws_hn = <floating *>P.hn
     cdef Py_ssize_t H3 = 3 * H, DH = D * H, ldgx = P.ldgx
     cdef floating clipv = <floating>C.clip
-    cdef bint has_clip = C.has_clip, flip = C.flip_z
+    cdef bint has_clip = C.has_clip, flip = C.flip_z, fast = C.fast
     cdef int s, t, i, j, b
     cdef Py_ssize_t row
     cdef const floating *gxr
@@ -248,18 +325,20 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
     cdef floating *hnew
     cdef floating *ghr
     cdef floating *g3
-    cdef floating pr, pz, pn, r, z, n, hnv, hv
+    cdef floating *hn
+    cdef floating *pre3
+    cdef floating pn
     if rows <= 0:
         return 0
-    # scratch: gh [rows, 3H] | hm [rows, H] | rz [rows, 3H] (reset-before inference: r, z, n) |
+    # scratch: gh [rows, 3H] | hm [rows, H] | g3 [rows, 3H] (inference gates) |
     #          h_a, h_b [rows, H] (inference: the state, ping-pong)
     cdef floating *scratch = <floating *>malloc((<size_t>rows) * 9 * H * sizeof(floating) + 64)
     if scratch == NULL:
         return -1
     cdef floating *gh = scratch
     cdef floating *hm = gh + <size_t>rows * H3
-    cdef floating *rz = hm + <size_t>rows * H
-    cdef floating *h_a = rz + <size_t>rows * H3
+    cdef floating *g3s = hm + <size_t>rows * H
+    cdef floating *h_a = g3s + <size_t>rows * H3
     cdef floating *h_b = h_a + <size_t>rows * H
     cdef floating *h_prev
     cdef floating *h_next
@@ -286,131 +365,87 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
                 for j in range(H):
                     hm[i * H + j] = h_prev[i * H + j] * mrow[j]
             h_src = hm
-        # gh[rows, 3H or 2H] = h_src[rows, H] · R[3H or 2H, H]ᵀ
-        gemm(False, True, rows, 3 * H if C.reset_after else 2 * H, H, <floating>1,
-             h_src, H, R, H, <floating>0, gh, H3)
-        if C.reset_after:
+        # gh[rows, 3H (reset-after) or 2H] = h_src[rows, H] · R[3H or 2H, H]ᵀ
+        gemm_packed(rows, 3 * H if C.reset_after else 2 * H, H, h_src, H, Rp, False, gh, H3)
+        if not C.reset_after:
+            # reset-before, 3.: r, z; then hm = r ⊙ h ⊙ m for the candidate's product
             for i in range(rows):
                 b = b0 + i
                 row = <Py_ssize_t>t * N + b
                 hp = h_prev + i * H
-                hnew = h_next + i * H
-                if t >= L.lengths[b]:
-                    memcpy(hnew, hp, H * sizeof(floating))
-                    memset(y + row * DH + d * H, 0, H * sizeof(floating))
-                    if training:
-                        memset(ws_gates + row * H3, 0, H3 * sizeof(floating))
-                        memset(ws_hn + row * H, 0, H * sizeof(floating))
-                        if ws_pre != NULL:
-                            memset(ws_pre + row * H3, 0, H3 * sizeof(floating))
-                    continue
-                gxr = gx + row * ldgx
-                ghr = gh + i * H3
-                if C.fast:
-                    # 3.-5. fused, sigmoid/tanh, no clip
-                    if training:
-                        g3 = ws_gates + row * H3
-                        for j in range(H):
-                            r = sigmoid(gxr[j] + ghr[j] + b_rzn[j])
-                            z = sigmoid(gxr[H + j] + ghr[H + j] + b_rzn[H + j])
-                            hnv = ghr[2 * H + j] + b_hn[j]
-                            n = tanh_(gxr[2 * H + j] + b_rzn[2 * H + j] + r * hnv)
-                            hv = hp[j]
-                            hnew[j] = (hv + z * (n - hv)) if flip else (n + z * (hv - n))
-                            g3[j] = r
-                            g3[H + j] = z
-                            g3[2 * H + j] = n
-                            ws_hn[row * H + j] = hnv
-                    else:
-                        for j in range(H):
-                            r = sigmoid(gxr[j] + ghr[j] + b_rzn[j])
-                            z = sigmoid(gxr[H + j] + ghr[H + j] + b_rzn[H + j])
-                            n = tanh_(gxr[2 * H + j] + b_rzn[2 * H + j]
-                                      + r * (ghr[2 * H + j] + b_hn[j]))
-                            hv = hp[j]
-                            hnew[j] = (hv + z * (n - hv)) if flip else (n + z * (hv - n))
-                else:
-                    for j in range(H):
-                        pr = gxr[j] + ghr[j] + b_rzn[j]
-                        pz = gxr[H + j] + ghr[H + j] + b_rzn[H + j]
-                        r = activate(&C.f_r, clamp(pr, has_clip, clipv))
-                        z = activate(&C.f_z, clamp(pz, has_clip, clipv))
-                        hnv = ghr[2 * H + j] + b_hn[j]
-                        pn = gxr[2 * H + j] + b_rzn[2 * H + j] + r * hnv
-                        n = activate(&C.g, clamp(pn, has_clip, clipv))
-                        hv = hp[j]
-                        hnew[j] = (hv + z * (n - hv)) if flip else (n + z * (hv - n))
-                        if training:
-                            g3 = ws_gates + row * H3
-                            g3[j] = r
-                            g3[H + j] = z
-                            g3[2 * H + j] = n
-                            ws_hn[row * H + j] = hnv
-                            ws_pre[row * H3 + j] = pr
-                            ws_pre[row * H3 + H + j] = pz
-                            ws_pre[row * H3 + 2 * H + j] = pn
-                memcpy(y + row * DH + d * H, hnew, H * sizeof(floating))
-        else:
-            # reset-before, pass 1: r, z; hm = r ⊙ h ⊙ m for the candidate's recurrent product
-            for i in range(rows):
-                b = b0 + i
-                row = <Py_ssize_t>t * N + b
-                hp = h_prev + i * H
-                g3 = (ws_gates + row * H3) if training else (rz + i * H3)
+                g3 = (ws_gates + row * H3) if training else (g3s + i * H3)
                 if t >= L.lengths[b]:
                     memset(hm + i * H, 0, H * sizeof(floating))
                     continue
                 gxr = gx + row * ldgx
                 ghr = gh + i * H3
-                mrow = mask + (<size_t>t * N + b) * DH + <size_t>d * H if mask != NULL else NULL
-                for j in range(H):
-                    pr = gxr[j] + ghr[j] + b_rzn[j]
-                    pz = gxr[H + j] + ghr[H + j] + b_rzn[H + j]
-                    if C.fast:
-                        r = sigmoid(pr)
-                        z = sigmoid(pz)
-                    else:
-                        r = activate(&C.f_r, clamp(pr, has_clip, clipv))
-                        z = activate(&C.f_z, clamp(pz, has_clip, clipv))
-                        if training:
-                            ws_pre[row * H3 + j] = pr
-                            ws_pre[row * H3 + H + j] = pz
-                    g3[j] = r
-                    g3[H + j] = z
-                    hm[i * H + j] = r * hp[j] * (mrow[j] if mrow != NULL else 1)
-            # gh_n[rows, H] = hm[rows, H] · R_n[H, H]ᵀ
-            gemm(False, True, rows, H, H, <floating>1, hm, H, R + <size_t>2 * H * H, H,
-                 <floating>0, gh + 2 * H, H3)
-            # pass 2: n and h'
-            for i in range(rows):
-                b = b0 + i
-                row = <Py_ssize_t>t * N + b
-                hp = h_prev + i * H
-                hnew = h_next + i * H
-                if t >= L.lengths[b]:
-                    memcpy(hnew, hp, H * sizeof(floating))
-                    memset(y + row * DH + d * H, 0, H * sizeof(floating))
+                for j in range(2 * H):
+                    g3[j] = gxr[j] + ghr[j] + b_rzn[j]
+                if fast:
+                    sigmoid_inplace(g3, 2 * H)
+                else:
                     if training:
-                        memset(ws_gates + row * H3, 0, H3 * sizeof(floating))
-                        if ws_pre != NULL:
-                            memset(ws_pre + row * H3, 0, H3 * sizeof(floating))
-                    continue
-                gxr = gx + row * ldgx
-                ghr = gh + i * H3
-                g3 = (ws_gates + row * H3) if training else (rz + i * H3)
+                        memcpy(ws_pre + row * H3, g3, 2 * H * sizeof(floating))
+                    for j in range(H):
+                        g3[j] = activate(&C.f_r, clamp(g3[j], has_clip, clipv))
+                        g3[H + j] = activate(&C.f_z, clamp(g3[H + j], has_clip, clipv))
+                mrow = mask + (<size_t>t * N + b) * DH + <size_t>d * H if mask != NULL else NULL
+                if mrow != NULL:
+                    for j in range(H):
+                        hm[i * H + j] = g3[j] * hp[j] * mrow[j]
+                else:
+                    for j in range(H):
+                        hm[i * H + j] = g3[j] * hp[j]
+            # gh_n[rows, H] = hm[rows, H] · R_n[H, H]ᵀ
+            gemm_packed(rows, H, H, hm, H, Rp_n, False, gh + 2 * H, H3)
+        for i in range(rows):
+            b = b0 + i
+            row = <Py_ssize_t>t * N + b
+            hp = h_prev + i * H
+            hnew = h_next + i * H
+            if t >= L.lengths[b]:
+                # inactive: the state passes through, the output is 0
+                memcpy(hnew, hp, H * sizeof(floating))
+                memset(y + row * DH + d * H, 0, H * sizeof(floating))
+                if training:
+                    memset(ws_gates + row * H3, 0, H3 * sizeof(floating))
+                    if ws_hn != NULL:
+                        memset(ws_hn + row * H, 0, H * sizeof(floating))
+                    if ws_pre != NULL:
+                        memset(ws_pre + row * H3, 0, H3 * sizeof(floating))
+                continue
+            gxr = gx + row * ldgx
+            ghr = gh + i * H3
+            g3 = (ws_gates + row * H3) if training else (g3s + i * H3)
+            if C.reset_after:
+                hn = (ws_hn + row * H) if training else (ghr + 2 * H)
+                if fast:
+                    # 3. r, z
+                    for j in range(2 * H):
+                        g3[j] = gxr[j] + ghr[j] + b_rzn[j]
+                    sigmoid_inplace(g3, 2 * H)
+                    # 4. hn = gh_n + b_Rn, n = tanh(gx_n + b_Wn + r ⊙ hn)
+                    for j in range(H):
+                        hn[j] = ghr[2 * H + j] + b_hn[j]
+                        g3[2 * H + j] = gxr[2 * H + j] + b_rzn[2 * H + j] + g3[j] * hn[j]
+                    tanh_inplace(g3 + 2 * H, H)
+                else:
+                    pre3 = (ws_pre + row * H3) if training else NULL
+                    general_gates(C, H, gxr, ghr, b_rzn, b_hn, hp, g3, hn, pre3)
+            else:
+                # 4. n = g(gx_n + gh_n + b_Wn + b_Rn)
                 for j in range(H):
-                    pn = gxr[2 * H + j] + ghr[2 * H + j] + b_rzn[2 * H + j]
-                    if C.fast:
-                        n = tanh_(pn)
-                    else:
-                        n = activate(&C.g, clamp(pn, has_clip, clipv))
+                    g3[2 * H + j] = gxr[2 * H + j] + ghr[2 * H + j] + b_rzn[2 * H + j]
+                if fast:
+                    tanh_inplace(g3 + 2 * H, H)
+                else:
+                    for j in range(H):
+                        pn = g3[2 * H + j]
                         if training:
                             ws_pre[row * H3 + 2 * H + j] = pn
-                    z = g3[H + j]
-                    hv = hp[j]
-                    hnew[j] = (hv + z * (n - hv)) if flip else (n + z * (hv - n))
-                    g3[2 * H + j] = n
-                memcpy(y + row * DH + d * H, hnew, H * sizeof(floating))
+                        g3[2 * H + j] = activate(&C.g, clamp(pn, has_clip, clipv))
+            blend(hnew, hp, g3 + H, g3 + 2 * H, H, flip)
+            memcpy(y + row * DH + d * H, hnew, H * sizeof(floating))
         h_prev = h_next
     memcpy(<floating *>P.hy + <size_t>b0 * H, h_prev, <size_t>rows * H * sizeof(floating))
     free(scratch)
@@ -428,7 +463,8 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
     cdef int b1 = <int>((<long long>(c + 1) * N) // L.n_chunks)
     cdef int rows = b1 - b0
     cdef const Dir *P = &L.dirs[d]
-    cdef const floating *R = <const floating *>P.R
+    cdef const floating *Rb = <const floating *>P.Rb
+    cdef const floating *Rb_n = <const floating *>P.Rb_n
     cdef const floating *mask = <const floating *>L.mask
     cdef const floating *dy = <const floating *>L.dy
     cdef const floating *states = <const floating *>P.states
@@ -533,19 +569,18 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
         if C.reset_after:
             # bwd of 2: dh_prev += m ⊙ (dgh[rows, 3H] · R[3H, H])
             if mask == NULL:
-                gemm(False, False, rows, H, 3 * H, <floating>1, dgh + (<size_t>t * N + b0) * H3,
-                     H3, R, H, <floating>1, dh, H)
+                gemm_packed(rows, H, 3 * H, dgh + (<size_t>t * N + b0) * H3, H3, Rb, True, dh, H)
             else:
-                gemm(False, False, rows, H, 3 * H, <floating>1, dgh + (<size_t>t * N + b0) * H3,
-                     H3, R, H, <floating>0, tmp, H)
+                gemm_packed(rows, H, 3 * H, dgh + (<size_t>t * N + b0) * H3, H3, Rb, False,
+                            tmp, H)
                 for i in range(rows):
                     mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
                     for j in range(H):
                         dh[i * H + j] += mrow[j] * tmp[i * H + j]
         else:
             # bwd of 4 (reset-before): drh[rows, H] = dgx_n[rows, H] · R_n[H, H]
-            gemm(False, False, rows, H, H, <floating>1, dgx + (<size_t>t * N + b0) * H3 + 2 * H,
-                 H3, R + <size_t>2 * H * H, H, <floating>0, tmp, H)
+            gemm_packed(rows, H, H, dgx + (<size_t>t * N + b0) * H3 + 2 * H, H3, Rb_n, False,
+                        tmp, H)
             for i in range(rows):
                 b = b0 + i
                 if t >= L.lengths[b]:
@@ -567,11 +602,10 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
                     dgx[row * H3 + j] = dpr
             # bwd of 2: dh_prev += m ⊙ (dgx_rz[rows, 2H] · R_rz[2H, H])
             if mask == NULL:
-                gemm(False, False, rows, H, 2 * H, <floating>1, dgx + (<size_t>t * N + b0) * H3,
-                     H3, R, H, <floating>1, dh, H)
+                gemm_packed(rows, H, 2 * H, dgx + (<size_t>t * N + b0) * H3, H3, Rb, True, dh, H)
             else:
-                gemm(False, False, rows, H, 2 * H, <floating>1, dgx + (<size_t>t * N + b0) * H3,
-                     H3, R, H, <floating>0, tmp, H)
+                gemm_packed(rows, H, 2 * H, dgx + (<size_t>t * N + b0) * H3, H3, Rb, False,
+                            tmp, H)
                 for i in range(rows):
                     mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
                     for j in range(H):
@@ -616,7 +650,10 @@ cdef Layer make_layer(int T, int N, int H, int n_chunks, object lengths, object 
         P.reverse = a["reverse"]
         P.gx = ptr(a.get("gx"))
         P.ldgx = a.get("ldgx", 3 * H)
-        P.R = ptr(a["R"])
+        P.Rp = ptr(a.get("Rp"))
+        P.Rp_n = ptr(a.get("Rp_n"))
+        P.Rb = ptr(a.get("Rb"))
+        P.Rb_n = ptr(a.get("Rb_n"))
         P.b_rzn = ptr(a.get("b_rzn"))
         P.b_hn = ptr(a.get("b_hn"))
         P.h0 = ptr(a.get("h0"))
@@ -647,6 +684,7 @@ def forward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, cel
     cdef const double *ds = NULL
     if T == 0 or N == 0:
         return
+    num_threads = max(1, min(num_threads, n_items))  # no idle threads in the team
     for item in prange(n_items, nogil=True, schedule="static", num_threads=num_threads):
         if is_float:
             if forward_item(fs, &L, &C, item, training) != 0:
@@ -669,6 +707,7 @@ def backward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, ce
     cdef const double *ds = NULL
     if T == 0 or N == 0:
         return
+    num_threads = max(1, min(num_threads, n_items))  # no idle threads in the team
     for item in prange(n_items, nogil=True, schedule="static", num_threads=num_threads):
         if is_float:
             if backward_item(fs, &L, &C, item) != 0:
@@ -678,3 +717,50 @@ def backward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, ce
                 failed += 1
     if failed:
         raise MemoryError("cgru: out of memory for the per-thread scratch of the backward loop")
+
+
+def pack_rhs(B, bint trans):
+    """Pack ``op(B)`` (``[k, n]``; ``B`` is ``[k, n]``, or ``[n, k]`` when ``trans``) for the
+    time loop's GEMMs.  ``B`` is a C-contiguous 2-D float32/float64 array."""
+    cdef cnp.ndarray arr = B
+    cdef int n = B.shape[0] if trans else B.shape[1]
+    cdef int k = B.shape[1] if trans else B.shape[0]
+    cdef int ldb = B.shape[1]
+    cdef cnp.ndarray out
+    if B.dtype == np.float32:
+        out = np.empty(cgru_packed_size(n, k, CGRU_NR_F), np.float32)
+        cgru_pack_f32(trans, n, k, <const float *>cnp.PyArray_DATA(arr), ldb,
+                      <float *>cnp.PyArray_DATA(out))
+    else:
+        out = np.empty(cgru_packed_size(n, k, CGRU_NR_D), np.float64)
+        cgru_pack_f64(trans, n, k, <const double *>cnp.PyArray_DATA(arr), ldb,
+                      <double *>cnp.PyArray_DATA(out))
+    return out
+
+
+def gemm_packed_rm(A, Bp, int n, C, bint beta1):
+    """``C[m, n] (+)= A[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs`` (for tests)."""
+    cdef cnp.ndarray a = A, bp = Bp, c = C
+    cdef int m = A.shape[0], k = A.shape[1]
+    if A.dtype == np.float32:
+        cgru_gemm_packed_f32(m, n, k, <const float *>cnp.PyArray_DATA(a), k,
+                             <const float *>cnp.PyArray_DATA(bp), beta1,
+                             <float *>cnp.PyArray_DATA(c), n)
+    else:
+        cgru_gemm_packed_f64(m, n, k, <const double *>cnp.PyArray_DATA(a), k,
+                             <const double *>cnp.PyArray_DATA(bp), beta1,
+                             <double *>cnp.PyArray_DATA(c), n)
+
+
+def vector_math_f32(name, x):
+    """``sigmoid`` or ``tanh`` of a C-contiguous float32 array through the kernels' vector
+    code (for tests)."""
+    cdef cnp.ndarray a = np.ascontiguousarray(x, np.float32)
+    cdef cnp.ndarray out = np.empty_like(a)
+    if name == "sigmoid":
+        cgru_sigmoid_f32(a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
+    elif name == "tanh":
+        cgru_tanh_f32(a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
+    else:
+        raise ValueError(f"name: expected 'sigmoid' or 'tanh', got {name!r}")
+    return out

@@ -46,7 +46,7 @@ import numpy as np
 from cgru import _blas, _kernels
 from cgru._openmp import resolve_num_threads
 from cgru.cell import Cell
-from cgru.params import Params, Topology, as_dtype
+from cgru.params import Params, Topology, _positive_int, as_dtype
 
 Forward = namedtuple("Forward", "y hy reserve")
 Forward.__doc__ = """Result of ``forward``: output ``y``, final states ``hy`` ``[L·D, N, H]``,
@@ -77,16 +77,33 @@ def _n_chunks(N):
 
 
 # --- BLAS thread control -------------------------------------------------------------------
-_controller = None
+_blas_libs = None
 
 
-def _blas_threads(n):
-    """Context manager: BLAS limited to ``n`` threads (threadpoolctl)."""
-    global _controller
-    if _controller is None:
-        from threadpoolctl import ThreadpoolController
-        _controller = ThreadpoolController()
-    return _controller.limit(limits=n, user_api="blas")
+class _blas_threads:
+    """Context manager: the BLAS libraries threadpoolctl finds use ``n`` threads inside, their
+    previous counts after.  (The time loops call no BLAS; only the whole-sequence GEMMs do.)"""
+
+    def __init__(self, n):
+        global _blas_libs
+        if _blas_libs is None:
+            from threadpoolctl import ThreadpoolController
+            _blas_libs = ThreadpoolController().select(user_api="blas").lib_controllers
+        self.n = n
+        self.saved = []
+
+    def __enter__(self):
+        for lib in _blas_libs:
+            old = lib.get_num_threads()
+            if old != self.n:
+                lib.set_num_threads(self.n)
+                self.saved.append((lib, old))
+        return self
+
+    def __exit__(self, *exc):
+        for lib, old in self.saved:
+            lib.set_num_threads(old)
+        self.saved = []
 
 
 def _gemm(ta, tb, A, B, C, beta=0.0):
@@ -168,12 +185,11 @@ def _check_lengths(lengths, T, N):
     if arr.shape != (N,):
         raise ValueError(f"lengths: expected shape [{N}] (one length per batch entry), got "
                          f"{list(arr.shape)}")
-    arr = arr.astype(np.int64)
     bad = (arr < 0) | (arr > T)
     if bad.any():
         b = int(np.flatnonzero(bad)[0])
         raise ValueError(f"lengths: expected values in [0, T={T}], got lengths[{b}] = {arr[b]}")
-    return arr
+    return arr.astype(np.int64)
 
 
 def _check_state_mask(state_mask, topo, dtype, T, N, batch_major):
@@ -233,6 +249,8 @@ def dropout_masks(topology, T, N, *, dropout, seed=0, dtype=np.float32):
     (inverted dropout).  Drawn from NumPy's PCG64 seeded by ``(seed, seed2, l)``: the same
     arguments give the same masks on every machine and thread count.
     """
+    _check_topology(topology)
+    T, N = _positive_int(T, "T"), _positive_int(N, "N")
     p, s1, s2 = _check_dropout(dropout, seed)
     dt = as_dtype(dtype)
     masks = []
@@ -280,9 +298,25 @@ def _reserve_layout(topo, T, N, cell, dtype):
 
 def reserve_nbytes(topology, T, N, *, cell=None, dtype=np.float32):
     """Size in bytes of the reserve a training ``forward`` returns for these sizes."""
+    _check_topology(topology)
+    T, N = _positive_int(T, "T"), _positive_int(N, "N")
+    return _reserve_layout(topology, T, N, _as_cell(cell), as_dtype(dtype))[1]
+
+
+def _check_topology(topology):
     if not isinstance(topology, Topology):
         raise TypeError(f"topology: expected a cgru.Topology, got {type(topology).__name__}")
-    return _reserve_layout(topology, int(T), int(N), _as_cell(cell), as_dtype(dtype))[1]
+
+
+def _zero_gaps(reserve, regions, dtype):
+    """Zero the alignment padding between regions, so equal calls give equal reserve bytes."""
+    ends = []
+    for name, (off, shape) in regions.items():
+        dt = np.int64 if name in ("header", "lengths") else dtype
+        ends.append((off, off + int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize))
+    starts = [off for off, _ in ends[1:]] + [reserve.size]
+    for (_, end), nxt in zip(ends, starts):
+        reserve[end:nxt] = 0
 
 
 def _carve(reserve, regions, dtype):
@@ -308,8 +342,8 @@ def _read_reserve(reserve, topo, cell, dtype, T, N):
     if reserve.size != nbytes:
         raise ValueError(f"reserve: expected {nbytes} bytes for this topology, cell, T={T}, "
                          f"N={N} and dtype {dtype}, got {reserve.size} (from a different call?)")
-    if reserve.ctypes.data % 8:
-        reserve = reserve.copy()
+    if reserve.ctypes.data % 8 or not reserve.flags.c_contiguous:
+        reserve = reserve.copy()  # a copy is C-contiguous and aligned
     views = _carve(reserve, regions, dtype)
     head = views["header"]
     if head[0] != _MAGIC or head[1] != _VERSION:
@@ -321,7 +355,11 @@ def _read_reserve(reserve, topo, cell, dtype, T, N):
     lengths = views["lengths"]
     if ((lengths < 0) | (lengths > T)).any():
         raise ValueError("reserve: corrupt sequence lengths")
-    return views, float(np.int64(head[6]).view(np.float64)), int(head[7]), int(head[8])
+    p = float(np.int64(head[6]).view(np.float64))
+    if not (0.0 <= p < 1.0):
+        raise ValueError("reserve: corrupt header (dropout field); pass the reserve of the "
+                         "matching training forward")
+    return views, p, int(head[7]), int(head[8])
 
 
 # --- forward -------------------------------------------------------------------------------
@@ -333,7 +371,24 @@ def _gate_biases(lp, cell, H):
     return b_rzn, np.ascontiguousarray(lp.b_R[2 * H:])
 
 
-def _input_projection(topo, layer, d, lp, X, out, nt):
+def _packed_forward(R, cell, H):
+    """R packed for the forward time loop: ``gh = h·Rᵀ`` (reset-after), or ``h·R_rzᵀ`` and
+    ``(r ⊙ h)·R_nᵀ`` (reset-before)."""
+    if cell.reset_after:
+        return {"Rp": _kernels.pack_rhs(R, True)}
+    return {"Rp": _kernels.pack_rhs(R[:2 * H], True), "Rp_n": _kernels.pack_rhs(R[2 * H:], True)}
+
+
+def _packed_backward(R, cell, H):
+    """R packed for the backward time loop: ``dh += dgh·R`` (reset-after), or ``dgh_rz·R_rz`` and
+    ``dgh_n·R_n`` (reset-before)."""
+    if cell.reset_after:
+        return {"Rb": _kernels.pack_rhs(R, False)}
+    return {"Rb": _kernels.pack_rhs(R[:2 * H], False),
+            "Rb_n": _kernels.pack_rhs(R[2 * H:], False)}
+
+
+def _input_projection(topo, layer, d, lp, X, out):
     """(gx, ldgx) of direction d: ``gx = X·Wᵀ`` [T·N, 3H] — or x itself in skip/projected mode."""
     H = topo.hidden_size
     if layer == 0 and topo.input_mode == "projected":
@@ -344,8 +399,7 @@ def _input_projection(topo, layer, d, lp, X, out, nt):
         out[:, 2 * H:] = X
         return out, 3 * H
     # gx[T·N, 3H] = X[T·N, in] · W[3H, in]ᵀ
-    with _blas_threads(nt):
-        _gemm(False, True, X, lp.W, out)
+    _gemm(False, True, X, lp.W, out)
     return out, 3 * H
 
 
@@ -397,6 +451,7 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
     if training:
         regions, nbytes = _reserve_layout(topo, T, N, cell, dtype)
         reserve = _empty(nbytes, np.uint8)
+        _zero_gaps(reserve, regions, dtype)
         views = _carve(reserve, regions, dtype)
         head = views["header"]
         head[:] = 0
@@ -407,33 +462,33 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
     masks = dropout_masks(topo, T, N, dropout=p, seed=(s1, s2), dtype=dtype) if p > 0 else None
     gx_buf = [_empty((T * N, 3 * H), dtype) for _ in range(D)]
 
-    for layer in range(L):
-        last = layer == L - 1
-        if last:
-            out = y
-        elif training:
-            out = views[f"xin{layer + 1}"]
-        else:
-            out = _empty((T, N, D * H), dtype)
-        dirs = []
-        for d in range(D):
-            i = layer * D + d
-            lp = params[i]
-            gx, ldgx = _input_projection(topo, layer, d, lp, X, gx_buf[d], nt)
-            b_rzn, b_hn = _gate_biases(lp, cell, H)
-            a = dict(reverse=topo.reversed_direction(d), gx=gx, ldgx=ldgx, R=lp.R, b_rzn=b_rzn,
-                     b_hn=b_hn, h0=h0[i], hy=hy[i])
-            if training:
-                a.update(gates=views[f"gates{i}"], states=views[f"states{i}"],
-                         hn=views.get(f"hn{i}"), pre=views.get(f"pre{i}"))
-            dirs.append(a)
-        with _blas_threads(1):
+    with _blas_threads(nt):  # the input projections' BLAS
+        for layer in range(L):
+            last = layer == L - 1
+            if last:
+                out = y
+            elif training:
+                out = views[f"xin{layer + 1}"]
+            else:
+                out = _empty((T, N, D * H), dtype)
+            dirs = []
+            for d in range(D):
+                i = layer * D + d
+                lp = params[i]
+                gx, ldgx = _input_projection(topo, layer, d, lp, X, gx_buf[d])
+                b_rzn, b_hn = _gate_biases(lp, cell, H)
+                a = dict(reverse=topo.reversed_direction(d), gx=gx, ldgx=ldgx, b_rzn=b_rzn,
+                         b_hn=b_hn, h0=h0[i], hy=hy[i], **_packed_forward(lp.R, cell, H))
+                if training:
+                    a.update(gates=views[f"gates{i}"], states=views[f"states{i}"],
+                             hn=views.get(f"hn{i}"), pre=views.get(f"pre{i}"))
+                dirs.append(a)
             _kernels.forward_layer(dtype, T, N, H, chunks, nt, cell, lengths, mask, out, dirs,
                                    training)
-        if not last:
-            if masks is not None:
-                np.multiply(out, masks[layer], out=out)
-            X = out.reshape(T * N, D * H)
+            if not last:
+                if masks is not None:
+                    np.multiply(out, masks[layer], out=out)
+                X = out.reshape(T * N, D * H)
     if batch_major:
         y = np.ascontiguousarray(y.transpose(1, 0, 2))
     return Forward(y, hy, reserve)
@@ -491,7 +546,6 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
     chunks = _n_chunks(N)
     lengths = views["lengths"]
     masks = dropout_masks(topo, T, N, dropout=p, seed=(s1, s2), dtype=dtype) if p > 0 else None
-    beta = 1.0 if accumulate else 0.0
 
     x_tm = _time_major(x, batch_major).reshape(T * N, topo.input_size)
     dh0 = _empty((L * D, N, H), dtype)
@@ -501,62 +555,75 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
     hm = [_empty((T * N, H), dtype) for _ in range(D)] if mask is not None else None
     d_out = dy  # gradient of the current layer's output, [T, N, D·H] time-major or None
 
-    for layer in reversed(range(L)):
-        X = x_tm if layer == 0 else views[f"xin{layer}"].reshape(T * N, DH)
-        dirs = []
-        for d in range(D):
-            i = layer * D + d
-            dirs.append(dict(
-                reverse=topo.reversed_direction(d), R=params[i].R, gates=views[f"gates{i}"],
-                pre=views.get(f"pre{i}"), hn=views.get(f"hn{i}"), states=views[f"states{i}"],
-                dhy=None if dhy is None else dhy[i], dh0=dh0[i], dgx=dgx[d],
-                dgh=dgh[d] if cell.reset_after else None,
-                rhm=None if rhm is None else rhm[d], hm=None if hm is None else hm[d]))
-        with _blas_threads(1):
-            _kernels.backward_layer(dtype, T, N, H, chunks, nt, cell, lengths, mask, d_out, dirs)
-
-        with _blas_threads(nt):
+    with _blas_threads(nt):  # the whole-sequence GEMMs' BLAS
+        for layer in reversed(range(L)):
+            X = x_tm if layer == 0 else views[f"xin{layer}"].reshape(T * N, DH)
+            dirs = []
             for d in range(D):
                 i = layer * D + d
-                g = dparams[i]
-                states = views[f"states{i}"].reshape((T + 1) * N, H)
-                rev = topo.reversed_direction(d)
-                h_in = hm[d] if hm is not None else states[N:] if rev else states[:T * N]
-                # db_W = Σ_rows dgx,  db_R = Σ_rows dgh
-                _colsum(dgx[d], g.b_W, accumulate)
-                _colsum(dgh[d], g.b_R, accumulate)
-                if cell.reset_after:
-                    # dR[3H, H] (+)= dghᵀ · (h ⊙ m)
-                    _gemm(True, False, dgh[d], h_in, g.R, beta)
-                else:
-                    # dR_rz[2H, H] (+)= dgx_rzᵀ · (h ⊙ m);  dR_n[H, H] (+)= dgx_nᵀ · (r ⊙ h ⊙ m)
-                    _gemm(True, False, dgx[d][:, :2 * H], h_in, g.R[:2 * H], beta)
-                    _gemm(True, False, dgx[d][:, 2 * H:], rhm[d], g.R[2 * H:], beta)
-                if g.W.shape[1]:
-                    # dW[3H, in] (+)= dgxᵀ · X
-                    _gemm(True, False, dgx[d], X, g.W, beta)
-            # dX[T·N, in] = Σ_d dgx_d · W_d
-            in_size = X.shape[1]
-            dX = _empty((T * N, in_size), dtype)
-            if layer == 0 and topo.input_mode == "projected":
-                for d in range(D):
-                    dX[:, d * 3 * H:(d + 1) * 3 * H] = dgx[d]
-            elif layer == 0 and topo.input_mode == "skip":
-                dX[...] = 0
-                for d in range(D):
-                    for k in range(3):
-                        dX += dgx[d][:, k * H:(k + 1) * H]
-            else:
-                for d in range(D):
-                    _gemm(False, False, dgx[d], params[layer * D + d].W, dX, 0.0 if d == 0 else 1.0)
-        if layer > 0:
-            d_out = dX.reshape(T, N, DH)
-            if masks is not None:
-                d_out *= masks[layer - 1]
+                dirs.append(dict(
+                    reverse=topo.reversed_direction(d), **_packed_backward(params[i].R, cell, H),
+                    gates=views[f"gates{i}"],
+                    pre=views.get(f"pre{i}"), hn=views.get(f"hn{i}"), states=views[f"states{i}"],
+                    dhy=None if dhy is None else dhy[i], dh0=dh0[i], dgx=dgx[d],
+                    dgh=dgh[d] if cell.reset_after else None,
+                    rhm=None if rhm is None else rhm[d], hm=None if hm is None else hm[d]))
+            _kernels.backward_layer(dtype, T, N, H, chunks, nt, cell, lengths, mask, d_out, dirs)
+
+            dX = _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm, hm,
+                                  accumulate)
+            if layer > 0:
+                d_out = dX.reshape(T, N, DH)
+                if masks is not None:
+                    d_out *= masks[layer - 1]
     dx = dX.reshape(T, N, topo.input_size)
     if batch_major:
         dx = np.ascontiguousarray(dx.transpose(1, 0, 2))
     return Gradients(dx, dh0, dparams)
+
+
+def _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm, hm,
+                     accumulate):
+    """After one layer's backward loops: its weight gradients (into ``dparams``) and the
+    gradient of its input ``dX`` [T·N, in], all as whole-sequence GEMMs / column sums."""
+    H, D = topo.hidden_size, topo.num_directions
+    TN = X.shape[0]
+    beta = 1.0 if accumulate else 0.0
+    for d in range(D):
+        i = layer * D + d
+        g = dparams[i]
+        states = views[f"states{i}"].reshape(-1, H)
+        # h_prev of every step, in gate-row order: slots 0…T−1 (forward) or 1…T (reversed)
+        h_in = hm[d] if hm is not None else states[-TN:] if topo.reversed_direction(d) \
+            else states[:TN]
+        # db_W = Σ_rows dgx,  db_R = Σ_rows dgh
+        _colsum(dgx[d], g.b_W, accumulate)
+        _colsum(dgh[d], g.b_R, accumulate)
+        if cell.reset_after:
+            # dR[3H, H] (+)= dghᵀ · (h ⊙ m)
+            _gemm(True, False, dgh[d], h_in, g.R, beta)
+        else:
+            # dR_rz[2H, H] (+)= dgx_rzᵀ · (h ⊙ m);  dR_n[H, H] (+)= dgx_nᵀ · (r ⊙ h ⊙ m)
+            _gemm(True, False, dgx[d][:, :2 * H], h_in, g.R[:2 * H], beta)
+            _gemm(True, False, dgx[d][:, 2 * H:], rhm[d], g.R[2 * H:], beta)
+        if g.W.shape[1]:
+            # dW[3H, in] (+)= dgxᵀ · X
+            _gemm(True, False, dgx[d], X, g.W, beta)
+    dX = _empty((TN, X.shape[1]), X.dtype)
+    if layer == 0 and topo.input_mode == "projected":
+        for d in range(D):
+            dX[:, d * 3 * H:(d + 1) * 3 * H] = dgx[d]
+    elif layer == 0 and topo.input_mode == "skip":
+        # W_r = W_z = W_n = I:  dX = Σ_d Σ_gates dgx
+        dX[...] = 0
+        for d in range(D):
+            for k in range(3):
+                dX += dgx[d][:, k * H:(k + 1) * H]
+    else:
+        for d in range(D):
+            # dX[T·N, in] (+)= dgx_d[T·N, 3H] · W_d[3H, in]
+            _gemm(False, False, dgx[d], params[layer * D + d].W, dX, 0.0 if d == 0 else 1.0)
+    return dX
 
 
 def _colsum(a, out, accumulate):

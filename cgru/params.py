@@ -145,7 +145,11 @@ class Params:
         checked = []
         for i, lp in enumerate(layers):
             if isinstance(lp, dict):
-                lp = LayerParams(**lp)
+                try:
+                    lp = LayerParams(**lp)
+                except TypeError:
+                    raise TypeError(f"params[{i}]: expected a LayerParams or a dict with keys W, R, "
+                                    f"b_W, b_R, got keys {sorted(lp)}") from None
             if not isinstance(lp, LayerParams):
                 raise TypeError(f"params[{i}]: expected a LayerParams, got {type(lp).__name__}")
             out = {}
@@ -240,6 +244,8 @@ class Params:
     @classmethod
     def from_flat(cls, topology, flat):
         """Inverse of ``flat()``: copies out of a 1-D array of ``topology.flat_size()``."""
+        if not isinstance(topology, Topology):
+            raise TypeError(f"topology: expected a cgru.Topology, got {type(topology).__name__}")
         if not isinstance(flat, np.ndarray):
             raise TypeError(f"flat: expected a numpy array, got {type(flat).__name__}")
         dt = as_dtype(flat.dtype, "flat.dtype")

@@ -1,0 +1,231 @@
+/* cgru's own small kernels, in C with GCC/Clang vector extensions:
+ *
+ *   1. A GEMM with a pre-packed right-hand side, C[m, n] (+)= A[m, k] · op(B), for the
+ *      per-step recurrent products of the time loop. OpenBLAS re-packs B (the recurrent
+ *      weights) on every call, which costs more than the product itself when m (the batch rows
+ *      of one step) is small; here R is packed once per layer call and reused for all T steps.
+ *      Every C element is a sum over k in increasing order, whatever m, the row blocking or
+ *      the thread: results do not depend on how the batch is split.
+ *   2. Vectorised float32 sigmoid and tanh for the fused gate loops.
+ *
+ * Each hot function is compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the
+ * baseline, and the loader picks one for the machine (target_clones).
+ */
+#ifndef CGRU_SIMD_H
+#define CGRU_SIMD_H
+
+#include <stddef.h>
+#include <string.h>
+#include <stdint.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(CGRU_NO_CLONES)
+#define CGRU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CGRU_CLONES
+#endif
+#define CGRU_INLINE static inline __attribute__((always_inline))
+
+typedef float cgru_vf __attribute__((vector_size(64)));   /* 16 floats */
+typedef double cgru_vd __attribute__((vector_size(64)));  /* 8 doubles */
+typedef int32_t cgru_vi __attribute__((vector_size(64))); /* 16 int32 */
+
+#define CGRU_NR_F 16   /* packed panel width, float */
+#define CGRU_NR_D 8    /* packed panel width, double */
+#define CGRU_MR 8      /* rows per micro-kernel call */
+
+CGRU_INLINE cgru_vf cgru_loadf(const float *p) { cgru_vf v; memcpy(&v, p, sizeof v); return v; }
+CGRU_INLINE cgru_vd cgru_loadd(const double *p) { cgru_vd v; memcpy(&v, p, sizeof v); return v; }
+
+/* ---- packing ------------------------------------------------------------------------------
+ * op(B) is [k, n]: B stored [k, n] (trans = 0) or [n, k] (trans = 1), row stride ldb.
+ * Packed: panel p (columns p·NR … p·NR+NR−1) is k rows of NR values, zero beyond n.          */
+static inline size_t cgru_packed_size(int n, int k, int nr) {
+    return (size_t)((n + nr - 1) / nr) * (size_t)nr * (size_t)k;
+}
+
+#define CGRU_DEFINE_PACK(NAME, T, NR)                                                          \
+static void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {                        \
+    int panels = (n + NR - 1) / NR;                                                            \
+    for (int p = 0; p < panels; p++) {                                                         \
+        T *dst = Bp + (size_t)p * NR * k;                                                      \
+        for (int kk = 0; kk < k; kk++) {                                                       \
+            for (int c = 0; c < NR; c++) {                                                     \
+                int j = p * NR + c;                                                            \
+                dst[(size_t)kk * NR + c] = j < n ? (trans ? B[(size_t)j * ldb + kk]            \
+                                                          : B[(size_t)kk * ldb + j]) : (T)0;  \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+}
+CGRU_DEFINE_PACK(cgru_pack_f32, float, CGRU_NR_F)
+CGRU_DEFINE_PACK(cgru_pack_f64, double, CGRU_NR_D)
+
+/* ---- micro-kernel: C[mr, nr] (+)= A[mr, k] · Bp-panel[k, NR], mr ≤ MR, nr ≤ NR ---------------
+ * MR accumulators of one vector each; the k loop broadcasts A[r, kk] and multiply-adds. The
+ * mr-specialised copies come from inlining with a constant mr.                                 */
+#define CGRU_DEFINE_MICRO(NAME, T, VT, NR, LOAD)                                               \
+CGRU_INLINE void NAME(const int mr, int nr, int k, const T *A, int lda, const T *Bp,           \
+                      int beta1, T *C, int ldc) {                                              \
+    VT acc[CGRU_MR];                                                                           \
+    for (int r = 0; r < mr; r++) acc[r] = (VT){0};                                             \
+    for (int kk = 0; kk < k; kk++) {                                                           \
+        VT b = LOAD(Bp + (size_t)kk * NR);                                                     \
+        for (int r = 0; r < mr; r++) acc[r] += A[(size_t)r * lda + kk] * b;                    \
+    }                                                                                          \
+    for (int r = 0; r < mr; r++) {                                                             \
+        T *c = C + (size_t)r * ldc;                                                            \
+        if (nr == NR && !beta1) { memcpy(c, &acc[r], sizeof(VT)); continue; }                  \
+        for (int j = 0; j < nr; j++) c[j] = beta1 ? c[j] + acc[r][j] : acc[r][j];              \
+    }                                                                                          \
+}
+CGRU_DEFINE_MICRO(cgru_micro_f32, float, cgru_vf, CGRU_NR_F, cgru_loadf)
+CGRU_DEFINE_MICRO(cgru_micro_f64, double, cgru_vd, CGRU_NR_D, cgru_loadd)
+
+/* For fewer than 4 rows one panel gives too few independent accumulators to hide the
+ * multiply-add latency: take 4 full panels at once. Same per-element operations in the same
+ * order as the narrow kernel, so the bits do not depend on which kernel ran.                  */
+#define CGRU_DEFINE_MICRO4(NAME, T, VT, NR, LOAD)                                              \
+CGRU_INLINE void NAME(const int mr, int k, const T *A, int lda, const T *Bp, int beta1,        \
+                      T *C, int ldc) {                                                         \
+    VT acc[3][4];                                                                              \
+    size_t ps = (size_t)NR * k;                                                                \
+    for (int r = 0; r < mr; r++)                                                               \
+        for (int q = 0; q < 4; q++) acc[r][q] = (VT){0};                                       \
+    for (int kk = 0; kk < k; kk++) {                                                           \
+        const T *b = Bp + (size_t)kk * NR;                                                     \
+        VT b0 = LOAD(b), b1 = LOAD(b + ps), b2 = LOAD(b + 2 * ps), b3 = LOAD(b + 3 * ps);     \
+        for (int r = 0; r < mr; r++) {                                                         \
+            T a = A[(size_t)r * lda + kk];                                                     \
+            acc[r][0] += a * b0; acc[r][1] += a * b1;                                          \
+            acc[r][2] += a * b2; acc[r][3] += a * b3;                                          \
+        }                                                                                      \
+    }                                                                                          \
+    for (int r = 0; r < mr; r++) {                                                             \
+        T *c = C + (size_t)r * ldc;                                                            \
+        for (int q = 0; q < 4; q++) {                                                          \
+            if (!beta1) { memcpy(c + q * NR, &acc[r][q], sizeof(VT)); continue; }              \
+            for (int j = 0; j < NR; j++) c[q * NR + j] += acc[r][q][j];                        \
+        }                                                                                      \
+    }                                                                                          \
+}
+CGRU_DEFINE_MICRO4(cgru_micro4_f32, float, cgru_vf, CGRU_NR_F, cgru_loadf)
+CGRU_DEFINE_MICRO4(cgru_micro4_f64, double, cgru_vd, CGRU_NR_D, cgru_loadd)
+
+/* ---- C[m, n] = A[m, k] · op(B) (+ C when beta1), op(B) packed in Bp ------------------------
+ * Loop order: column panel outermost, so one panel (k·NR values) stays in L1 while every row
+ * block of A passes over it; B is streamed once per call.                                      */
+#define CGRU_DEFINE_GEMM(NAME, MICRO, MICRO4, T, NR)                                           \
+CGRU_CLONES static void NAME(int m, int n, int k, const T *A, int lda, const T *Bp,            \
+                             int beta1, T *C, int ldc) {                                       \
+    int panels = (n + NR - 1) / NR;                                                            \
+    int p = 0;                                                                                 \
+    if (m < 4) {                                                                               \
+        for (; p + 4 <= n / NR; p += 4) {                                                      \
+            const T *bp = Bp + (size_t)p * NR * k;                                             \
+            if (m == 3) MICRO4(3, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc);              \
+            else if (m == 2) MICRO4(2, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc);         \
+            else if (m == 1) MICRO4(1, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc);         \
+        }                                                                                      \
+    }                                                                                          \
+    for (; p < panels; p++) {                                                                  \
+        int nr = n - p * NR < NR ? n - p * NR : NR;                                            \
+        const T *bp = Bp + (size_t)p * NR * k;                                                 \
+        T *cp = C + (size_t)p * NR;                                                            \
+        int i = 0;                                                                             \
+        for (; i + CGRU_MR <= m; i += CGRU_MR)                                                 \
+            MICRO(CGRU_MR, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); \
+        switch (m - i) {                                                                       \
+        case 7: MICRO(7, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
+        case 6: MICRO(6, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
+        case 5: MICRO(5, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
+        case 4: MICRO(4, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
+        case 3: MICRO(3, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
+        case 2: MICRO(2, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
+        case 1: MICRO(1, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
+        default: break;                                                                        \
+        }                                                                                      \
+    }                                                                                          \
+}
+CGRU_DEFINE_GEMM(cgru_gemm_packed_f32, cgru_micro_f32, cgru_micro4_f32, float, CGRU_NR_F)
+CGRU_DEFINE_GEMM(cgru_gemm_packed_f64, cgru_micro_f64, cgru_micro4_f64, double, CGRU_NR_D)
+
+/* ---- float32 exp, sigmoid, tanh on 16 lanes ------------------------------------------------
+ * exp: x clamped to [−87.3, 88.3]; x = n·ln2 + r with |r| ≤ ln2/2 (ln2 split in two for an
+ * exact n·ln2_hi); e^r by its Taylor series to r⁷ (truncation < 6e-9 relative); 2ⁿ built in the
+ * exponent bits. About 2 ulp. NaN stays NaN, ±inf saturate.                                    */
+CGRU_INLINE cgru_vf cgru_vexpf(cgru_vf x) {
+    const cgru_vf hi = (cgru_vf){0} + 88.3f, lo = (cgru_vf){0} + -87.3f;
+    cgru_vi too_big = x > hi, too_small = x < lo;
+    x = (cgru_vf)(((cgru_vi)x & ~too_big) | ((cgru_vi)hi & too_big));
+    x = (cgru_vf)(((cgru_vi)x & ~too_small) | ((cgru_vi)lo & too_small));
+    cgru_vf t = x * 1.44269504088896341f + 0.5f;
+    cgru_vi n = __builtin_convertvector(t, cgru_vi);
+    n -= (cgru_vi)(__builtin_convertvector(n, cgru_vf) > t) & 1;  /* floor */
+    cgru_vf nf = __builtin_convertvector(n, cgru_vf);
+    cgru_vf r = x - nf * 0.693359375f;
+    r = r - nf * -2.12194440e-4f;
+    cgru_vf p = (cgru_vf){0} + 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    cgru_vi scale = (n + 127) << 23;
+    return p * (cgru_vf)scale;
+}
+
+CGRU_INLINE cgru_vf cgru_vsigmoidf(cgru_vf x) { return 1.0f / (1.0f + cgru_vexpf(-x)); }
+
+/* tanh: |x| < 0.4 by its Taylor series to x¹³ (truncation < 5e-9 relative); above,
+ * sign(x)·(1 − 2/(e^{2|x|} + 1)).                                                               */
+CGRU_INLINE cgru_vf cgru_vtanhf(cgru_vf x) {
+    cgru_vi sign = (cgru_vi)x & (int32_t)0x80000000;
+    cgru_vf a = (cgru_vf)((cgru_vi)x & 0x7fffffff);
+    cgru_vf big = 1.0f - 2.0f / (cgru_vexpf(2.0f * a) + 1.0f);
+    cgru_vf z = x * x;
+    /* Taylor: tanh x = x − x³/3 + 2x⁵/15 − 17x⁷/315 + 62x⁹/2835 − 1382x¹¹/155925
+     *                  + 21844x¹³/6081075                                                      */
+    cgru_vf q = (cgru_vf){0} + 21844.0f / 6081075.0f;
+    q = q * z - 1382.0f / 155925.0f;
+    q = q * z + 62.0f / 2835.0f;
+    q = q * z - 17.0f / 315.0f;
+    q = q * z + 2.0f / 15.0f;
+    q = q * z - 1.0f / 3.0f;
+    cgru_vf small = x + x * z * q;
+    cgru_vi use_small = a < 0.4f;
+    cgru_vf big_signed = (cgru_vf)((cgru_vi)big | sign);
+    return (cgru_vf)(((cgru_vi)small & use_small) | ((cgru_vi)big_signed & ~use_small));
+}
+
+/* y[i] = sigmoid(x[i]) / tanh(x[i]) for i < n (x and y may be the same array). */
+CGRU_CLONES static void cgru_sigmoid_f32(int n, const float *x, float *y) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        cgru_vf v = cgru_vsigmoidf(cgru_loadf(x + i));
+        memcpy(y + i, &v, sizeof v);
+    }
+    if (i < n) {
+        float buf[16] = {0};
+        memcpy(buf, x + i, (size_t)(n - i) * sizeof(float));
+        cgru_vf v = cgru_vsigmoidf(cgru_loadf(buf));
+        memcpy(y + i, &v, (size_t)(n - i) * sizeof(float));
+    }
+}
+
+CGRU_CLONES static void cgru_tanh_f32(int n, const float *x, float *y) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        cgru_vf v = cgru_vtanhf(cgru_loadf(x + i));
+        memcpy(y + i, &v, sizeof v);
+    }
+    if (i < n) {
+        float buf[16] = {0};
+        memcpy(buf, x + i, (size_t)(n - i) * sizeof(float));
+        cgru_vf v = cgru_vtanhf(cgru_loadf(buf));
+        memcpy(y + i, &v, (size_t)(n - i) * sizeof(float));
+    }
+}
+
+#endif

@@ -1,0 +1,329 @@
+"""The ONNX ``GRU`` operator (opset 7/14/22) on the CPU: ``gru`` and ``run``.
+
+One ONNX node is one layer.  Its names map onto the core like this (gates: ONNX ``z, r, h`` →
+canonical ``r, z, n``)::
+
+    W [D, 3H, I]  = [W_z; W_r; W_h] per direction      → W   = [W_r; W_z; W_n]
+    R [D, 3H, H]  = [R_z; R_r; R_h]                     → R   = [R_r; R_z; R_n]
+    B [D, 6H]     = [Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h] → b_W = [Wb_r, Wb_z, Wb_h],
+                                                          b_R = [Rb_r, Rb_z, Rb_h]
+    linear_before_reset = 0 / 1                         → Cell(reset_after=False / True)
+    activations [f, g] (per direction)                  → Cell(f_r=f, f_z=f, g=g)
+    clip                                                → Cell(clip=clip)
+    direction forward / reverse / bidirectional         → Topology(direction=...)
+
+``sequence_lens`` follows onnxruntime's CPU kernel (the ONNX specification is silent): outputs
+at ``t ≥ len`` are 0, the reverse direction starts at ``len − 1``, ``Y_h`` is the state after
+the last processed step, and ``Y_h = 0`` for a sequence of length 0.
+"""
+import numbers
+import os
+
+import numpy as np
+
+from cgru.cell import Activation, Cell
+from cgru.engine import forward
+from cgru.params import DTYPES, LayerParams, Params, Topology
+
+__all__ = ["gru", "run", "ONNX_ACTIVATIONS"]
+
+# ONNX activation name (lower case) -> (cgru activation name, takes alpha, takes beta).
+ONNX_ACTIVATIONS = {
+    "relu": ("relu", False, False),
+    "tanh": ("tanh", False, False),
+    "sigmoid": ("sigmoid", False, False),
+    "affine": ("affine", True, True),
+    "leakyrelu": ("leaky_relu", True, False),
+    "thresholdedrelu": ("thresholded_relu", True, False),
+    "scaledtanh": ("scaled_tanh", True, True),
+    "hardsigmoid": ("hard_sigmoid", True, True),
+    "elu": ("elu", True, False),
+    "softsign": ("softsign", False, False),
+    "softplus": ("softplus", False, False),
+}
+_ONNX_SPELLING = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "affine": "Affine",
+                  "leakyrelu": "LeakyRelu", "thresholdedrelu": "ThresholdedRelu",
+                  "scaledtanh": "ScaledTanh", "hardsigmoid": "HardSigmoid", "elu": "Elu",
+                  "softsign": "Softsign", "softplus": "Softplus"}
+_DIRECTIONS = ("forward", "reverse", "bidirectional")
+# ONNX gate order (z, r, h) as indices into the canonical order (r, z, n), and back: the
+# permutation swaps the first two blocks, so it is its own inverse.
+_ZRH = (1, 0, 2)
+
+
+def _swap_zr(a, H, axis=-1):
+    """Blocks of ``H`` along ``axis`` reordered (z, r, h) ↔ (r, z, n)."""
+    blocks = [np.take(a, range(g * H, (g + 1) * H), axis=axis) for g in _ZRH]
+    return np.concatenate(blocks, axis=axis)
+
+
+def _float_array(a, what, dtype=None):
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{what}: expected a numpy array, got {type(a).__name__}")
+    if dtype is None:
+        if a.dtype not in DTYPES:
+            raise TypeError(f"{what}: expected dtype float32 or float64, got {a.dtype}")
+    elif a.dtype != dtype:
+        raise TypeError(f"{what}: expected dtype {dtype} (the dtype of X), got {a.dtype}")
+    return a
+
+
+def _expect_shape(a, what, shape, names):
+    if a.shape != tuple(shape):
+        want = "[" + ", ".join(f"{n}={s}" for n, s in zip(names, shape)) + "]"
+        raise ValueError(f"{what}: expected shape {want}, got {list(a.shape)}")
+
+
+def _float_list(values, what):
+    if values is None:
+        return []
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{what}: expected a list of floats, got {values!r}")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{what}: expected a list of floats, got element {v!r}")
+        out.append(float(v))
+    return out
+
+
+def activations_to_cells(activations, activation_alpha, activation_beta, clip,
+                         linear_before_reset, num_directions):
+    """One ``cgru.Cell`` per direction from the ONNX activation attributes.
+
+    ``activations`` holds ``2·D`` names (``f, g`` per direction, forward first), matched
+    case-insensitively; ``None`` means ``Sigmoid, Tanh``.  The alpha (beta) list is consumed in
+    activation order, one value per activation that takes an alpha (beta); a missing value is
+    the default of the matching ONNX operator (``Activation``'s defaults).
+    """
+    D = num_directions
+    if activations is None:
+        names = ["Sigmoid", "Tanh"] * D
+    else:
+        if isinstance(activations, (str, bytes)) or not hasattr(activations, "__iter__"):
+            raise TypeError(f"activations: expected a list of names, got {activations!r}")
+        names = [a.decode() if isinstance(a, bytes) else a for a in activations]
+        if len(names) != 2 * D:
+            raise ValueError(f"activations: expected {2 * D} names (f, g for each of the "
+                             f"{D} direction(s)), got {len(names)}: {names}")
+    alphas = _float_list(activation_alpha, "activation_alpha")
+    betas = _float_list(activation_beta, "activation_beta")
+    acts = []
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            raise TypeError(f"activations[{i}]: expected a name (str), got {name!r}")
+        key = name.lower()
+        if key not in ONNX_ACTIVATIONS:
+            raise ValueError(f"activations[{i}]: unknown ONNX activation {name!r}; expected one "
+                             f"of {', '.join(_ONNX_SPELLING.values())} (any case)")
+        cgru_name, takes_alpha, takes_beta = ONNX_ACTIVATIONS[key]
+        alpha = alphas.pop(0) if takes_alpha and alphas else None
+        beta = betas.pop(0) if takes_beta and betas else None
+        acts.append(Activation(cgru_name, alpha, beta))
+    if alphas or betas:
+        raise ValueError(f"activation_alpha/activation_beta: {len(alphas)} alpha and "
+                         f"{len(betas)} beta value(s) left over after the activations {names} "
+                         f"took theirs")
+    if clip is not None:
+        if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not clip > 0:
+            raise ValueError(f"clip: expected None or a positive float, got {clip!r}")
+    if linear_before_reset not in (0, 1) or isinstance(linear_before_reset, float):
+        raise ValueError(f"linear_before_reset: expected 0 or 1, got {linear_before_reset!r}")
+    return [Cell(reset_after=bool(linear_before_reset), f_r=acts[2 * d], f_z=acts[2 * d],
+                 g=acts[2 * d + 1], clip=None if clip is None else float(clip))
+            for d in range(D)]
+
+
+def params_from_onnx(W, R, B, num_directions):
+    """Canonical ``LayerParams`` per direction from ONNX ``W``, ``R``, ``B`` (``B`` may be None)."""
+    H = R.shape[-1]
+    out = []
+    for d in range(num_directions):
+        b = np.zeros(6 * H, W.dtype) if B is None else B[d]
+        out.append(LayerParams(W=_swap_zr(W[d], H, 0), R=_swap_zr(R[d], H, 0),
+                               b_W=_swap_zr(b[:3 * H], H), b_R=_swap_zr(b[3 * H:], H)))
+    return out
+
+
+def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None,
+        direction="forward", linear_before_reset=0, activations=None, activation_alpha=None,
+        activation_beta=None, clip=None, layout=0):
+    """The ONNX ``GRU`` operator: ``(Y, Y_h)``.
+
+    Inputs (ONNX names and shapes; float32 or float64, one dtype)::
+
+        X              [T, N, I]  ([N, T, I] with layout=1)
+        W              [D, 3H, I]   gates z, r, h
+        R              [D, 3H, H]
+        B              [D, 6H] = [Wb_zrh, Rb_zrh]          (None: zeros)
+        sequence_lens  [N] int, values in [0, T]           (None: all T)
+        initial_h      [D, N, H]  ([N, D, H] with layout=1) (None: zeros)
+
+    Attributes: ``hidden_size`` (checked against ``R`` when given), ``direction``
+    ("forward", "reverse", "bidirectional"; ``D = 2`` for the last), ``linear_before_reset``
+    (0: reset before the recurrent product, ONNX's default; 1: after it, as cuDNN/PyTorch),
+    ``activations`` (``2·D`` names ``f, g`` per direction from Relu, Tanh, Sigmoid, Affine,
+    LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, Elu, Softsign, Softplus — any case;
+    default Sigmoid, Tanh), ``activation_alpha`` / ``activation_beta`` (consumed in activation
+    order, only by activations that take an alpha / a beta; a missing value takes the ONNX
+    operator's default: Affine 1, 0; LeakyRelu 0.01; ThresholdedRelu 1; ScaledTanh 1, 1;
+    HardSigmoid 0.2, 0.5; Elu 1.  Note: onnxruntime uses 0 instead for Affine,
+    ThresholdedRelu and ScaledTanh, so pass them explicitly for portable models), ``clip``
+    (clamps every complete pre-activation, biases included, to ``[−clip, clip]``), ``layout``.
+
+    Returns ``Y`` ``[T, D, N, H]`` (``[N, T, D, H]`` with layout=1) and ``Y_h`` ``[D, N, H]``
+    (``[N, D, H]``).  ``sequence_lens`` follows onnxruntime: ``Y`` is 0 at ``t ≥ len``, the
+    reverse direction starts at ``len − 1``, and ``Y_h`` is 0 for ``len = 0``.
+    """
+    X = _float_array(X, "X")
+    dtype = X.dtype
+    if layout not in (0, 1) or isinstance(layout, (bool, float)):
+        raise ValueError(f"layout: expected 0 or 1, got {layout!r}")
+    if direction not in _DIRECTIONS:
+        raise ValueError(f"direction: expected one of {_DIRECTIONS}, got {direction!r}")
+    D = 2 if direction == "bidirectional" else 1
+    if X.ndim != 3:
+        raise ValueError(f"X: expected a 3-D array {'[N, T, I]' if layout else '[T, N, I]'}, "
+                         f"got shape {list(X.shape)}")
+    N, T = (X.shape[0], X.shape[1]) if layout else (X.shape[1], X.shape[0])
+    I = X.shape[2]
+    R = _float_array(R, "R", dtype)
+    if R.ndim != 3:
+        raise ValueError(f"R: expected a 3-D array [D, 3H, H], got shape {list(R.shape)}")
+    H = R.shape[2]
+    if hidden_size is not None:
+        if isinstance(hidden_size, bool) or not isinstance(hidden_size, numbers.Integral) \
+                or hidden_size <= 0:
+            raise ValueError(f"hidden_size: expected a positive int, got {hidden_size!r}")
+        if hidden_size != H:
+            raise ValueError(f"hidden_size: {hidden_size} disagrees with R's last axis "
+                             f"(R shape {list(R.shape)})")
+    if H == 0:
+        raise ValueError(f"R: expected H ≥ 1, got shape {list(R.shape)}")
+    _expect_shape(R, "R", (D, 3 * H, H), ("D", "3H", "H"))
+    W = _float_array(W, "W", dtype)
+    _expect_shape(W, "W", (D, 3 * H, I), ("D", "3H", "I"))
+    if B is not None:
+        B = _float_array(B, "B", dtype)
+        _expect_shape(B, "B", (D, 6 * H), ("D", "6H"))
+    if initial_h is not None:
+        initial_h = _float_array(initial_h, "initial_h", dtype)
+        if layout:
+            _expect_shape(initial_h, "initial_h", (N, D, H), ("N", "D", "H"))
+            initial_h = initial_h.transpose(1, 0, 2)
+        else:
+            _expect_shape(initial_h, "initial_h", (D, N, H), ("D", "N", "H"))
+    lengths = None
+    if sequence_lens is not None:
+        lengths = np.asarray(sequence_lens)
+        if lengths.dtype.kind not in "iu":
+            raise TypeError(f"sequence_lens: expected an integer array [N={N}], got dtype "
+                            f"{lengths.dtype}")
+        _expect_shape(lengths, "sequence_lens", (N,), ("N",))
+        if ((lengths < 0) | (lengths > T)).any():
+            raise ValueError(f"sequence_lens: expected values in [0, T={T}], got "
+                             f"{lengths.tolist()}")
+    cells = activations_to_cells(activations, activation_alpha, activation_beta, clip,
+                                 linear_before_reset, D)
+    layers = params_from_onnx(W, R, B, D)
+
+    # One core call when both directions share the cell; else one call per direction.
+    if D == 1 or cells[0] == cells[1]:
+        runs = [(direction, layers, cells[0], slice(0, D))]
+    else:
+        runs = [("forward", layers[:1], cells[0], slice(0, 1)),
+                ("reverse", layers[1:], cells[1], slice(1, 2))]
+    Y = np.empty((N, T, D, H) if layout else (T, D, N, H), dtype)
+    Y_h = np.empty((D, N, H), dtype)
+    for run_direction, run_layers, cell, ds in runs:
+        params = Params(Topology(I, H, 1, run_direction), run_layers)
+        h0 = None if initial_h is None else np.ascontiguousarray(initial_h[ds])
+        y, hy, _ = forward(params, X, h0, cell=cell, lengths=lengths,
+                           batch_major=bool(layout))
+        nd = ds.stop - ds.start
+        if layout:   # y [N, T, nd·H] → Y[:, :, ds] [N, T, nd, H]
+            Y[:, :, ds] = y.reshape(N, T, nd, H)
+        else:        # y [T, N, nd·H] → Y[:, ds] [T, nd, N, H]
+            Y[:, ds] = y.reshape(T, N, nd, H).transpose(0, 2, 1, 3)
+        Y_h[ds] = hy
+    if lengths is not None:
+        Y_h[:, lengths == 0] = 0      # onnxruntime: Y_h = 0 for an empty sequence
+    if layout:
+        Y_h = np.ascontiguousarray(Y_h.transpose(1, 0, 2))
+    return Y, Y_h
+
+
+# --- run(): one-node ONNX models ------------------------------------------------------------
+_INPUT_NAMES = ("X", "W", "R", "B", "sequence_lens", "initial_h")
+_ATTRIBUTES = ("hidden_size", "direction", "linear_before_reset", "activations",
+               "activation_alpha", "activation_beta", "clip", "layout")
+
+
+def _import_onnx():
+    try:
+        import onnx
+        import onnx.numpy_helper  # noqa: F401
+    except ImportError as e:
+        raise ImportError("cgru.onnx.run needs the 'onnx' package to read models (pip install "
+                          "onnx); cgru.onnx.gru works without it") from e
+    return onnx
+
+
+def run(model, inputs):
+    """Run a model whose graph is one ``GRU`` node: ``{output name: array}``.
+
+    ``model``: a path to an ``.onnx`` file or an ``onnx.ModelProto``; ``inputs``: a dict from
+    graph input name to array (initializers of the graph supply the rest).  Returns one entry
+    per output the node names (``Y`` and/or ``Y_h``).  Needs the optional ``onnx`` package.
+    """
+    onnx = _import_onnx()
+    if isinstance(model, (str, bytes, os.PathLike)):
+        model = onnx.load(os.fspath(model) if not isinstance(model, bytes) else model.decode())
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"model: expected a path or an onnx.ModelProto, got "
+                        f"{type(model).__name__}")
+    if not isinstance(inputs, dict):
+        raise TypeError(f"inputs: expected a dict from input name to array, got "
+                        f"{type(inputs).__name__}")
+    graph = model.graph
+    nodes = list(graph.node)
+    if len(nodes) != 1 or nodes[0].op_type != "GRU" or nodes[0].domain not in ("", "ai.onnx"):
+        found = [f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in nodes]
+        raise ValueError(f"model: expected a graph of exactly one GRU node, got {found}")
+    node = nodes[0]
+    opset = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if opset and opset[0] < 7:
+        raise ValueError(f"model: GRU-1/GRU-3 (opset {opset[0]} < 7) are not supported; "
+                         f"re-export the model with opset ≥ 7")
+
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    values.update(inputs)
+    args = {}
+    for slot, name in zip(_INPUT_NAMES, node.input):
+        if name == "":
+            continue
+        if name not in values:
+            raise ValueError(f"inputs: missing {name!r} (the GRU input {slot}); got "
+                             f"{sorted(inputs)}")
+        args[slot] = np.asarray(values[name])
+    for slot in ("X", "W", "R"):
+        if slot not in args:
+            raise ValueError(f"model: the GRU node has no {slot} input")
+
+    attrs = {}
+    for a in node.attribute:
+        if a.name not in _ATTRIBUTES:
+            raise ValueError(f"model: unsupported GRU attribute {a.name!r}")
+        v = onnx.helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, list):
+            v = [e.decode() if isinstance(e, bytes) else e for e in v]
+        attrs[a.name] = v
+    Y, Y_h = gru(args["X"], args["W"], args["R"], args.get("B"), args.get("sequence_lens"),
+                 args.get("initial_h"), **attrs)
+    out = {}
+    for name, value in zip(node.output, (Y, Y_h)):
+        if name:
+            out[name] = value
+    return out
