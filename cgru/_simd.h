@@ -150,11 +150,12 @@ CGRU_DEFINE_GEMM(cgru_gemm_packed_f32, cgru_micro_f32, cgru_micro4_f32, float, C
 CGRU_DEFINE_GEMM(cgru_gemm_packed_f64, cgru_micro_f64, cgru_micro4_f64, double, CGRU_NR_D)
 
 /* ---- float32 exp, sigmoid, tanh on 16 lanes ------------------------------------------------
- * exp: x clamped to [−87.3, 88.3]; x = n·ln2 + r with |r| ≤ ln2/2 (ln2 split in two for an
- * exact n·ln2_hi); e^r by its Taylor series to r⁷ (truncation < 6e-9 relative); 2ⁿ built in the
- * exponent bits. About 2 ulp. NaN stays NaN, ±inf saturate.                                    */
+ * exp: x clamped to [−104, 89] (beyond, the float result is 0 or inf anyway); x = n·ln2 + r
+ * with |r| ≤ ln2/2 (ln2 split in two so n·ln2_hi is exact); e^r by its Taylor series to r⁷
+ * (truncation < 6e-9 relative); 2ⁿ applied as 2^⌊n/2⌋·2^(n−⌊n/2⌋) so that results down to
+ * the subnormals and up to inf come out right. About 2 ulp. NaN stays NaN.                     */
 CGRU_INLINE cgru_vf cgru_vexpf(cgru_vf x) {
-    const cgru_vf hi = (cgru_vf){0} + 88.3f, lo = (cgru_vf){0} + -87.3f;
+    const cgru_vf hi = (cgru_vf){0} + 89.0f, lo = (cgru_vf){0} + -104.0f;
     cgru_vi too_big = x > hi, too_small = x < lo;
     x = (cgru_vf)(((cgru_vi)x & ~too_big) | ((cgru_vi)hi & too_big));
     x = (cgru_vf)(((cgru_vi)x & ~too_small) | ((cgru_vi)lo & too_small));
@@ -172,11 +173,19 @@ CGRU_INLINE cgru_vf cgru_vexpf(cgru_vf x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    cgru_vi scale = (n + 127) << 23;
-    return p * (cgru_vf)scale;
+    cgru_vi n1 = n >> 1, n2 = n - n1;
+    return p * (cgru_vf)((n1 + 127) << 23) * (cgru_vf)((n2 + 127) << 23);
 }
 
-CGRU_INLINE cgru_vf cgru_vsigmoidf(cgru_vf x) { return 1.0f / (1.0f + cgru_vexpf(-x)); }
+/* sigmoid(x) = 1/(1 + e^−|x|) for x ≥ 0 and e^−|x|/(1 + e^−|x|) for x < 0: no overflow, and
+ * accurate down to the subnormals.                                                              */
+CGRU_INLINE cgru_vf cgru_vsigmoidf(cgru_vf x) {
+    cgru_vi neg = x < 0.0f;
+    cgru_vf a = (cgru_vf)((cgru_vi)x & 0x7fffffff);
+    cgru_vf e = cgru_vexpf(-a);
+    cgru_vf num = (cgru_vf)(((cgru_vi)e & neg) | ((cgru_vi)((cgru_vf){0} + 1.0f) & ~neg));
+    return num / (1.0f + e);
+}
 
 /* tanh: |x| < 0.4 by its Taylor series to x¹³ (truncation < 5e-9 relative); above,
  * sign(x)·(1 − 2/(e^{2|x|} + 1)).                                                               */

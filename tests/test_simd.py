@@ -1,0 +1,77 @@
+"""The time loop's own kernels (cgru/_simd.h): packed GEMM and float32 sigmoid/tanh."""
+import numpy as np
+import pytest
+
+from cgru import _kernels as K
+
+TOL = {np.float32: 2e-5, np.float64: 1e-12}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("m,n,k", [(1, 64, 5), (1, 70, 33), (2, 128, 17), (3, 48, 8),
+                                   (4, 16, 1), (7, 35, 12), (8, 64, 9), (9, 200, 31),
+                                   (20, 3, 4), (17, 96, 64)])
+@pytest.mark.parametrize("beta1", [False, True])
+def test_packed_gemm_matches_numpy(dtype, trans, m, n, k, beta1):
+    rng = np.random.default_rng(m * 1000 + n + k)
+    A = rng.standard_normal((m, k)).astype(dtype)
+    B = rng.standard_normal((n, k) if trans else (k, n)).astype(dtype)
+    C0 = rng.standard_normal((m, n)).astype(dtype)
+    C = C0.copy() if beta1 else np.full((m, n), np.nan, dtype)
+    K.gemm_packed_rm(A, K.pack_rhs(B, trans), n, C, beta1)
+    opB = B.T if trans else B
+    want = A.astype(np.float64) @ opB.astype(np.float64) + (C0 if beta1 else 0)
+    np.testing.assert_allclose(C, want, rtol=TOL[dtype], atol=TOL[dtype] * k)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_packed_gemm_rows_do_not_depend_on_the_batch_split(dtype):
+    # Every row is bitwise the same whether computed alone, in a block of 3, or among 20 rows:
+    # the property that makes cgru's results independent of the thread count.
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((20, 67)).astype(dtype)
+    B = rng.standard_normal((3 * 70, 67)).astype(dtype)
+    Bp = K.pack_rhs(B, True)
+    whole = np.empty((20, 210), dtype)
+    K.gemm_packed_rm(A, Bp, 210, whole, False)
+    for lo, hi in [(0, 1), (5, 8), (3, 5), (8, 20), (19, 20)]:
+        part = np.empty((hi - lo, 210), dtype)
+        K.gemm_packed_rm(np.ascontiguousarray(A[lo:hi]), Bp, 210, part, False)
+        assert np.array_equal(part, whole[lo:hi]), (lo, hi)
+
+
+def _exact(name, x):
+    x = x.astype(np.float64)
+    if name == "sigmoid":
+        e = np.exp(-np.abs(x))
+        return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+    return np.tanh(x)
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "tanh"])
+def test_vector_math_is_within_a_few_ulp(name):
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.standard_normal(5000) * s for s in (1e-6, 1e-2, 0.3, 1, 4, 30)]
+                       + [np.linspace(-12, 12, 20001)]).astype(np.float32)
+    got = K.vector_math_f32(name, x).astype(np.float64)
+    want = _exact(name, x)
+    ulp = np.abs(got - want) / np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+    assert ulp.max() <= 4, (x[ulp.argmax()], ulp.max())
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "tanh"])
+def test_vector_math_special_values(name):
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30, 89.0, -89.0, 100.0,
+                  -100.0, 1e-40], np.float32)
+    got = K.vector_math_f32(name, x)
+    assert np.isnan(got[0])
+    want = _exact(name, np.nan_to_num(x[1:], posinf=1e30, neginf=-1e30))
+    np.testing.assert_allclose(got[1:], want, rtol=3e-7, atol=1e-37)
+    assert not np.isnan(got[1:]).any()
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 33])
+def test_vector_math_tails(n):
+    x = np.linspace(-3, 3, n).astype(np.float32)
+    np.testing.assert_allclose(K.vector_math_f32("tanh", x), np.tanh(x), rtol=5e-7, atol=1e-7)
