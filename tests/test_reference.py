@@ -5,48 +5,14 @@
 3. Single-step checks, independent of the reference, for every option PyTorch lacks.
 4. Inter-layer dropout masks against two hand-chained single-layer runs.
 """
-import importlib
 import math
-import pathlib
-import sys
-import types
 
 import numpy as np
 import pytest
 
-
-def _import_pure_modules():
-    """``cgru.cell``, ``cgru.params``, ``cgru.reference``: pure Python, so they are testable
-    before the compiled extensions are built.  When ``cgru/__init__.py`` cannot be imported
-    (extensions missing), the three files are loaded under a bare stand-in package that is
-    removed from ``sys.modules`` afterwards, so other test modules still get the real one."""
-    def ours():
-        return [k for k in sys.modules if k == "cgru" or k.startswith("cgru.")]
-
-    before = {k: sys.modules[k] for k in ours()}
-    try:
-        import cgru.cell
-        import cgru.params
-        import cgru.reference
-        return cgru.cell, cgru.params, cgru.reference
-    except ImportError:
-        pass
-    for k in ours():
-        del sys.modules[k]
-    stand_in = types.ModuleType("cgru")
-    stand_in.__path__ = [str(pathlib.Path(__file__).resolve().parents[1] / "cgru")]
-    sys.modules["cgru"] = stand_in
-    try:
-        return tuple(importlib.import_module(f"cgru.{m}") for m in ("cell", "params", "reference"))
-    finally:
-        for k in ours():
-            del sys.modules[k]
-        sys.modules.update(before)
-
-
-_cell, _params, ref = _import_pure_modules()
-Activation, Cell, _KINDS = _cell.Activation, _cell.Cell, _cell._KINDS
-LayerParams, Params, Topology = _params.LayerParams, _params.Params, _params.Topology
+import cgru.reference as ref
+from cgru.cell import _KINDS, Activation, Cell
+from cgru.params import LayerParams, Params, Topology
 
 torch = pytest.importorskip("torch")
 
