@@ -25,9 +25,6 @@ from cgru.params import DTYPES, LayerParams, Params, Topology, as_dtype
 
 __all__ = ["GRULayer", "GRUCache", "gru", "gru_forward", "gru_backward"]
 
-_NAMES = ("W3s0", "W3sN", "U3s", "bW3s", "bU3s")
-
-
 def _check(a, what, dtype, shape):
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{what}: expected a numpy array, got {type(a).__name__}")

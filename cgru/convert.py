@@ -20,8 +20,11 @@ Rules (SPEC §1 and §4.5):
   non-zero biases for a bias-less target.
 * Fewer-bias targets get the sums ``b_Wr + b_Rr`` and ``b_Wz + b_Rz`` (exact: only the sums are
   observable); for the reset-before cell also ``b_Wn + b_Rn``.  For the reset-after cell
-  ``b_Wn`` and ``b_Rn`` are never merged: the targets used here keep them apart (MPSGraph
-  ``secondary_bias``, oneDNN LBR's fourth bias gate).
+  ``b_Wn`` and ``b_Rn`` are never merged (``b_Rn`` sits inside the reset product): every
+  fewer-bias target that computes the reset-after cell keeps them apart (MPSGraph
+  ``secondary_bias``, oneDNN LBR's fourth bias gate), and the single-candidate-bias targets
+  (Keras ``reset_after=False``, oneDNN vanilla GRU, MPSGraph ``resetAfter=NO``) compute the
+  reset-before cell, so a reset-after source is refused there for its candidate form.
 * Fewer-bias sources map in with the sums on the input side and zeros on the recurrent side.
 * ``input_mode="skip"`` (cuDNN) converts to systems without it as explicit identity input
   matrices (the same function); ``"projected"`` (MPSGraph without input weights) converts only
@@ -29,7 +32,8 @@ Rules (SPEC §1 and §4.5):
 
 Round trips are exact: ``from_X(to_X(p))`` returns ``p``'s arrays bit for bit, except that a
 fewer-bias target returns the summed biases (as ``b_W``, with ``b_R = 0``) — which compute the
-same function — and ``to_X(from_X(w)) == w`` bit for bit for every system.
+same function — and that skip mode comes back as identity input matrices; and
+``to_X(from_X(w)) == w`` bit for bit for every system.
 All arrays are returned as fresh NumPy copies of the source dtype (float32 or float64).
 """
 import re
@@ -162,15 +166,15 @@ def _input_matrix(params, i):
     return lp.W
 
 
-def _merged_biases(lp, cell, H, target, keep_n_apart):
-    """``(b_rz_sum [2H], b_n_in [H], b_n_rec [H] or None)`` for a target with summed gate
-    biases; ``keep_n_apart``: the target has a separate recurrent candidate bias."""
+def _merged_biases(lp, cell, H):
+    """``(b_rz_sum [2H], b_n [H], b_Rn [H] or None)`` for a target with summed gate biases.
+
+    Reset-before: ``b_n = b_Wn + b_Rn`` (both outside the reset product; exact).  Reset-after:
+    ``b_Wn`` and ``b_Rn`` stay apart (``b_Rn`` sits inside ``r ⊙ (h·R_nᵀ + b_Rn)``, so their
+    sum would be a different function); every reset-after target here has a slot for it.
+    """
     b_rz = lp.b_W[:2 * H] + lp.b_R[:2 * H]
     if cell.reset_after:
-        if not keep_n_apart:
-            raise ValueError(f"{target} would have to merge b_Wn with b_Rn, but with "
-                             f"reset_after=True b_Rn sits inside the reset product "
-                             f"(r ⊙ (h·R_nᵀ + b_Rn)); the sum is a different function")
         return b_rz, lp.b_W[2 * H:].copy(), lp.b_R[2 * H:].copy()
     return b_rz, lp.b_W[2 * H:] + lp.b_R[2 * H:], None
 
@@ -610,7 +614,7 @@ def to_mps(params, cell=None, *, reset_gate_first=False, reset_after=None):
         for d in range(D):
             i = l * D + d
             lp = params[i]
-            b_rz, b_n, b_rn = _merged_biases(lp, cell, H, "MPSGraph", keep_n_apart=True)
+            b_rz, b_n, b_rn = _merged_biases(lp, cell, H)
             bias = np.concatenate([b_rz, b_n])
             Ws.append(_gates(_input_matrix(params, i), H, order))
             Rs.append(_gates(lp.R, H, order))
@@ -792,7 +796,7 @@ def to_onednn(params, cell=None, *, cell_kind=None):
         wl[l, d] = _gates(_input_matrix(params, i), H, _RZN_TO_ZRN).reshape(3, H, I) \
             .transpose(2, 0, 1)
         wi[l, d] = _gates(lp.R, H, _RZN_TO_ZRN).reshape(3, H, H).transpose(2, 0, 1)
-        b_rz, b_n, b_rn = _merged_biases(lp, cell, H, "oneDNN", keep_n_apart=True)
+        b_rz, b_n, b_rn = _merged_biases(lp, cell, H)
         bias[l, d, :3] = _gates(np.concatenate([b_rz, b_n]), H, _RZN_TO_ZRN).reshape(3, H)
         if cell.reset_after:
             bias[l, d, 3] = b_rn

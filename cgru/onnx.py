@@ -272,15 +272,18 @@ def _import_onnx():
 def run(model, inputs):
     """Run a model whose graph is one ``GRU`` node: ``{output name: array}``.
 
-    ``model``: a path to an ``.onnx`` file or an ``onnx.ModelProto``; ``inputs``: a dict from
-    graph input name to array (initializers of the graph supply the rest).  Returns one entry
-    per output the node names (``Y`` and/or ``Y_h``).  Needs the optional ``onnx`` package.
+    ``model``: a path to an ``.onnx`` file, its bytes, or an ``onnx.ModelProto``; ``inputs``: a
+    dict from graph input name to array (initializers of the graph supply the rest).  Returns
+    one entry per output the node names (``Y`` and/or ``Y_h``).  Needs the optional ``onnx``
+    package (``cgru.onnx.gru`` does not).
     """
     onnx = _import_onnx()
-    if isinstance(model, (str, bytes, os.PathLike)):
-        model = onnx.load(os.fspath(model) if not isinstance(model, bytes) else model.decode())
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model))
+    elif isinstance(model, bytes):
+        model = onnx.load_model_from_string(model)
     if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"model: expected a path or an onnx.ModelProto, got "
+        raise TypeError(f"model: expected a path, serialized bytes or an onnx.ModelProto, got "
                         f"{type(model).__name__}")
     if not isinstance(inputs, dict):
         raise TypeError(f"inputs: expected a dict from input name to array, got "

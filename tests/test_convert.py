@@ -1,0 +1,780 @@
+"""cgru.convert: every system's weights to and from the canonical parameters.
+
+For each system: the round trips are exact; a model converted from the system computes what
+the system computes — checked against the system itself where it runs here (torch.nn.GRU with
+autograd, onnxruntime) and against that system's equations written out independently below
+(Keras, MPSGraph, oneDNN); and lossy conversions are refused.  The last section checks the
+whole conversion matrix (the README's table) by converting every source to every target.
+"""
+import numpy as np
+import pytest
+
+import cgru
+from cgru import convert
+from cgru.arraymancer import gru as am_gru, gru_backward as am_gru_backward
+from cgru.arraymancer import gru_forward as am_gru_forward
+
+F64 = dict(rtol=1e-12, atol=1e-13)
+F32 = dict(rtol=2e-5, atol=2e-6)
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+def _params(I=3, H=2, L=1, direction="forward", seed=0, dtype=np.float64, input_mode="linear"):
+    return cgru.Params.random(cgru.Topology(I, H, L, direction, input_mode), dtype, seed=seed,
+                              scale=0.8)
+
+
+def _assert_params_equal(a, b):
+    assert a.topology == b.topology
+    for i, (x, y) in enumerate(zip(a, b)):
+        for name, arr in x.arrays().items():
+            other = getattr(y, name)
+            assert arr.dtype == other.dtype, (i, name)
+            np.testing.assert_array_equal(arr, other, err_msg=f"layer-direction {i} {name}")
+
+
+def _run(params, cell, x, h0=None, **kw):
+    return cgru.forward(params, x, h0, cell=cell, **kw)[:2]
+
+
+def _x(T, N, I, seed=1, dtype=np.float64):
+    return _rng(seed).standard_normal((T, N, I)).astype(dtype)
+
+
+# --- PyTorch ---------------------------------------------------------------------------------
+torch_cases = [(1, False, True), (2, False, True), (2, True, True), (3, True, False)]
+
+
+@pytest.mark.parametrize("L,bidirectional,bias", torch_cases)
+def test_torch_module_outputs_and_gradients(L, bidirectional, bias):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(L + 2 * bidirectional)
+    m = torch.nn.GRU(4, 3, L, bias=bias, bidirectional=bidirectional).double()
+    sd = {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+    params, cell = convert.from_torch(sd)
+    assert cell == cgru.Cell()
+    D = 2 if bidirectional else 1
+    assert params.topology == cgru.Topology(4, 3, L, "bidirectional" if D == 2 else "forward")
+    # round trip state_dict → canonical → state_dict is bitwise
+    back = convert.to_torch(params, cell, bias=bias)
+    assert list(back) == list(sd)
+    for k in sd:
+        np.testing.assert_array_equal(back[k], sd[k])
+
+    T, N = 5, 3
+    x, h0 = _x(T, N, 4), _rng(2).standard_normal((L * D, N, 3))
+    rng = _rng(3)
+    dy, dhy = rng.standard_normal((T, N, D * 3)), rng.standard_normal((L * D, N, 3))
+    tx = torch.from_numpy(x).requires_grad_()
+    th0 = torch.from_numpy(h0).requires_grad_()
+    y_t, hy_t = m(tx, th0)
+    ((y_t * torch.from_numpy(dy)).sum() + (hy_t * torch.from_numpy(dhy)).sum()).backward()
+
+    y, hy, reserve = cgru.forward(params, x, h0, cell=cell, training=True)
+    np.testing.assert_allclose(y, y_t.detach().numpy(), **F64)
+    np.testing.assert_allclose(hy, hy_t.detach().numpy(), **F64)
+    dx, dh0, dparams = cgru.backward(params, x, reserve, dy, dhy, cell=cell)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dh0, th0.grad.numpy(), rtol=1e-10, atol=1e-12)
+    # gradients map to PyTorch's layout with the same converter as the weights
+    dsd = convert.to_torch(dparams, cell)
+    for name, p in m.named_parameters():
+        np.testing.assert_allclose(dsd[name], p.grad.numpy(), rtol=1e-10, atol=1e-12,
+                                   err_msg=name)
+
+
+def test_torch_round_trip_from_canonical_and_tensors():
+    torch = pytest.importorskip("torch")
+    p = _params(3, 2, 2, "bidirectional", seed=4, dtype=np.float32)
+    sd = convert.to_torch(p)
+    q, _ = convert.from_torch({k: torch.from_numpy(v) for k, v in sd.items()})  # tensors too
+    _assert_params_equal(q, p)
+    # the arrays are copies: changing the output leaves the source alone
+    sd["weight_hh_l0"][:] = 0
+    assert np.any(p[0].R)
+
+
+def test_torch_skip_input_becomes_identity_matrices():
+    torch = pytest.importorskip("torch")
+    p = _params(3, 3, 2, "bidirectional", seed=5, input_mode="skip")
+    sd = convert.to_torch(p)
+    eye = np.eye(3)
+    np.testing.assert_array_equal(sd["weight_ih_l0"], np.concatenate([eye, eye, eye]))
+    m = torch.nn.GRU(3, 3, 2, bidirectional=True).double()
+    m.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()})
+    x = _x(4, 2, 3)
+    y_t, _ = m(torch.from_numpy(x))
+    np.testing.assert_allclose(_run(p, None, x)[0], y_t.detach().numpy(), **F64)
+
+
+def test_torch_refusals():
+    p = _params(seed=6)
+    with pytest.raises(ValueError, match="reset-after"):
+        convert.to_torch(p, cgru.Cell(reset_after=False))
+    with pytest.raises(ValueError, match="flip_z"):
+        convert.to_torch(p, cgru.Cell(flip_z=True))
+    with pytest.raises(ValueError, match="clip"):
+        convert.to_torch(p, cgru.Cell(clip=3.0))
+    with pytest.raises(ValueError, match="fixed activations"):
+        convert.to_torch(p, cgru.Cell(g="relu"))
+    with pytest.raises(ValueError, match="direction='reverse'"):
+        convert.to_torch(_params(direction="reverse"))
+    with pytest.raises(ValueError, match="non-zero biases"):
+        convert.to_torch(p, bias=False)
+    with pytest.raises(ValueError, match="projected"):
+        convert.to_torch(_params(6, 2, input_mode="projected"))
+    with pytest.raises(ValueError, match="unexpected key"):
+        convert.from_torch({"weight_ih_l0": np.zeros((6, 3)), "running_mean": np.zeros(3)})
+    sd = convert.to_torch(_params(3, 2, 2))
+    del sd["weight_hh_l1"]
+    with pytest.raises(ValueError, match="missing 'weight_hh_l1'"):
+        convert.from_torch(sd)
+
+
+# --- Keras: its equations, written out from the Keras GRUCell (semantics.md §8) ---------------
+_ACT = {"sigmoid": lambda a: 1 / (1 + np.exp(-a)), "tanh": np.tanh,
+        "relu": lambda a: np.maximum(a, 0), "linear": lambda a: a,
+        "none": lambda a: a, "hard_sigmoid": lambda a: np.clip(0.2 * a + 0.5, 0, 1)}
+
+
+def _keras_gru(x, kernel, rec, bias, reset_after, act, rec_act, go_backwards=False):
+    """One Keras GRU layer, batch-major ``x [N, T, I]``: outputs in processing order."""
+    N, T, _ = x.shape
+    H = rec.shape[0]
+    f, g = _ACT[rec_act], _ACT[act]
+    Kz, Kr, Kh = kernel[:, :H], kernel[:, H:2 * H], kernel[:, 2 * H:]
+    Uz, Ur, Uh = rec[:, :H], rec[:, H:2 * H], rec[:, 2 * H:]
+    if bias is None:
+        bi, br = np.zeros(3 * H), np.zeros(3 * H)
+    elif reset_after:
+        bi, br = bias[0], bias[1]
+    else:
+        bi, br = bias, None
+    h = np.zeros((N, H))
+    outs = []
+    for t in (reversed(range(T)) if go_backwards else range(T)):
+        xt = x[:, t]
+        if reset_after:
+            z = f(xt @ Kz + bi[:H] + h @ Uz + br[:H])
+            r = f(xt @ Kr + bi[H:2 * H] + h @ Ur + br[H:2 * H])
+            hh = g(xt @ Kh + bi[2 * H:] + r * (h @ Uh + br[2 * H:]))
+        else:
+            z = f(xt @ Kz + bi[:H] + h @ Uz)
+            r = f(xt @ Kr + bi[H:2 * H] + h @ Ur)
+            hh = g(xt @ Kh + bi[2 * H:] + (r * h) @ Uh)
+        h = z * h + (1 - z) * hh
+        outs.append(h)
+    return np.stack(outs, axis=1)
+
+
+def _keras_stack(x, layers, reset_after, bidirectional, act="tanh", rec_act="sigmoid"):
+    """Stacked ``GRU`` / ``Bidirectional(GRU, merge_mode='concat')`` layers, return_sequences."""
+    for w in layers:
+        per = len(w) // (2 if bidirectional else 1)
+        fwd = w[:per]
+        y = _keras_gru(x, fwd[0], fwd[1], fwd[2] if per == 3 else None, reset_after, act, rec_act)
+        if bidirectional:
+            bwd = w[per:]
+            yb = _keras_gru(x, bwd[0], bwd[1], bwd[2] if per == 3 else None, reset_after, act,
+                            rec_act, go_backwards=True)
+            y = np.concatenate([y, yb[:, ::-1]], axis=-1)
+        x = y
+    return x
+
+
+def _random_keras(I, H, L, reset_after, bidirectional, use_bias=True, seed=0):
+    rng = _rng(seed)
+    D = 2 if bidirectional else 1
+    layers = []
+    for l in range(L):
+        w = []
+        for _ in range(D):
+            w += [rng.uniform(-0.8, 0.8, (I if l == 0 else D * H, 3 * H)),
+                  rng.uniform(-0.8, 0.8, (H, 3 * H))]
+            if use_bias:
+                w.append(rng.uniform(-0.8, 0.8, (2, 3 * H) if reset_after else (3 * H,)))
+        layers.append(w)
+    return layers
+
+
+@pytest.mark.parametrize("reset_after", [True, False])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_keras_weights_compute_the_keras_function(reset_after, bidirectional):
+    weights = _random_keras(3, 2, 2, reset_after, bidirectional, seed=7 + reset_after)
+    params, cell = convert.from_keras(weights, reset_after=reset_after,
+                                      bidirectional=bidirectional)
+    assert cell.reset_after == reset_after
+    x = _x(3, 4, 5, seed=8).transpose(1, 0, 2)[:, :, :3].copy()          # [N, T, I]
+    y, _ = _run(params, cell, x, batch_major=True)
+    np.testing.assert_allclose(y, _keras_stack(x, weights, reset_after, bidirectional), **F64)
+    # round trip Keras → canonical → Keras is bitwise
+    back = convert.to_keras(params, cell)
+    for wa, wb in zip(back, weights):
+        assert len(wa) == len(wb)
+        for a, b in zip(wa, wb):
+            np.testing.assert_array_equal(a, b)
+    assert convert.keras_config(cell) == {"activation": "tanh", "recurrent_activation": "sigmoid",
+                                         "reset_after": reset_after}
+
+
+def test_keras_no_bias_and_other_activations():
+    weights = _random_keras(3, 2, 1, True, False, use_bias=False, seed=9)
+    params, cell = convert.from_keras(weights, activation="relu", recurrent_activation="sigmoid")
+    assert cell.g.name == "relu" and all(not np.any(lp.b_W) for lp in params)
+    x = _x(4, 2, 3, seed=10).transpose(1, 0, 2).copy()
+    np.testing.assert_allclose(_run(params, cell, x, batch_major=True)[0],
+                               _keras_stack(x, weights, True, False, act="relu"), **F64)
+    back = convert.to_keras(params, cell, use_bias=False)
+    assert len(back[0]) == 2
+    assert convert.keras_config(cell)["activation"] == "relu"
+
+
+@pytest.mark.parametrize("reset_after", [True, False])
+def test_canonical_to_keras_keeps_the_function(reset_after):
+    cell = cgru.Cell(reset_after=reset_after, f_r="relu", f_z="relu", g="identity")
+    p = _params(3, 2, 2, "bidirectional", seed=11)
+    weights = convert.to_keras(p, cell)
+    cfg = convert.keras_config(cell)
+    assert cfg == {"activation": "linear", "recurrent_activation": "relu",
+                   "reset_after": reset_after}
+    x = _x(4, 3, 3, seed=12).transpose(1, 0, 2).copy()
+    np.testing.assert_allclose(
+        _keras_stack(x, weights, reset_after, True, cfg["activation"], cfg["recurrent_activation"]),
+        _run(p, cell, x, batch_major=True)[0], **F64)
+    q, qcell = convert.from_keras(weights, bidirectional=True, **cfg)
+    assert qcell == cell
+    if reset_after:
+        _assert_params_equal(q, p)
+    else:   # reset-before Keras holds one bias vector: the sums, exact as a function
+        for lp, lq in zip(p, q):
+            np.testing.assert_array_equal(lq.W, lp.W)
+            np.testing.assert_array_equal(lq.b_W, lp.b_W + lp.b_R)
+            assert not np.any(lq.b_R)
+        np.testing.assert_allclose(_run(q, cell, x, batch_major=True)[0],
+                                   _run(p, cell, x, batch_major=True)[0], **F64)
+
+
+def test_keras_refusals():
+    p = _params(seed=13)
+    with pytest.raises(ValueError, match="one activation for both gates"):
+        convert.to_keras(p, cgru.Cell(f_r="relu"))
+    with pytest.raises(ValueError, match="hard_sigmoid"):
+        convert.to_keras(p, cgru.Cell(f_r="hard_sigmoid", f_z="hard_sigmoid"))
+    with pytest.raises(ValueError, match="clip"):
+        convert.to_keras(p, cgru.Cell(clip=1.0))
+    with pytest.raises(ValueError, match="flip_z"):
+        convert.to_keras(p, cgru.Cell(flip_z=True))
+    with pytest.raises(ValueError, match="go_backwards"):
+        convert.to_keras(_params(direction="reverse"))
+    with pytest.raises(ValueError, match="reset-before"):
+        convert.to_keras(p, reset_after=False)
+    with pytest.raises(ValueError, match="non-zero biases"):
+        convert.to_keras(p, use_bias=False)
+    with pytest.raises(ValueError, match="no exact cgru equivalent"):
+        convert.from_keras(_random_keras(3, 2, 1, True, False), activation="gelu")
+    with pytest.raises(ValueError, match=r"bias: expected shape \[2, 6\]"):
+        convert.from_keras(_random_keras(3, 2, 1, False, False), reset_after=True)
+
+
+# --- TF CudnnRNN canonical lists and opaque params -------------------------------------------
+def test_tf_canonical_round_trip_and_order():
+    p = _params(3, 2, 2, "bidirectional", seed=14)
+    weights, biases = convert.to_tf_canonical(p)
+    assert len(weights) == len(biases) == 24
+    q, cell = convert.from_tf_canonical(weights, biases, direction="bidirectional")
+    _assert_params_equal(q, p)
+    assert cell == cgru.Cell()
+    # index (l·D + d)·6 + k, k = cuDNN linLayerID, equals PyTorch's row blocks (no permutation)
+    sd = convert.to_torch(p)
+    H = 2
+    for l in range(2):
+        for d in range(2):
+            sfx = f"_l{l}" + ("_reverse" if d else "")
+            for k in range(6):
+                name = ("weight_ih" if k < 3 else "weight_hh") + sfx
+                blk = slice((k % 3) * H, (k % 3 + 1) * H)
+                np.testing.assert_array_equal(weights[(l * 2 + d) * 6 + k], sd[name][blk])
+                bname = ("bias_ih" if k < 3 else "bias_hh") + sfx
+                np.testing.assert_array_equal(biases[(l * 2 + d) * 6 + k], sd[bname][blk])
+
+
+def test_tf_canonical_skip_mode():
+    p = _params(2, 2, 2, seed=15, input_mode="skip")
+    weights, biases = convert.to_tf_canonical(p)
+    assert [w.shape for w in weights[:3]] == [(2, 0)] * 3
+    q, _ = convert.from_tf_canonical(weights, biases, input_mode="skip")
+    _assert_params_equal(q, p)
+
+
+def test_tf_opaque_round_trip_and_keras_cudnn_layout():
+    p = _params(3, 2, 2, "bidirectional", seed=16, dtype=np.float32)
+    flat = convert.to_tf_opaque(p)
+    np.testing.assert_array_equal(flat, p.flat())
+    q, _ = convert.from_tf_opaque(flat, p.topology)
+    _assert_params_equal(q, p)
+    # one unidirectional layer: the flat vector Keras builds for CudnnRNNV3
+    # (_standardize_cudnn_weights: split kernel/recurrent_kernel columns into z, r, h, swap
+    # to r, z, h, transpose each block, flatten; then the six biases)
+    kernel, rec, bias = _random_keras(3, 2, 1, True, False, seed=17)[0]
+    H = 2
+    blocks = lambda m: [m[:, g * H:(g + 1) * H] for g in range(3)]     # noqa: E731
+    kz, kr, kh = blocks(kernel)
+    rz, rr, rh = blocks(rec)
+    b = bias.reshape(-1)
+    want = np.concatenate([m.T.ravel() for m in (kr, kz, kh, rr, rz, rh)] +
+                          [b[H:2 * H], b[:H], b[2 * H:3 * H], b[4 * H:5 * H], b[3 * H:4 * H],
+                           b[5 * H:]])
+    params, cell = convert.from_keras([[kernel, rec, bias]])
+    np.testing.assert_array_equal(convert.to_tf_opaque(params, cell), want)
+
+
+def test_tf_refusals():
+    with pytest.raises(ValueError, match="reset-after"):
+        convert.to_tf_canonical(_params(), cgru.Cell(reset_after=False))
+    with pytest.raises(ValueError, match="direction='reverse'"):
+        convert.to_tf_opaque(_params(direction="reverse"))
+    with pytest.raises(ValueError, match="6·L·D"):
+        convert.from_tf_canonical([np.zeros((2, 3))] * 5, [np.zeros(2)] * 5)
+
+
+# --- ONNX: against onnxruntime ---------------------------------------------------------------
+def _ort_node(X, layer, attrs, h0=None):
+    """One ONNX GRU node in onnxruntime (float32): ``(Y, Y_h)``."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    feeds = {"X": X, **{k: v for k, v in layer.items() if v is not None}}
+    names = ["X", "W", "R", "B", "", "initial_h"] if h0 is not None else ["X", "W", "R", "B"]
+    if h0 is not None:
+        feeds["initial_h"] = h0
+    node = helper.make_node("GRU", names, ["Y", "Y_h"], **attrs)
+    vis = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names if n]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("Y", "Y_h")]
+    model = helper.make_model(helper.make_graph([node], "g", vis, outs),
+                              opset_imports=[helper.make_opsetid("", 22)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+onnx_cases = [("forward", 0, None), ("reverse", 1, None), ("bidirectional", 0, None),
+              ("bidirectional", 1, dict(activations=["HardSigmoid", "Elu"] * 2,
+                                        activation_alpha=[0.3, 0.8] * 2,
+                                        activation_beta=[0.6] * 2, clip=1.2))]
+
+
+@pytest.mark.parametrize("direction,lbr,extra", onnx_cases)
+def test_onnx_node_weights_compute_the_onnxruntime_function(direction, lbr, extra):
+    D = 2 if direction == "bidirectional" else 1
+    H, I, T, N = 3, 4, 5, 3
+    rng = _rng(18 + lbr)
+    layer = {"W": rng.uniform(-1, 1, (D, 3 * H, I)).astype(np.float32),
+             "R": rng.uniform(-1, 1, (D, 3 * H, H)).astype(np.float32),
+             "B": rng.uniform(-1, 1, (D, 6 * H)).astype(np.float32)}
+    attrs = dict(hidden_size=H, direction=direction, linear_before_reset=lbr, **(extra or {}))
+    X = _x(T, N, I, seed=19, dtype=np.float32)
+    h0 = rng.uniform(-1, 1, (D, N, H)).astype(np.float32)
+    Y, Y_h = _ort_node(X, layer, attrs, h0)
+    params, cell = convert.from_onnx(layer, **attrs)
+    y, hy = _run(params, cell, X, h0)
+    np.testing.assert_allclose(y, Y.transpose(0, 2, 1, 3).reshape(T, N, D * H), **F32)
+    np.testing.assert_allclose(hy, Y_h, **F32)
+    # round trip ONNX → canonical → ONNX: the same arrays and attributes
+    layers, attrs2 = convert.to_onnx(params, cell)
+    for k in "WRB":
+        np.testing.assert_array_equal(layers[0][k], layer[k])
+    assert attrs2 == attrs
+
+
+def test_canonical_stack_to_onnx_nodes_in_onnxruntime():
+    # a 2-layer bidirectional stack becomes two nodes, Y reshaped to the next X
+    p = _params(4, 3, 2, "bidirectional", seed=20, dtype=np.float32)
+    cell = cgru.Cell(clip=0.9, f_r="hard_sigmoid", f_z="hard_sigmoid", g="identity")
+    layers, attrs = convert.to_onnx(p, cell)
+    assert attrs["activations"] == ["HardSigmoid", "Affine"] * 2
+    assert attrs["activation_alpha"] == [0.2, 1.0] * 2
+    assert attrs["activation_beta"] == [0.5, 0.0] * 2
+    X = _x(5, 3, 4, seed=21, dtype=np.float32)
+    x = X
+    for layer in layers:
+        Y, _ = _ort_node(x, layer, attrs)
+        x = np.ascontiguousarray(Y.transpose(0, 2, 1, 3).reshape(5, 3, 6))
+    np.testing.assert_allclose(x, _run(p, cell, X)[0], **F32)
+    q, qcell = convert.from_onnx(layers, **attrs)
+    assert qcell == cell
+    _assert_params_equal(q, p)
+
+
+def test_onnx_refusals():
+    p = _params(seed=22)
+    with pytest.raises(ValueError, match="flip_z"):
+        convert.to_onnx(p, cgru.Cell(flip_z=True))
+    with pytest.raises(ValueError, match="one activation for both gates"):
+        convert.to_onnx(p, cgru.Cell(f_z="relu"))
+    with pytest.raises(ValueError, match="reset-before"):
+        convert.to_onnx(p, linear_before_reset=0)
+    layers, attrs = convert.to_onnx(_params(direction="bidirectional", seed=23))
+    with pytest.raises(ValueError, match="different activations"):
+        convert.from_onnx(layers, **dict(attrs, activations=["Sigmoid", "Tanh", "Relu", "Tanh"]))
+
+
+# --- MPSGraph: its documented equations (semantics.md §4.2, SPEC §4.2) -----------------------
+def _mps_op(src, op, desc, init_state=None):
+    """One MPSGraph GRU op, time-major ``src [T, N, I]`` → output ``[T, N, D·H]``."""
+    T, N, _ = src.shape
+    D = 2 if desc["bidirectional"] else 1
+    RW = op["recurrent_weight"].reshape(D, *op["recurrent_weight"].shape[-2:])
+    H = RW.shape[-1]
+    G = "rzo" if desc["reset_gate_first"] else "zro"
+    f = {"z": _ACT[desc["update_gate_activation"]], "r": _ACT[desc["reset_gate_activation"]],
+         "o": _ACT[desc["output_gate_activation"]]}
+    out = np.zeros((T, N, D * H))
+    for d in range(D):
+        def blocks(a):
+            return {g: a[k * H:(k + 1) * H] for k, g in enumerate(G)}
+        if op["input_weight"] is None:
+            xs = src[:, :, d * 3 * H:(d + 1) * 3 * H]
+            proj = {g: xs[:, :, k * H:(k + 1) * H] for k, g in enumerate(G)}
+        else:
+            W = blocks(op["input_weight"][d * 3 * H:(d + 1) * 3 * H])
+            proj = {g: src @ W[g].T for g in G}
+        R = blocks(RW[d])
+        b = blocks(op["bias"][d * 3 * H:(d + 1) * 3 * H])
+        b2 = op["secondary_bias"][d * H:(d + 1) * H] if desc["reset_after"] else None
+        h = np.zeros((N, H)) if init_state is None else init_state[:, d * H:(d + 1) * H]
+        backwards = d == 1 or (D == 1 and desc["reverse"])
+        for t in (reversed(range(T)) if backwards else range(T)):
+            z = f["z"](h @ R["z"].T + proj["z"][t] + b["z"])
+            r = f["r"](h @ R["r"].T + proj["r"][t] + b["r"])
+            c = (h @ R["o"].T + b2) * r if desc["reset_after"] else (h * r) @ R["o"].T
+            o = f["o"](c + proj["o"][t] + b["o"])
+            h = (1 - z) * h + z * o if desc["flip_z"] else z * h + (1 - z) * o
+            out[t, :, d * H:(d + 1) * H] = h
+    return out
+
+
+def _random_mps(I, H, L, D, reset_after, seed):
+    rng = _rng(seed)
+    u = lambda *s: rng.uniform(-0.9, 0.9, s)        # noqa: E731
+    return [{"input_weight": u(D * 3 * H, I if l == 0 else D * H),
+             "recurrent_weight": u(3 * H, H) if D == 1 else u(2, 3 * H, H),
+             "bias": u(D * 3 * H), "secondary_bias": u(D * H) if reset_after else None}
+            for l in range(L)]
+
+
+mps_cases = [(rgf, ra, fz, dirn) for rgf in (False, True) for ra in (False, True)
+             for fz, dirn in ((False, "forward"), (True, "bidirectional"), (False, "reverse"))]
+
+
+@pytest.mark.parametrize("reset_gate_first,reset_after,flip_z,direction", mps_cases)
+def test_mps_tensors_compute_the_mps_function(reset_gate_first, reset_after, flip_z, direction):
+    D = 2 if direction == "bidirectional" else 1
+    ops = _random_mps(3, 2, 2, D, reset_after, seed=24 + reset_after + 2 * reset_gate_first)
+    desc = dict(reverse=direction == "reverse", bidirectional=D == 2,
+                reset_gate_first=reset_gate_first, reset_after=reset_after, flip_z=flip_z,
+                update_gate_activation="hard_sigmoid", reset_gate_activation="sigmoid",
+                output_gate_activation="tanh" if reset_after else "relu")
+    params, cell = convert.from_mps(ops, **desc)
+    x = _x(4, 3, 3, seed=25)
+    want = x
+    for op in ops:
+        want = _mps_op(want, op, desc)
+    np.testing.assert_allclose(_run(params, cell, x)[0], want, **F64)
+    # MPS → canonical → MPS is bitwise (the gate sums sit in b_W, zeros in b_R)
+    back, desc2 = convert.to_mps(params, cell, reset_gate_first=reset_gate_first)
+    assert desc2 == desc
+    for a, b in zip(back, ops):
+        for k in a:
+            if b[k] is None:
+                assert a[k] is None
+            else:
+                np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.mark.parametrize("reset_after", [False, True])
+def test_canonical_to_mps_sums_biases_exactly(reset_after):
+    p = _params(3, 2, 1, "bidirectional", seed=26)
+    cell = cgru.Cell(reset_after=reset_after)
+    for rgf in (False, True):
+        ops, desc = convert.to_mps(p, cell, reset_gate_first=rgf)
+        H = 2
+        z = 1 if rgf else 0              # where z sits in MPS' order
+        np.testing.assert_array_equal(ops[0]["bias"][z * H:(z + 1) * H],
+                                      p[0].b_W[H:2 * H] + p[0].b_R[H:2 * H])
+        x = _x(4, 3, 3, seed=27)
+        np.testing.assert_allclose(_mps_op(x, ops[0], desc), _run(p, cell, x)[0], **F64)
+        q, qcell = convert.from_mps(ops, **desc)
+        assert qcell == cell
+        np.testing.assert_allclose(_run(q, qcell, x)[0], _run(p, cell, x)[0], **F64)
+
+
+def test_mps_projected_input():
+    p = _params(12, 2, 1, "bidirectional", seed=28, input_mode="projected")
+    ops, desc = convert.to_mps(p, reset_gate_first=True)
+    assert ops[0]["input_weight"] is None
+    x = _x(4, 3, 12, seed=29)
+    np.testing.assert_allclose(_mps_op(x, ops[0], desc), _run(p, None, x)[0], **F64)
+    q, _ = convert.from_mps(ops, **desc)
+    assert q.topology.input_mode == "projected"
+    with pytest.raises(ValueError, match="reset_gate_first=True"):
+        convert.to_mps(p)
+    with pytest.raises(ValueError, match="reset_gate_first=True"):
+        convert.from_mps(ops, **dict(desc, reset_gate_first=False))
+
+
+def test_mps_refusals():
+    p = _params(seed=30)
+    with pytest.raises(ValueError, match="clip"):
+        convert.to_mps(p, cgru.Cell(clip=2.0))
+    with pytest.raises(ValueError, match="elu"):
+        convert.to_mps(p, cgru.Cell(g="elu"))
+    with pytest.raises(ValueError, match="hard_sigmoid"):
+        convert.to_mps(p, cgru.Cell(f_z=("hard_sigmoid", 0.25, 0.5)))
+    with pytest.raises(ValueError, match="resetAfter=NO"):
+        convert.to_mps(p, reset_after=False)
+    with pytest.raises(ValueError, match="update_gate_activation"):
+        convert.from_mps(_random_mps(3, 2, 1, 1, False, 0), update_gate_activation="gelu")
+
+
+# --- Arraymancer -----------------------------------------------------------------------------
+def test_arraymancer_round_trip_outputs_and_gradients():
+    p = _params(4, 3, 3, seed=31)
+    t = convert.to_arraymancer(p)
+    assert t["w3sN"].shape == (2, 9, 3) and t["bW3s"].shape == (3, 1, 9)
+    q, cell = convert.from_arraymancer(**t)
+    _assert_params_equal(q, p)
+    x, h0 = _x(4, 2, 4, seed=32), _rng(33).standard_normal((3, 2, 3))
+    args = (t["w3s0"], t["w3sN"], t["u3s"], t["bW3s"], t["bU3s"])
+    y, hy = am_gru(x, h0, *args)
+    y2, hy2 = _run(p, cell, x, h0)
+    np.testing.assert_array_equal(y, y2)
+    np.testing.assert_array_equal(hy, hy2)
+    # gradients: Arraymancer's backward = the core's gradients through the same converter
+    dy = _rng(34).standard_normal(y.shape)
+    _, _, cache = am_gru_forward(x, h0, *args)
+    grads = am_gru_backward(dy, None, cache)
+    _, _, reserve = cgru.forward(p, x, h0, training=True)
+    dparams = cgru.backward(p, x, reserve, dy).dparams
+    dt = convert.to_arraymancer(dparams)
+    for g, name in zip(grads[2:], ("w3s0", "w3sN", "u3s", "bW3s", "bU3s")):
+        np.testing.assert_array_equal(g, dt[name], err_msg=name)
+
+
+def test_arraymancer_refusals():
+    with pytest.raises(ValueError, match="unidirectional forward only"):
+        convert.to_arraymancer(_params(direction="bidirectional"))
+    with pytest.raises(ValueError, match="reset-after"):
+        convert.to_arraymancer(_params(), cgru.Cell(reset_after=False))
+    t = convert.to_arraymancer(_params(3, 2, 2))
+    with pytest.raises(ValueError, match=r"bU3s: expected shape \[2, 1, 6\]"):
+        convert.from_arraymancer(**dict(t, bU3s=t["bU3s"][:, 0]))
+
+
+# --- oneDNN: its documented equations (doc/primitives/rnn.md, GRU and LBR GRU) ---------------
+def _onednn(x, wl, wi, bias, direction):
+    """oneDNN GRU / LBR GRU over ldigo/ldgo tensors: u, r, o gates,
+    h = u·h + (1 − u)·o; LBR: o = tanh(W_o·x + r·(U_o·h + B_u') + B_o)."""
+    L, D, _, _, H = wl.shape
+    lbr = bias.shape[2] == 4
+    sig = _ACT["sigmoid"]
+    T, N, _ = x.shape
+    for l in range(L):
+        out = np.zeros((T, N, D * H))
+        for d in range(D):
+            Wl, Wi, B = wl[l, d], wi[l, d], bias[l, d]          # [I,3,H], [H,3,H], [G,H]
+            h = np.zeros((N, H))
+            backwards = d == 1 or direction == "unidirectional_right2left"
+            for t in (reversed(range(T)) if backwards else range(T)):
+                u = sig(x[t] @ Wl[:, 0] + h @ Wi[:, 0] + B[0])
+                r = sig(x[t] @ Wl[:, 1] + h @ Wi[:, 1] + B[1])
+                if lbr:
+                    o = np.tanh(x[t] @ Wl[:, 2] + r * (h @ Wi[:, 2] + B[3]) + B[2])
+                else:
+                    o = np.tanh(x[t] @ Wl[:, 2] + (r * h) @ Wi[:, 2] + B[2])
+                h = u * h + (1 - u) * o
+                out[t, :, d * H:(d + 1) * H] = h
+        x = out
+    return x
+
+
+@pytest.mark.parametrize("lbr", [False, True])
+@pytest.mark.parametrize("direction", ["unidirectional_left2right", "unidirectional_right2left",
+                                       "bidirectional_concat"])
+def test_onednn_tensors_compute_the_onednn_function(lbr, direction):
+    D, H = (2, 2) if direction == "bidirectional_concat" else (1, 3)
+    L, I = 2, D * H
+    rng = _rng(35 + lbr)
+    wl = rng.uniform(-0.9, 0.9, (L, D, I, 3, H))
+    wi = rng.uniform(-0.9, 0.9, (L, D, H, 3, H))
+    bias = rng.uniform(-0.9, 0.9, (L, D, 4 if lbr else 3, H))
+    params, cell = convert.from_onednn(wl, wi, bias, direction=direction)
+    assert cell.reset_after == lbr
+    x = _x(4, 3, I, seed=36)
+    np.testing.assert_allclose(_run(params, cell, x)[0], _onednn(x, wl, wi, bias, direction),
+                               **F64)
+    back = convert.to_onednn(params, cell)
+    assert back["cell_kind"] == ("lbr_gru" if lbr else "vanilla_gru")
+    assert back["direction"] == direction
+    for k, v in (("weights_layer", wl), ("weights_iter", wi), ("bias", bias)):
+        np.testing.assert_array_equal(back[k], v, err_msg=k)
+
+
+def test_canonical_to_onednn_and_refusals():
+    p = _params(5, 2, 1, "bidirectional", seed=37)
+    for reset_after in (False, True):
+        cell = cgru.Cell(reset_after=reset_after)
+        t = convert.to_onednn(p, cell)
+        assert t["bias"].shape == (1, 2, 4 if reset_after else 3, 2)
+        x = _x(3, 2, 5, seed=38)
+        np.testing.assert_allclose(_onednn(x, t["weights_layer"], t["weights_iter"], t["bias"],
+                                           t["direction"]), _run(p, cell, x)[0], **F64)
+    with pytest.raises(ValueError, match="input_size == D·H"):
+        convert.to_onednn(_params(5, 2, 2))
+    with pytest.raises(ValueError, match="flip_z"):
+        convert.to_onednn(p, cgru.Cell(flip_z=True))
+    with pytest.raises(ValueError, match="fixed activations"):
+        convert.to_onednn(p, cgru.Cell(g="relu"))
+    with pytest.raises(ValueError, match="reset-before"):
+        convert.to_onednn(p, cell_kind="vanilla_gru")
+    t = convert.to_onednn(p)
+    with pytest.raises(ValueError, match="bidirectional_sum"):
+        convert.from_onednn(t["weights_layer"], t["weights_iter"], t["bias"],
+                            direction="bidirectional_sum")
+
+
+# --- the conversion matrix -------------------------------------------------------------------
+# Rows: source, columns: target, for a one-layer forward model with the system's default
+# activations.  E = exact (bit for bit), S = exact (bias sums), R = refused.  This is the
+# README's table (there with the reasons spelled out).
+MATRIX = """
+            PT TF AM O1 O0 KA KB MA MB DL DG
+PyTorch     E  E  E  E  R  E  R  S  R  S  R
+TF          E  E  E  E  R  E  R  S  R  S  R
+Arraymancer E  E  E  E  R  E  R  S  R  S  R
+ONNX1       E  E  E  E  R  E  R  S  R  S  R
+ONNX0       R  R  R  R  E  R  S  R  S  R  S
+KerasRA     E  E  E  E  R  E  R  S  R  S  R
+KerasRB     R  R  R  R  E  R  E  R  E  R  E
+MpsRA       E  E  E  E  R  E  R  E  R  E  R
+MpsRB       R  R  R  R  E  R  E  R  E  R  E
+OnednnLBR   E  E  E  E  R  E  R  E  R  E  R
+OnednnGRU   R  R  R  R  E  R  E  R  E  R  E
+"""
+
+
+def _native(system, I=3, H=2, seed=0):
+    """A random one-layer forward model in ``system``'s own tensors, as (Params, Cell)."""
+    rng = _rng(seed)
+    u = lambda *s: rng.uniform(-0.9, 0.9, s)        # noqa: E731
+    if system in ("PyTorch", "TF", "Arraymancer"):
+        p = convert.from_torch({"weight_ih_l0": u(3 * H, I), "weight_hh_l0": u(3 * H, H),
+                                "bias_ih_l0": u(3 * H), "bias_hh_l0": u(3 * H)})
+        if system == "TF":
+            return convert.from_tf_canonical(*convert.to_tf_canonical(*p))
+        return convert.from_arraymancer(**convert.to_arraymancer(*p)) \
+            if system == "Arraymancer" else p
+    if system.startswith("ONNX"):
+        return convert.from_onnx({"W": u(1, 3 * H, I), "R": u(1, 3 * H, H), "B": u(1, 6 * H)},
+                                 linear_before_reset=int(system == "ONNX1"))
+    if system.startswith("Keras"):
+        ra = system == "KerasRA"
+        return convert.from_keras([[u(I, 3 * H), u(H, 3 * H), u(2, 3 * H) if ra else u(3 * H)]],
+                                  reset_after=ra)
+    if system.startswith("Mps"):
+        return convert.from_mps(_random_mps(I, H, 1, 1, system == "MpsRA", seed),
+                                reset_after=system == "MpsRA")
+    lbr = system == "OnednnLBR"
+    return convert.from_onednn(u(1, 1, I, 3, H), u(1, 1, H, 3, H), u(1, 1, 4 if lbr else 3, H))
+
+
+def _through(target, p, cell):
+    """Canonical → ``target``'s tensors → canonical."""
+    if target == "PT":
+        return convert.from_torch(convert.to_torch(p, cell))
+    if target == "TF":
+        return convert.from_tf_canonical(*convert.to_tf_canonical(p, cell),
+                                         direction=p.topology.direction,
+                                         input_mode=p.topology.input_mode)
+    if target == "AM":
+        return convert.from_arraymancer(**convert.to_arraymancer(p, cell))
+    if target in ("O1", "O0"):
+        layers, attrs = convert.to_onnx(p, cell, linear_before_reset=int(target == "O1"))
+        return convert.from_onnx(layers, **attrs)
+    if target in ("KA", "KB"):
+        ra = target == "KA"
+        w = convert.to_keras(p, cell, reset_after=ra)
+        return convert.from_keras(w, bidirectional=p.topology.num_directions == 2,
+                                  **convert.keras_config(cell, reset_after=ra))
+    if target in ("MA", "MB"):
+        ops, desc = convert.to_mps(p, cell, reset_after=target == "MA")
+        return convert.from_mps(ops, **desc)
+    t = convert.to_onednn(p, cell, cell_kind="lbr_gru" if target == "DL" else "vanilla_gru")
+    return convert.from_onednn(t["weights_layer"], t["weights_iter"], t["bias"],
+                               direction=t["direction"])
+
+
+def _classify(target, p, cell, x):
+    try:
+        q, qcell = _through(target, p, cell)
+    except ValueError:
+        return "R"
+    assert qcell == cell
+    y = _run(p, cell, x)[0]
+    np.testing.assert_allclose(_run(q, qcell, x)[0], y, **F64)
+    same = all(np.array_equal(getattr(a, k), getattr(b, k))
+               for a, b in zip(p, q) for k in ("W", "R", "b_W", "b_R"))
+    if same:
+        return "E"
+    for a, b in zip(p, q):                # only the biases moved: r/z sums into b_W
+        np.testing.assert_array_equal(a.W, b.W)
+        np.testing.assert_array_equal(a.R, b.R)
+        np.testing.assert_allclose(a.b_W + a.b_R, b.b_W + b.b_R, **F64)
+    return "S"
+
+
+def test_conversion_matrix():
+    lines = MATRIX.strip().splitlines()
+    targets = lines[0].split()
+    x = _x(4, 3, 3, seed=39)
+    got, want = {}, {}
+    for i, line in enumerate(lines[1:]):
+        source, *cells = line.split()
+        p, cell = _native(source, seed=40 + i)
+        for target, expected in zip(targets, cells):
+            want[source, target] = expected
+            got[source, target] = _classify(target, p, cell, x)
+    assert got == want
+
+
+# Which targets can express a feature of the source (all other targets refuse it).
+FEATURES = {
+    "bidirectional": ({"PT", "TF", "O1", "KA", "MA", "DL"},
+                      lambda: (_params(3, 2, 1, "bidirectional", seed=50), cgru.Cell())),
+    "reverse": ({"O1", "MA", "DL"}, lambda: (_params(3, 2, 1, "reverse", seed=51), cgru.Cell())),
+    "relu gates": ({"O1", "KA", "MA"},
+                   lambda: (_params(seed=52), cgru.Cell(f_r="relu", f_z="relu"))),
+    "different gate activations": ({"MA"}, lambda: (_params(seed=53), cgru.Cell(f_r="relu"))),
+    "clip": ({"O1"}, lambda: (_params(seed=54), cgru.Cell(clip=0.5))),
+    "flip_z": ({"MA"}, lambda: (_params(seed=55), cgru.Cell(flip_z=True))),
+    "elu candidate": ({"O1", "KA"}, lambda: (_params(seed=56), cgru.Cell(g="elu"))),
+    "skip input": ({"PT", "TF", "AM", "O1", "KA", "MA", "DL"},
+                   lambda: (_params(2, 2, 1, seed=57, input_mode="skip"), cgru.Cell())),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+def test_features_refused_by_targets_that_lack_them(feature):
+    allowed, make = FEATURES[feature]
+    p, cell = make()
+    x = _x(4, 3, p.topology.input_size, seed=58)
+    got = set()
+    for target in ("PT", "TF", "AM", "O1", "KA", "MA", "DL"):
+        try:
+            q, qcell = _through(target, p, cell)
+        except ValueError:
+            continue
+        got.add(target)
+        np.testing.assert_allclose(_run(q, qcell, x)[0], _run(p, cell, x)[0], **F64)
+    assert got == allowed
