@@ -76,6 +76,15 @@ def _n_chunks(N):
     return max(1, min(_MAX_CHUNKS, N // _MIN_ROWS))
 
 
+# Below this many multiply-adds per time loop, waking a second thread costs more than it saves
+# (and much more on a busy machine).  Only the thread count changes, never the results.
+_MIN_PARALLEL_WORK = 1 << 21
+
+
+def _loop_threads(nt, T, N, H, D):
+    return nt if T * N * D * H * (3 * H + 16) >= _MIN_PARALLEL_WORK else 1
+
+
 # --- BLAS thread control -------------------------------------------------------------------
 _blas_libs = None
 
@@ -483,8 +492,8 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
                     a.update(gates=views[f"gates{i}"], states=views[f"states{i}"],
                              hn=views.get(f"hn{i}"), pre=views.get(f"pre{i}"))
                 dirs.append(a)
-            _kernels.forward_layer(dtype, T, N, H, chunks, nt, cell, lengths, mask, out, dirs,
-                                   training)
+            _kernels.forward_layer(dtype, T, N, H, chunks, _loop_threads(nt, T, N, H, D), cell,
+                                   lengths, mask, out, dirs, training)
             if not last:
                 if masks is not None:
                     np.multiply(out, masks[layer], out=out)
@@ -568,7 +577,8 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
                     dhy=None if dhy is None else dhy[i], dh0=dh0[i], dgx=dgx[d],
                     dgh=dgh[d] if cell.reset_after else None,
                     rhm=None if rhm is None else rhm[d], hm=None if hm is None else hm[d]))
-            _kernels.backward_layer(dtype, T, N, H, chunks, nt, cell, lengths, mask, d_out, dirs)
+            _kernels.backward_layer(dtype, T, N, H, chunks, _loop_threads(nt, T, N, H, D), cell,
+                                    lengths, mask, d_out, dirs)
 
             dX = _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm, hm,
                                   accumulate)

@@ -1,0 +1,113 @@
+"""Shared test fixtures: buffer poisoning for the engine, and torch.nn.GRU built from cgru.Params.
+
+* ``poison``: every buffer ``cgru.engine`` allocates (outputs, reserve, workspaces — all go
+  through ``cgru.engine._empty``) starts as NaN (float arrays) or 0xFF bytes (the uint8
+  reserve; 0xFF…FF read as a float is a NaN), so an element the engine forgets to write shows up
+  as a NaN in a result.
+* ``torch_gru_from_params``: ``build(params, batch_first=False) -> torch.nn.GRU`` with cgru's
+  canonical weights copied in (same r, z, n gate order: ``weight_ih_l{k}[_reverse] = W``,
+  ``weight_hh = R``, ``bias_ih = b_W``, ``bias_hh = b_R``).
+* ``torch_gru_run``: ``run(params, x, h0=None, *, lengths=None, batch_first=False, dy=None,
+  dhy=None) -> dict`` with PyTorch's ``y``, ``hy`` and, when ``dy`` or ``dhy`` is given, the
+  autograd gradients of ``Σ y·dy + Σ hy·dhy``: ``dx``, ``dh0`` (also when ``h0`` is None: the
+  gradient at h0 = 0) and ``dparams`` (a ``cgru.Params``).
+"""
+import numpy as np
+import pytest
+
+_TORCH_NAMES = (("W", "weight_ih"), ("R", "weight_hh"), ("b_W", "bias_ih"), ("b_R", "bias_hh"))
+
+
+def _poisoned_empty(shape, dtype):
+    a = np.empty(shape, dtype)
+    if a.dtype.kind == "f":
+        a.fill(np.nan)
+    else:
+        a.reshape(-1).view(np.uint8).fill(0xFF)
+    return a
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Make ``cgru.engine._empty`` return NaN-filled (float) / 0xFF-filled (other) arrays."""
+    from cgru import engine
+    monkeypatch.setattr(engine, "_empty", _poisoned_empty)
+    return _poisoned_empty
+
+
+def _torch_suffix(layer, d):
+    return f"_l{layer}" + ("_reverse" if d == 1 else "")
+
+
+def _build_torch_gru(params, batch_first=False):
+    import torch
+    topo = params.topology
+    if topo.direction == "reverse" or topo.input_mode != "linear":
+        raise ValueError(f"torch.nn.GRU has no equivalent of {topo}")
+    tdtype = torch.float64 if params.dtype == np.float64 else torch.float32
+    gru = torch.nn.GRU(topo.input_size, topo.hidden_size, num_layers=topo.num_layers,
+                       bidirectional=topo.direction == "bidirectional",
+                       batch_first=bool(batch_first), dtype=tdtype)
+    with torch.no_grad():
+        for layer in range(topo.num_layers):
+            for d in range(topo.num_directions):
+                lp = params[layer, d]
+                for ours, theirs in _TORCH_NAMES:
+                    getattr(gru, theirs + _torch_suffix(layer, d)).copy_(
+                        torch.from_numpy(getattr(lp, ours)))
+    return gru
+
+
+def _run_torch_gru(params, x, h0=None, *, lengths=None, batch_first=False, dy=None, dhy=None):
+    import torch
+    from cgru import LayerParams, Params
+    topo = params.topology
+    batch_first = bool(batch_first)
+    gru = _build_torch_gru(params, batch_first)
+    N = x.shape[0] if batch_first else x.shape[1]
+    T = x.shape[1] if batch_first else x.shape[0]
+    if h0 is None:
+        h0 = np.zeros((topo.num_layer_directions, N, topo.hidden_size), params.dtype)
+    xt = torch.from_numpy(np.array(x)).requires_grad_()
+    ht = torch.from_numpy(np.array(h0)).requires_grad_()
+    if lengths is None:
+        y, hy = gru(xt, ht)
+    else:
+        packed = torch.nn.utils.rnn.pack_padded_sequence(
+            xt, torch.as_tensor(np.asarray(lengths, dtype=np.int64)), batch_first=batch_first,
+            enforce_sorted=False)
+        y, hy = gru(packed, ht)
+        y, _ = torch.nn.utils.rnn.pad_packed_sequence(y, batch_first=batch_first, total_length=T)
+    out = {"y": y.detach().numpy(), "hy": hy.detach().numpy()}
+    if dy is None and dhy is None:
+        return out
+    loss = 0
+    if dy is not None:
+        loss = loss + (y * torch.from_numpy(dy)).sum()
+    if dhy is not None:
+        loss = loss + (hy * torch.from_numpy(dhy)).sum()
+    loss.backward()
+    out["dx"] = xt.grad.numpy()
+    out["dh0"] = ht.grad.numpy()
+    layers = []
+    for layer in range(topo.num_layers):
+        for d in range(topo.num_directions):
+            layers.append(LayerParams(**{
+                ours: getattr(gru, theirs + _torch_suffix(layer, d)).grad.numpy().copy()
+                for ours, theirs in _TORCH_NAMES}))
+    out["dparams"] = Params(topo, layers)
+    return out
+
+
+@pytest.fixture
+def torch_gru_from_params():
+    """``build(params, batch_first=False) -> torch.nn.GRU`` (skips when torch is missing)."""
+    pytest.importorskip("torch")
+    return _build_torch_gru
+
+
+@pytest.fixture
+def torch_gru_run():
+    """``run(params, x, h0=None, *, lengths, batch_first, dy, dhy) -> dict`` (see module doc)."""
+    pytest.importorskip("torch")
+    return _run_torch_gru

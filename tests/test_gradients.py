@@ -1,0 +1,301 @@
+"""``cgru.backward`` against float64 central finite differences of ``cgru.forward``.
+
+For every cell option and sequence feature (default cell, reset-before, flip_z, every activation
+kind at every gate position, clip, state masks, reverse, zero lengths, skip / projected input,
+dropout) and for three losses — on the outputs only (``dhy=None``), on the final states only
+(``dy=None``) and on both — EVERY gradient (``dx``, ``dh0``, each ``W``, ``R``, ``b_W``, ``b_R``
+of each layer-direction) is compared with central differences of
+``loss = Σ y·dy + Σ hy·dhy`` (sums with ``math.fsum``).  Shapes are tiny so that differencing
+over all parameters stays fast.  Also: the weight-gradient modes (overwrite / accumulate) and
+all-zero gradients without any output gradient.
+
+Every test runs with the ``poison`` fixture (engine buffers start as NaN).
+"""
+import functools
+import math
+
+import numpy as np
+import pytest
+
+import cgru
+from cgru import Activation, Cell, Params, Topology
+
+pytestmark = pytest.mark.usefixtures("poison")
+
+EPS = 1e-6                             # central-difference step
+FD_TOL = dict(rtol=1e-6, atol=1e-8)    # backward vs finite differences (float64)
+LOSSES = ("y", "hy", "both")           # which output gradients are given
+
+_KINDS = cgru.ACTIVATION_NAMES
+# Non-default alpha/beta for each kind (ignored by the kinds without parameters).
+_AB = {"hard_sigmoid": (0.3, 0.45), "affine": (0.8, 0.1), "leaky_relu": (0.15, 0.0),
+       "thresholded_relu": (0.2, 0.0), "scaled_tanh": (1.3, 0.7), "elu": (0.6, 0.0)}
+
+
+def _act(name):
+    return Activation(name, *_AB.get(name, (0.5, -0.5)))
+
+
+def _activation_cell(k):
+    """Case k of 12: every kind appears once as f_r, once as f_z and once as g."""
+    n = len(_KINDS)
+    return Cell(reset_after=k % 2 == 1, flip_z=k % 3 == 1, f_r=_act(_KINDS[k]),
+                f_z=_act(_KINDS[(k + 7) % n]), g=_act(_KINDS[(k + 3) % n]))
+
+
+def _case(T=4, N=3, I=3, H=2, L=1, direction="forward", input_mode="linear", cell=Cell(),
+          lengths=None, h0=True, mask=None, batch_major=False, dropout=0.0, seed=0,
+          scale=None):
+    return dict(T=T, N=N, I=I, H=H, L=L, direction=direction, input_mode=input_mode, cell=cell,
+                lengths=lengths, h0=h0, mask=mask, batch_major=batch_major, dropout=dropout,
+                seed=seed, scale=scale)
+
+
+CASES = {
+    "default": _case(T=3),
+    "default_L2_bi_lengths": _case(L=2, direction="bidirectional", lengths=[2, 4, 1]),
+    "default_L2_bi_batch_major_no_h0": _case(T=3, L=2, direction="bidirectional", h0=False,
+                                             batch_major=True, lengths=[3, 1, 2]),
+    "default_L3": _case(T=3, N=2, I=2, L=3, lengths=[1, 3]),
+    "reset_before": _case(L=2, direction="bidirectional", cell=Cell(reset_after=False),
+                          lengths=[4, 1, 3]),
+    "flip_z": _case(L=2, cell=Cell(flip_z=True), lengths=[2, 4, 3]),
+    "reset_before_flip_z": _case(cell=Cell(reset_after=False, flip_z=True), batch_major=True),
+    **{f"act{k}-{_KINDS[k]}": _case(T=3, direction="bidirectional" if k % 2 else "forward",
+                                   cell=_activation_cell(k), scale=0.6,
+                                   lengths=[3, 1, 2] if k % 3 == 2 else None)
+       for k in range(len(_KINDS))},
+    "clip": _case(L=2, direction="bidirectional", cell=Cell(clip=1.2), scale=0.8,
+                  lengths=[4, 3, 1]),
+    "clip_reset_before_general": _case(cell=Cell(reset_after=False, clip=1.0, g="softsign"),
+                                       scale=0.8),
+    "mask_full": _case(L=2, direction="bidirectional", mask="full", lengths=[3, 4, 1]),
+    "mask_full_reset_before": _case(L=2, cell=Cell(reset_after=False), mask="full"),
+    "mask_features": _case(direction="bidirectional", mask=(4,)),
+    "mask_time_reset_before": _case(L=2, mask=(4, 1, 1), cell=Cell(reset_after=False)),
+    "mask_batch_major": _case(direction="bidirectional", mask=(3, 1, 4), batch_major=True,
+                              lengths=[2, 4, 3]),
+    "mask_zeros": _case(L=2, direction="bidirectional", mask="zeros",
+                        cell=Cell(reset_after=False)),
+    "reverse": _case(L=2, direction="reverse", lengths=[3, 1, 4]),
+    "reverse_reset_before": _case(direction="reverse", cell=Cell(reset_after=False),
+                                  batch_major=True),
+    "zero_lengths": _case(L=2, direction="bidirectional", lengths=[0, 3, 0]),
+    "all_zero_lengths": _case(T=2, N=2, L=2, direction="bidirectional", lengths=[0, 0]),
+    "skip": _case(I=2, H=2, L=2, direction="bidirectional", input_mode="skip",
+                  lengths=[4, 2, 3]),
+    "skip_reset_before": _case(I=2, H=2, direction="reverse", input_mode="skip",
+                               cell=Cell(reset_after=False)),
+    "projected": _case(T=3, N=2, I=12, H=2, L=2, direction="bidirectional",
+                       input_mode="projected", lengths=[1, 3]),
+    "projected_general": _case(T=3, I=6, H=2, input_mode="projected", mask=(1, 1, 2),
+                               cell=Cell(reset_after=False, f_z="hard_sigmoid", g="relu")),
+    "dropout": _case(T=3, N=2, I=2, L=3, direction="bidirectional", dropout=0.3, seed=(5, 7),
+                     lengths=[3, 2]),
+    "dropout_general": _case(T=3, L=2, dropout=0.5, seed=11, mask="full",
+                             cell=Cell(reset_after=False, clip=1.0, g="elu")),
+}
+
+
+def test_activation_cases_cover_every_kind_at_every_position():
+    cells = [c["cell"] for k, c in CASES.items() if k.startswith("act")]
+    for pos in ("f_r", "f_z", "g"):
+        assert sorted(getattr(c, pos).name for c in cells) == sorted(_KINDS)
+
+
+def _problem(c):
+    """(params, x, h0 or None, dy, dhy, forward kwargs, backward kwargs) of a case dict."""
+    topo = Topology(c["I"], c["H"], c["L"], c["direction"], c["input_mode"])
+    params = Params.random(topo, np.float64, seed=21, scale=c["scale"])
+    rng = np.random.default_rng(22)
+    T, N, DH = c["T"], c["N"], topo.output_size
+    x = rng.standard_normal((N, T, c["I"]) if c["batch_major"] else (T, N, c["I"]))
+    h0 = rng.standard_normal((topo.num_layer_directions, N, c["H"])) if c["h0"] else None
+    out_shape = (N, T, DH) if c["batch_major"] else (T, N, DH)
+    mask = c["mask"]
+    if mask == "full":
+        mask = rng.uniform(0.0, 1.5, out_shape) * (rng.random(out_shape) > 0.25)
+    elif mask == "zeros":
+        mask = np.zeros(out_shape)
+    elif mask is not None:
+        mask = rng.uniform(0.2, 1.5, mask)
+    dy = rng.standard_normal(out_shape)
+    dhy = rng.standard_normal((topo.num_layer_directions, N, c["H"]))
+    lengths = None if c["lengths"] is None else np.array(c["lengths"])
+    fkw = dict(cell=c["cell"], lengths=lengths, batch_major=c["batch_major"], state_mask=mask,
+               training=c["dropout"] > 0, dropout=c["dropout"], seed=c["seed"])
+    bkw = dict(cell=c["cell"], batch_major=c["batch_major"], state_mask=mask)
+    return params, x, h0, dy, dhy, fkw, bkw
+
+
+def _differentiable(params, x, h0):
+    """``[(name, array)]``: every input the loss depends on, as the arrays forward reads."""
+    items = [("x", x), ("h0", h0)]
+    for i, lp in enumerate(params):
+        items += [(f"{k}[{i}]", a) for k, a in lp.arrays().items()]
+    return items
+
+
+def _fd_gradients(params, x, h0, dy, dhy, fkw):
+    """``{name: (d Σ y·dy, d Σ hy·dhy)}`` by central differences, perturbing each element in
+    place (and restoring it exactly).  The many tiny forwards run single-threaded: results do
+    not depend on the thread count (test_engine checks it), and an OpenMP region per tiny call
+    is slow on a busy machine."""
+    def losses():
+        f = cgru.forward(params, x, h0, **fkw, num_threads=1)
+        return math.fsum((f.y * dy).ravel()), math.fsum((f.hy * dhy).ravel())
+
+    out = {}
+    for name, a in _differentiable(params, x, h0):
+        gy, gh = np.zeros(a.shape), np.zeros(a.shape)
+        flat = a.reshape(-1)
+        assert a.size == 0 or np.shares_memory(flat, a)
+        for j in range(a.size):
+            v = flat[j]
+            flat[j] = v + EPS
+            plus, up = losses(), flat[j]
+            flat[j] = v - EPS
+            minus, down = losses(), flat[j]
+            flat[j] = v
+            gy.flat[j] = (plus[0] - minus[0]) / (up - down)
+            gh.flat[j] = (plus[1] - minus[1]) / (up - down)
+        out[name] = (gy, gh)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _case_data(case_id):
+    """The problem and its finite differences (one sweep serves all three losses)."""
+    params, x, h0, dy, dhy, fkw, bkw = _problem(CASES[case_id])
+    h0_fd = h0 if h0 is not None else np.zeros(
+        (params.topology.num_layer_directions, x.shape[0 if fkw["batch_major"] else 1],
+         params.topology.hidden_size))
+    fd = _fd_gradients(params, x, h0_fd, dy, dhy, fkw)
+    return params, x, h0, dy, dhy, fkw, bkw, fd
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_backward_matches_finite_differences(case_id, loss):
+    params, x, h0, dy, dhy, fkw, bkw, fd = _case_data(case_id)
+    f = cgru.forward(params, x, h0, **{**fkw, "training": True})
+    g = cgru.backward(params, x, f.reserve, dy if loss != "hy" else None,
+                      dhy if loss != "y" else None, **bkw)
+    got = dict(_differentiable(g.dparams, g.dx, g.dh0))
+    assert got.keys() == fd.keys()
+    largest = 0.0
+    for name, (gy, gh) in fd.items():
+        want = {"y": gy, "hy": gh, "both": gy + gh}[loss]
+        assert got[name].shape == want.shape, name
+        np.testing.assert_allclose(got[name], want, **FD_TOL, err_msg=f"loss on {loss}: {name}")
+        largest = max(largest, np.abs(want).max(initial=0.0))
+    # a non-trivial check (only with every length 0 does the output loss not depend on anything)
+    assert largest > 1e-2 or (case_id == "all_zero_lengths" and loss == "y")
+
+
+def test_clip_cases_clip():
+    """The clip cases really clamp some (not all) pre-activations at the first step."""
+    for case_id in ("clip", "clip_reset_before_general"):
+        c = CASES[case_id]
+        params, x, h0, *_ = _problem(c)
+        lp, H = params[0], c["H"]
+        pre_rz = np.abs((x[0] @ lp.W.T + lp.b_W + h0[0] @ lp.R.T + lp.b_R)[:, :2 * H])
+        assert (pre_rz > c["cell"].clip).any() and (pre_rz < c["cell"].clip).any(), case_id
+
+
+def test_dropout_case_drops():
+    """The dropout cases' training forward differs from inference (the masks are applied)."""
+    for case_id in ("dropout", "dropout_general"):
+        params, x, h0, _, _, fkw, _ = _problem(CASES[case_id])
+        train = cgru.forward(params, x, h0, **fkw).y
+        infer = cgru.forward(params, x, h0, **{**fkw, "training": False}).y
+        assert np.abs(train - infer).max() > 1e-3, case_id
+
+
+# --- weight-gradient modes -------------------------------------------------------------------
+
+def _small_training_problem(dtype, cell, input_mode):
+    I, H = (3, 3) if input_mode == "skip" else (2, 3)
+    topo = Topology(I, H, 2, "bidirectional", input_mode)
+    params = Params.random(topo, dtype, seed=31)
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((4, 3, I)).astype(dtype)
+    h0 = rng.standard_normal((4, 3, H)).astype(dtype)
+    mask = rng.uniform(0.5, 1.5, (4, 3, 2 * H)).astype(dtype)
+    f = cgru.forward(params, x, h0, cell=cell, lengths=[4, 1, 3], state_mask=mask,
+                     training=True, dropout=0.2, seed=3)
+    dy = rng.standard_normal(f.y.shape).astype(dtype)
+    dhy = rng.standard_normal(f.hy.shape).astype(dtype)
+    return params, x, f.reserve, dy, dhy, dict(cell=cell, state_mask=mask)
+
+
+def _arrays(params):
+    return [a for lp in params for a in lp.arrays().values()]
+
+
+_MODE_PARAMS = [
+    pytest.param(np.float64, Cell(), "linear", id="f64-default"),
+    pytest.param(np.float32, Cell(reset_after=False), "linear", id="f32-reset_before"),
+    pytest.param(np.float64, Cell(reset_after=False, g="softsign"), "skip", id="f64-skip"),
+]
+
+
+@pytest.mark.parametrize("dtype, cell, input_mode", _MODE_PARAMS)
+def test_dparams_overwrite(dtype, cell, input_mode):
+    """accumulate=False writes every element of the given dparams (prefilled with garbage)."""
+    params, x, reserve, dy, dhy, kw = _small_training_problem(dtype, cell, input_mode)
+    fresh = cgru.backward(params, x, reserve, dy, dhy, **kw)
+    dp = fresh.dparams.map(lambda a: np.full_like(a, np.nan))
+    dp.layers[0].R[0, 0] = 1e30                      # NaN and huge garbage
+    targets = _arrays(dp)
+    g = cgru.backward(params, x, reserve, dy, dhy, dparams=dp, accumulate=False, **kw)
+    assert g.dparams is dp
+    for before, after, want in zip(targets, _arrays(g.dparams), _arrays(fresh.dparams)):
+        assert after is before                       # written in place
+        np.testing.assert_array_equal(after, want)
+    np.testing.assert_array_equal(g.dx, fresh.dx)
+    np.testing.assert_array_equal(g.dh0, fresh.dh0)
+    assert any(np.abs(a).max(initial=0.0) > 1e-3 for a in _arrays(fresh.dparams))
+
+
+@pytest.mark.parametrize("dtype, cell, input_mode", _MODE_PARAMS)
+def test_dparams_accumulate(dtype, cell, input_mode):
+    """accumulate=True adds the fresh gradient to what dparams holds (twice: twice)."""
+    params, x, reserve, dy, dhy, kw = _small_training_problem(dtype, cell, input_mode)
+    fresh = cgru.backward(params, x, reserve, dy, dhy, **kw)
+    rng = np.random.default_rng(5)
+    prefill = fresh.dparams.map(lambda a: rng.standard_normal(a.shape).astype(dtype))
+    dp = prefill.copy()
+    targets = _arrays(dp)
+    g = cgru.backward(params, x, reserve, dy, dhy, dparams=dp, accumulate=True, **kw)
+    assert g.dparams is dp
+    tol = dict(rtol=1e-13, atol=1e-13) if dtype == np.float64 else dict(rtol=1e-6, atol=1e-6)
+    for before, after, p0, d in zip(targets, _arrays(dp), _arrays(prefill),
+                                    _arrays(fresh.dparams)):
+        assert after is before
+        np.testing.assert_allclose(after, p0 + d, **tol)
+    np.testing.assert_array_equal(g.dx, fresh.dx)
+    np.testing.assert_array_equal(g.dh0, fresh.dh0)
+    cgru.backward(params, x, reserve, dy, dhy, dparams=dp, accumulate=True, **kw)
+    for after, p0, d in zip(_arrays(dp), _arrays(prefill), _arrays(fresh.dparams)):
+        np.testing.assert_allclose(after, p0 + 2 * d, **tol)
+
+
+def test_accumulate_needs_dparams():
+    params, x, reserve, dy, dhy, kw = _small_training_problem(np.float64, Cell(), "linear")
+    with pytest.raises(ValueError, match="dparams"):
+        cgru.backward(params, x, reserve, dy, dhy, accumulate=True, **kw)
+
+
+@pytest.mark.parametrize("dtype, cell, input_mode", _MODE_PARAMS)
+def test_no_output_gradient_gives_zero_gradients(dtype, cell, input_mode):
+    """dy=None and dhy=None: dx, dh0 and every parameter gradient are exactly 0 (also when
+    overwriting a garbage-filled dparams)."""
+    params, x, reserve, _, _, kw = _small_training_problem(dtype, cell, input_mode)
+    dp = params.map(lambda a: np.full_like(a, np.nan))
+    for g in (cgru.backward(params, x, reserve, None, None, **kw),
+              cgru.backward(params, x, reserve, dparams=dp, **kw)):
+        assert g.dx.shape == x.shape and g.dh0.shape == (4, 3, params.topology.hidden_size)
+        for a in [g.dx, g.dh0] + _arrays(g.dparams):
+            assert a.dtype == dtype
+            np.testing.assert_array_equal(a, np.zeros_like(a))
