@@ -337,6 +337,106 @@ def _carve(reserve, regions, dtype):
     return views
 
 
+def _new_reserve(topo, T, N, cell, dtype, lengths, p, s1, s2):
+    """A reserve with its header and lengths written; the rest for the forward to fill."""
+    regions, nbytes = _reserve_layout(topo, T, N, cell, dtype)
+    reserve = _empty(nbytes, np.uint8)
+    _zero_gaps(reserve, regions, dtype)
+    views = _carve(reserve, regions, dtype)
+    head = views["header"]
+    head[:] = 0
+    head[:6] = [_MAGIC, _VERSION, T, N, dtype.itemsize, _fingerprint(topo, cell, T, N, dtype)]
+    head[6] = np.float64(p).view(np.int64)
+    head[7], head[8] = s1, s2
+    views["lengths"][:] = lengths
+    return reserve, views
+
+
+# Activations whose derivative the backward can take from a stand-in pre-activation rebuilt
+# from the activation's output (see reserve_from_gates): name -> out ↦ stand-in.
+_STAND_IN_PRE = {
+    "sigmoid": lambda act, out: out,                           # derivative uses out only
+    "tanh": lambda act, out: out,
+    "identity": lambda act, out: out,
+    "relu": lambda act, out: out,                              # out > 0  ⇔  x > 0
+    "hard_sigmoid": lambda act, out: _hard_sigmoid_stand_in(act, out),
+}
+
+
+def _hard_sigmoid_stand_in(act, out):
+    """x with αx + β strictly inside (0, 1) exactly where ``out`` is, far outside elsewhere."""
+    if act.alpha == 0:
+        return np.zeros_like(out)
+    inside = (out - act.beta) / act.alpha
+    return np.where(out <= 0, (-1 - act.beta) / act.alpha,
+                    np.where(out >= 1, (2 - act.beta) / act.alpha, inside)).astype(out.dtype)
+
+
+def reserve_from_gates(params, x, gates, y, h0=None, *, cell=None, state_mask=None):
+    """Rebuild the reserve of a training forward from its saved gates and its outputs.
+
+    For frontends whose saved training state is smaller than cgru's reserve (MPSGraph's
+    ``zState``): one layer, full-length sequences, time-major.  ``gates`` is a list of ``D``
+    arrays ``[T, N, 3H]`` holding each direction's activated r, z, n; ``y`` ``[T, N, D·H]`` the
+    forward's output; ``h0`` ``[D, N, H]`` (``None``: zeros).  The recurrent candidate term
+    ``h·R_nᵀ + b_Rn`` is recomputed as one GEMM over all steps (no time loop).  Cells with
+    clip, or activations other than sigmoid, tanh, identity, relu and hard_sigmoid, are
+    refused (their derivative needs the pre-activation itself).
+
+    Returns the reserve to pass to ``backward`` with the same ``params``, ``x``, ``cell`` and
+    ``state_mask``.
+    """
+    topo, dtype = _check_params(params)
+    cell = _as_cell(cell)
+    if topo.num_layers != 1:
+        raise ValueError(f"params: reserve_from_gates needs one layer, got "
+                         f"num_layers={topo.num_layers}")
+    if cell.clip is not None:
+        raise ValueError("cell: reserve_from_gates cannot rebuild clipped pre-activations")
+    for name in ("f_r", "f_z", "g"):
+        act = getattr(cell, name)
+        if act.name not in _STAND_IN_PRE:
+            raise ValueError(f"cell.{name}: reserve_from_gates cannot rebuild the derivative of "
+                             f"{act.name!r}; expected one of {sorted(_STAND_IN_PRE)}")
+    T, N = _check_x(x, topo, dtype, False)
+    H, D = topo.hidden_size, topo.num_directions
+    if not isinstance(gates, (list, tuple)) or len(gates) != D:
+        raise ValueError(f"gates: expected a list of D={D} arrays [T, N, 3H], got "
+                         f"{type(gates).__name__} of length {len(gates) if hasattr(gates, '__len__') else '?'}")
+    for d, g in enumerate(gates):
+        _check_array(g, f"gates[{d}]", dtype, (T, N, 3 * H))
+    _check_array(y, "y", dtype, (T, N, D * H))
+    h0 = _check_h(h0, "h0", topo, dtype, N)
+    if h0 is None:
+        h0 = np.zeros((D, N, H), dtype)
+    mask = _check_state_mask(state_mask, topo, dtype, T, N, False)
+    reserve, views = _new_reserve(topo, T, N, cell, dtype, np.full(N, T, np.int64), 0.0, 0, 0)
+    for d in range(D):
+        states = views[f"states{d}"]
+        rev = topo.reversed_direction(d)
+        # forward: slot 0 = h0, slot t+1 = y[t];  reversed: slot T = h0, slot t = y[t]
+        if rev:
+            states[:T], states[T] = y[:, :, d * H:(d + 1) * H], h0[d]
+        else:
+            states[0], states[1:] = h0[d], y[:, :, d * H:(d + 1) * H]
+        views[f"gates{d}"][...] = gates[d]
+        if cell.reset_after:
+            h_in = states[1:] if rev else states[:T]
+            if mask is not None:
+                h_in = h_in * mask[:, :, d * H:(d + 1) * H]
+            hn = views[f"hn{d}"].reshape(T * N, H)
+            # hn[T·N, H] = (h ⊙ m)[T·N, H] · R_n[H, H]ᵀ + b_Rn
+            _gemm(False, True, np.ascontiguousarray(h_in).reshape(T * N, H),
+                  params[d].R[2 * H:], hn)
+            hn += params[d].b_R[2 * H:]
+        if not cell.is_fast:
+            pre = views[f"pre{d}"]
+            for k, act in enumerate((cell.f_r, cell.f_z, cell.g)):
+                pre[:, :, k * H:(k + 1) * H] = _STAND_IN_PRE[act.name](
+                    act, gates[d][:, :, k * H:(k + 1) * H])
+    return reserve
+
+
 def _read_reserve(reserve, topo, cell, dtype, T, N):
     if not isinstance(reserve, np.ndarray):
         raise TypeError(f"reserve: expected the numpy array a training forward returned, got "
@@ -458,16 +558,7 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
     views = None
     reserve = None
     if training:
-        regions, nbytes = _reserve_layout(topo, T, N, cell, dtype)
-        reserve = _empty(nbytes, np.uint8)
-        _zero_gaps(reserve, regions, dtype)
-        views = _carve(reserve, regions, dtype)
-        head = views["header"]
-        head[:] = 0
-        head[:6] = [_MAGIC, _VERSION, T, N, dtype.itemsize, _fingerprint(topo, cell, T, N, dtype)]
-        head[6] = np.float64(p).view(np.int64)
-        head[7], head[8] = s1, s2
-        views["lengths"][:] = lengths
+        reserve, views = _new_reserve(topo, T, N, cell, dtype, lengths, p, s1, s2)
     masks = dropout_masks(topo, T, N, dropout=p, seed=(s1, s2), dtype=dtype) if p > 0 else None
     gx_buf = [_empty((T * N, 3 * H), dtype) for _ in range(D)]
 
