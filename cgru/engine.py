@@ -372,6 +372,17 @@ def _hard_sigmoid_stand_in(act, out):
                     np.where(out >= 1, (2 - act.beta) / act.alpha, inside)).astype(out.dtype)
 
 
+def reserve_gates(reserve, params, x, *, cell=None):
+    """The activated gates a training forward saved: a list of ``L·D`` arrays ``[T, N, 3H]``
+    (r, z, n; index ``l·D + d``; zeros on inactive steps), copied out of ``reserve``.  Pass the
+    forward's ``params``, time-major ``x`` and ``cell``."""
+    topo, dtype = _check_params(params)
+    cell = _as_cell(cell)
+    T, N = _check_x(x, topo, dtype, False)
+    views = _read_reserve(reserve, topo, cell, dtype, T, N)[0]
+    return [views[f"gates{i}"].copy() for i in range(topo.num_layer_directions)]
+
+
 def reserve_from_gates(params, x, gates, y, h0=None, *, cell=None, state_mask=None):
     """Rebuild the reserve of a training forward from its saved gates and its outputs.
 

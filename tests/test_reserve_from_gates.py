@@ -16,11 +16,22 @@ CELLS = {
 
 
 def _saved_gates(reserve, params, x, cell):
-    topo = params.topology
-    T, N = x.shape[:2]
-    regions, _ = engine._reserve_layout(topo, T, N, cell, params.dtype)
-    views = engine._carve(reserve, regions, params.dtype)
-    return [views[f"gates{d}"].copy() for d in range(topo.num_directions)]
+    return engine.reserve_gates(reserve, params, x, cell=cell)
+
+
+def test_reserve_gates_are_the_reference_gates():
+    # r, z, n of a one-step forward from h0 = 0, written out by hand
+    topo = Topology(3, 2)
+    params = Params.random(topo, np.float64, seed=5)
+    x = np.random.default_rng(5).standard_normal((1, 2, 3))
+    f = cgru.forward(params, x, training=True)
+    lp = params[0]
+    gx = x[0] @ lp.W.T + lp.b_W
+    sig = lambda v: 1 / (1 + np.exp(-v))
+    r, z = sig(gx[:, :2] + lp.b_R[:2]), sig(gx[:, 2:4] + lp.b_R[2:4])
+    n = np.tanh(gx[:, 4:] + r * lp.b_R[4:])
+    got = engine.reserve_gates(f.reserve, params, x)
+    np.testing.assert_allclose(got[0][0], np.concatenate([r, z, n], axis=1), rtol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
