@@ -5,6 +5,7 @@ matrix ``Cᵀ``.  So row-major ``C = op(A)·op(B)`` is computed as Fortran
 ``Cᵀ = op(B)ᵀ·op(A)ᵀ``: pass B first, then A, swap m and n, keep each operand's own flag.
 """
 from cython cimport floating
+from cython.parallel cimport prange
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 
 
@@ -94,3 +95,48 @@ def gemm_rm(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
     with nogil:
         gemm(trans_a, trans_b, m, n, k, <floating>alpha, pa, lda, pb, ldb, <floating>beta,
              &C[0, 0], ldc)
+
+
+def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
+                const floating[:, :] B, double beta, floating[:, :] C, int n_blocks,
+                int num_threads):
+    """``gemm_rm`` with the rows of C split into ``n_blocks`` blocks, each one single-threaded
+    BLAS call, the blocks spread over ``num_threads`` OpenMP threads.
+
+    The split depends on ``n_blocks`` only (never on the thread count), so the result does
+    not depend on ``num_threads``; and BLAS's own thread pool stays idle, so it cannot fight
+    with the OpenMP threads of the time loops.  BLAS must be limited to one thread around
+    this call (engine does it).
+    """
+    cdef int m = A.shape[1] if trans_a else A.shape[0]
+    cdef int k = A.shape[0] if trans_a else A.shape[1]
+    cdef int n = B.shape[0] if trans_b else B.shape[1]
+    cdef int kb = B.shape[1] if trans_b else B.shape[0]
+    if kb != k or C.shape[0] != m or C.shape[1] != n:
+        raise ValueError(f"gemm_blocks: shapes do not match: op(A) [{m}, {k}], op(B) [{kb}, "
+                         f"{n}], C [{C.shape[0]}, {C.shape[1]}]")
+    if m == 0 or n == 0:
+        return
+    for arr, name in ((A, "A"), (B, "B"), (C, "C")):
+        if arr.shape[0] * arr.shape[1] > 0 and arr.strides[1] != sizeof(floating):
+            raise ValueError(f"gemm_blocks: {name} must have unit stride along its last axis")
+        if arr.shape[0] > 1 and arr.shape[1] > 0 and (
+                arr.strides[0] % sizeof(floating) or arr.strides[0] // <Py_ssize_t>sizeof(floating) < arr.shape[1]):
+            raise ValueError(f"gemm_blocks: {name} needs a row stride of at least its row")
+    cdef int lda = A.strides[0] // sizeof(floating) if A.shape[0] > 1 else max(1, A.shape[1])
+    cdef int ldb = B.strides[0] // sizeof(floating) if B.shape[0] > 1 else max(1, B.shape[1])
+    cdef int ldc = C.strides[0] // sizeof(floating) if C.shape[0] > 1 else max(1, C.shape[1])
+    lda, ldb, ldc = max(lda, 1), max(ldb, 1), max(ldc, 1)
+    cdef const floating *pa = &A[0, 0] if A.shape[0] * A.shape[1] > 0 else NULL
+    cdef const floating *pb = &B[0, 0] if B.shape[0] * B.shape[1] > 0 else NULL
+    cdef floating *pc = &C[0, 0]
+    cdef int blk, i0, i1
+    n_blocks = max(1, min(n_blocks, m))
+    num_threads = max(1, min(num_threads, n_blocks))
+    for blk in prange(n_blocks, nogil=True, schedule="static", num_threads=num_threads):
+        i0 = <int>((<long long>blk * m) // n_blocks)
+        i1 = <int>((<long long>(blk + 1) * m) // n_blocks)
+        # rows i0:i1 of C = op(A) rows i0:i1 · op(B): A's rows (or, transposed, its columns)
+        gemm(trans_a, trans_b, i1 - i0, n, k, <floating>alpha,
+             pa + (i0 if trans_a else <Py_ssize_t>i0 * lda), lda, pb, ldb, <floating>beta,
+             pc + <Py_ssize_t>i0 * ldc, ldc)

@@ -91,7 +91,7 @@ _blas_libs = None
 
 class _blas_threads:
     """Context manager: the BLAS libraries threadpoolctl finds use ``n`` threads inside, their
-    previous counts after.  (The time loops call no BLAS; only the whole-sequence GEMMs do.)"""
+    previous counts after."""
 
     def __init__(self, n):
         global _blas_libs
@@ -115,9 +115,18 @@ class _blas_threads:
         self.saved = []
 
 
-def _gemm(ta, tb, A, B, C, beta=0.0):
+# Whole-sequence GEMMs are split into at most _MAX_GEMM_BLOCKS row blocks of C (at least
+# _MIN_GEMM_ROWS rows each), one single-threaded BLAS call per block on the OpenMP threads: BLAS's
+# own pool stays asleep and cannot fight the time loops' threads for the cores.  The split is a
+# function of the shape only, so results do not depend on the thread count.
+_MAX_GEMM_BLOCKS = 4
+_MIN_GEMM_ROWS = 128
+
+
+def _gemm(ta, tb, A, B, C, beta=0.0, nt=1):
     """``C = op(A)·op(B) + beta·C`` for row-major 2-D arrays (views with unit inner stride)."""
-    _blas.gemm_rm(ta, tb, 1.0, A, B, beta, C)
+    blocks = max(1, min(_MAX_GEMM_BLOCKS, C.shape[0] // _MIN_GEMM_ROWS))
+    _blas.gemm_blocks(ta, tb, 1.0, A, B, beta, C, blocks, nt)
 
 
 # --- validation ----------------------------------------------------------------------------
@@ -508,7 +517,7 @@ def _packed_backward(R, cell, H):
             "Rb_n": _kernels.pack_rhs(R[2 * H:], False)}
 
 
-def _input_projection(topo, layer, d, lp, X, out):
+def _input_projection(topo, layer, d, lp, X, out, nt):
     """(gx, ldgx) of direction d: ``gx = X·Wᵀ`` [T·N, 3H] — or x itself in skip/projected mode."""
     H = topo.hidden_size
     if layer == 0 and topo.input_mode == "projected":
@@ -519,7 +528,7 @@ def _input_projection(topo, layer, d, lp, X, out):
         out[:, 2 * H:] = X
         return out, 3 * H
     # gx[T·N, 3H] = X[T·N, in] · W[3H, in]ᵀ
-    _gemm(False, True, X, lp.W, out)
+    _gemm(False, True, X, lp.W, out, nt=nt)
     return out, 3 * H
 
 
@@ -573,7 +582,7 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
     masks = dropout_masks(topo, T, N, dropout=p, seed=(s1, s2), dtype=dtype) if p > 0 else None
     gx_buf = [_empty((T * N, 3 * H), dtype) for _ in range(D)]
 
-    with _blas_threads(nt):  # the input projections' BLAS
+    with _blas_threads(1):  # BLAS runs single-threaded inside cgru's own OpenMP blocks
         for layer in range(L):
             last = layer == L - 1
             if last:
@@ -586,7 +595,7 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
             for d in range(D):
                 i = layer * D + d
                 lp = params[i]
-                gx, ldgx = _input_projection(topo, layer, d, lp, X, gx_buf[d])
+                gx, ldgx = _input_projection(topo, layer, d, lp, X, gx_buf[d], nt)
                 b_rzn, b_hn = _gate_biases(lp, cell, H)
                 a = dict(reverse=topo.reversed_direction(d), gx=gx, ldgx=ldgx, b_rzn=b_rzn,
                          b_hn=b_hn, h0=h0[i], hy=hy[i], **_packed_forward(lp.R, cell, H))
@@ -666,7 +675,7 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
     hm = [_empty((T * N, H), dtype) for _ in range(D)] if mask is not None else None
     d_out = dy  # gradient of the current layer's output, [T, N, D·H] time-major or None
 
-    with _blas_threads(nt):  # the whole-sequence GEMMs' BLAS
+    with _blas_threads(1):  # BLAS runs single-threaded inside cgru's own OpenMP blocks
         for layer in reversed(range(L)):
             X = x_tm if layer == 0 else views[f"xin{layer}"].reshape(T * N, DH)
             dirs = []
@@ -683,7 +692,7 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
                                     lengths, mask, d_out, dirs)
 
             dX = _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm, hm,
-                                  accumulate)
+                                  accumulate, nt)
             if layer > 0:
                 d_out = dX.reshape(T, N, DH)
                 if masks is not None:
@@ -695,7 +704,7 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
 
 
 def _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm, hm,
-                     accumulate):
+                     accumulate, nt):
     """After one layer's backward loops: its weight gradients (into ``dparams``) and the
     gradient of its input ``dX`` [T·N, in], all as whole-sequence GEMMs / column sums."""
     H, D = topo.hidden_size, topo.num_directions
@@ -713,14 +722,14 @@ def _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm
         _colsum(dgh[d], g.b_R, accumulate)
         if cell.reset_after:
             # dR[3H, H] (+)= dghᵀ · (h ⊙ m)
-            _gemm(True, False, dgh[d], h_in, g.R, beta)
+            _gemm(True, False, dgh[d], h_in, g.R, beta, nt)
         else:
             # dR_rz[2H, H] (+)= dgx_rzᵀ · (h ⊙ m);  dR_n[H, H] (+)= dgx_nᵀ · (r ⊙ h ⊙ m)
-            _gemm(True, False, dgx[d][:, :2 * H], h_in, g.R[:2 * H], beta)
-            _gemm(True, False, dgx[d][:, 2 * H:], rhm[d], g.R[2 * H:], beta)
+            _gemm(True, False, dgx[d][:, :2 * H], h_in, g.R[:2 * H], beta, nt)
+            _gemm(True, False, dgx[d][:, 2 * H:], rhm[d], g.R[2 * H:], beta, nt)
         if g.W.shape[1]:
             # dW[3H, in] (+)= dgxᵀ · X
-            _gemm(True, False, dgx[d], X, g.W, beta)
+            _gemm(True, False, dgx[d], X, g.W, beta, nt)
     dX = _empty((TN, X.shape[1]), X.dtype)
     if layer == 0 and topo.input_mode == "projected":
         for d in range(D):
@@ -734,7 +743,7 @@ def _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm
     else:
         for d in range(D):
             # dX[T·N, in] (+)= dgx_d[T·N, 3H] · W_d[3H, in]
-            _gemm(False, False, dgx[d], params[layer * D + d].W, dX, 0.0 if d == 0 else 1.0)
+            _gemm(False, False, dgx[d], params[layer * D + d].W, dX, 0.0 if d == 0 else 1.0, nt)
     return dX
 
 

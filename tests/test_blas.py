@@ -265,3 +265,29 @@ def test_zero_row_stride_is_handled_or_refused():
         assert "A" in str(e) and "stride" in str(e)
         return
     np.testing.assert_allclose(C, A @ B, rtol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False),
+                                             (True, True)])
+@pytest.mark.parametrize("blocks", [1, 3, 4, 50])
+def test_gemm_blocks_does_not_depend_on_the_thread_count(dtype, trans_a, trans_b, blocks):
+    # For a given block count the result is bitwise the same for any thread count, and equal
+    # to one call up to rounding (OpenBLAS's edge tiles may round differently per block shape).
+    from cgru._blas import gemm_blocks
+    rng = np.random.default_rng(blocks)
+    m, n, k = 37, 29, 41
+    A = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
+    B = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
+    C0 = rng.standard_normal((m, n)).astype(dtype)
+    results = []
+    for threads in (1, 2, 3):
+        got = np.full((m, n), np.nan, dtype) if threads == 3 else C0.copy()
+        gemm_blocks(trans_a, trans_b, 0.5, A, B, 0.0 if threads == 3 else 1.0, got, blocks,
+                    threads)
+        results.append(got - (0 if threads == 3 else C0))
+    np.testing.assert_array_equal(results[0], results[1])
+    want = 0.5 * (A.T if trans_a else A).astype(np.float64) @ (B.T if trans_b else B)
+    for got in results:
+        np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-12,
+                                   atol=1e-5 if dtype == np.float32 else 1e-12)
