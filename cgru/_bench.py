@@ -9,8 +9,9 @@ or ``python bench/run.py ...``.  The method is ``PERF.md``'s:
 * every system runs with the same thread count: ``num_threads`` for cgru,
   ``torch.set_num_threads``, onnxruntime ``intra_op_num_threads`` (``inter_op`` 1), and
   threadpoolctl for every BLAS and OpenMP library for the whole section;
-* warm-up, then interleaved short blocks — a pause, one untimed call, a few timed calls —
-  rotating the order of the systems each round; medians and min–max of the timed calls.
+* warm-up, then interleaved short blocks — a pause until the previous system's thread pools
+  stop spinning, one untimed call, a few timed calls — rotating the order of the systems
+  each round; medians and min–max of the timed calls.
 
 Systems (``fb`` = forward + backward to input, ``h0`` and all weights):
 
@@ -39,6 +40,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -121,7 +123,8 @@ class Mode:
 
 _MAIN = ("A", "B", "C", "D", "E", "F", "T32-H256", "T32-H512", "T128-H256", "T128-H512")
 MODES = {
-    "quick": Mode("quick", ("A", "B", "D", "T32-H256"), ("float32",), 3, 0.04, 0.6, 0.03),
+    "quick": Mode("quick", ("A", "B", "D", "F", "T32-H256"), ("float32",), 3, 0.04, 0.6,
+                  0.03),
     "default": Mode("default", _MAIN, ("float32", "float64"), 5, 0.06, 1.2, 0.03),
     "full": Mode("full", _MAIN + ("DS",), ("float32", "float64"), 7, 0.1, 3.0, 0.05),
 }
@@ -197,7 +200,9 @@ def cgru_reference(problem, num_threads):
 
 
 def _grad_names(config):
-    return [f"d{name}[{i}]" for i in range(config.L * config.D) for name in ("W", "R", "b_W", "b_R")]
+    """Names of the weight gradients in cgru's order: dW[i], dR[i], db_W[i], db_R[i] per i."""
+    return [f"d{name}[{i}]" for i in range(config.L * config.D)
+            for name in ("W", "R", "b_W", "b_R")]
 
 
 # --- the systems ---------------------------------------------------------------------------
@@ -650,7 +655,12 @@ def validate(problem, systems, n):
     ``worst`` (output name), ``err`` and ``tol``.  cgru's forward + backward is checked
     against cgru's inference forward (y, hy)."""
     tol = TOL[problem.dtype.name]
-    ref_fwd, ref_fb = cgru_reference(problem, n)
+    try:
+        ref_fwd, ref_fb = cgru_reference(problem, n)
+    except Exception as exc:  # cgru itself fails: nothing can be validated
+        why = f"cgru raised {exc.__class__.__name__}: {exc}"
+        return {s.key: dict(ok=False, against="cgru", worst=why, err=math.inf, tol=tol)
+                for s in systems}
     records = {}
     for s in systems:
         if s.key == "cgru_fwd":
@@ -662,7 +672,7 @@ def validate(problem, systems, n):
                 err = s.bound.check()
                 ok, worst, against = err <= tol, "gemm results", "NumPy matmul"
             else:
-                out = s.outputs()
+                out = ref_fb if s.key == "cgru_fb" else s.outputs()
                 ref = ref_fwd if s.kind == "fwd" or s.key == "cgru_fb" else ref_fb
                 missing = sorted(set(ref) - set(out)) if s.key != "cgru_fb" else []
                 ok, worst, err = compare(out, ref, tol)
@@ -682,18 +692,35 @@ def _time_call(fn):
     return time.perf_counter() - t0
 
 
+def settle(min_s, max_s=0.5, slice_s=0.01):
+    """The pause before a block: sleep ``min_s``, then until this process's idle thread pools
+    stop spinning (under 20 % of a core used during a 10 ms slice), at most ``max_s``.
+
+    Measured here: after a 2-thread call OpenBLAS's worker keeps a core busy for ~0.1 s,
+    onnxruntime's for ~0.05 s; a fixed short pause would let them slow the next system."""
+    time.sleep(min_s)
+    t_end = time.perf_counter() + max_s - min_s
+    while time.perf_counter() < t_end:
+        c0, t0 = time.process_time(), time.perf_counter()
+        time.sleep(slice_s)
+        if time.process_time() - c0 < 0.2 * (time.perf_counter() - t0):
+            return
+
+
 def measure(systems, mode, rounds=None, progress=None):
     """Warm up, then interleaved blocks; ``{key: [seconds, ...]}`` of the timed calls.
 
-    Each block: a pause, one untimed call (skipped for calls over 0.25 s), ``k`` timed calls
-    with ``k`` chosen so a block takes about ``mode.block_s``.  The order of the systems
-    rotates every round.  A system gets at least 3 and at most ``rounds`` blocks, fewer when
-    its blocks would exceed ``mode.budget_s``.
+    Each block: a pause (``settle``), one untimed call (skipped for calls over 0.25 s),
+    ``k`` timed calls with ``k`` chosen so a block takes about ``mode.block_s``.  The order of
+    the systems rotates every round.  A system gets at least 3 and at most ``rounds``
+    blocks, fewer when its blocks would exceed ``mode.budget_s`` (one when a single call
+    takes over 5 × ``mode.budget_s``, e.g. a thread pool starved by another process).
     """
     rounds = mode.rounds if rounds is None else rounds
     plan = {}
     for s in systems:
         # the validation was the cold call; warm up for 0.1 s (1 to 10 calls)
+        settle(mode.pause_s)
         times = []
         t_start = time.perf_counter()
         while not times or (time.perf_counter() - t_start < 0.1 and len(times) < 10):
@@ -702,10 +729,11 @@ def measure(systems, mode, rounds=None, progress=None):
         k = int(min(25, max(1, round(mode.block_s / max(est, 1e-9)))))
         untimed = est < 0.25
         per_block = (k + untimed) * est + mode.pause_s
-        r = int(min(rounds, max(3, mode.budget_s // max(per_block, 1e-9))))
+        least = 3 if est <= 5 * mode.budget_s else 1  # one block for a pathologically slow call
+        r = int(min(rounds, max(least, mode.budget_s // max(per_block, 1e-9))))
         plan[s.key] = (k, untimed, r)
     samples = {s.key: [] for s in systems}
-    max_rounds = max(r for _, _, r in plan.values())
+    max_rounds = max((r for _, _, r in plan.values()), default=0)
     for rnd in range(max_rounds):
         shift = rnd % len(systems)
         for s in systems[shift:] + systems[:shift]:
@@ -714,7 +742,7 @@ def measure(systems, mode, rounds=None, progress=None):
                 continue
             if progress:
                 progress(f"{s.key} round {rnd + 1}/{r}")
-            time.sleep(mode.pause_s)
+            settle(mode.pause_s)
             if untimed:
                 s.call()
             for _ in range(k):
@@ -743,6 +771,7 @@ def run_section(config, dtype, n, peers, mode, rounds=None, progress=None, seed=
     """Build, validate and time every system for one (config, dtype, threads)."""
     from threadpoolctl import ThreadpoolController
 
+    load = OtherLoad()
     problem = Problem(config, dtype, seed)
     if "torch" in peers:
         peers["torch"].set_num_threads(n)
@@ -758,7 +787,7 @@ def run_section(config, dtype, n, peers, mode, rounds=None, progress=None, seed=
                   threads=n, gflop_fwd=config.flops_fwd() / 1e9,
                   reserve_bytes=cgru.reserve_nbytes(config.topology, config.T, config.N,
                                                     dtype=problem.dtype),
-                  validation=checks, systems={})
+                  validation=checks, systems={}, other_load_cores=load.cores())
     for key, s in samples.items():
         result["systems"][key] = stats(s)
     overhead_ms = overhead * 1e3
@@ -767,10 +796,11 @@ def run_section(config, dtype, n, peers, mode, rounds=None, progress=None, seed=
         rec = result["systems"].get(f"bound_{kind}")
         if rec is not None:
             calls = bound.calls(kind)
-            rec["raw_median_ms"] = rec["median_ms"]
             rec["gemm_calls"] = calls
-            rec["median_ms"] = max(rec["raw_median_ms"] - calls * overhead_ms,
-                                   0.5 * rec["raw_median_ms"])
+            for key in ("median_ms", "min_ms", "max_ms"):
+                raw = rec[key]
+                rec["raw_" + key] = raw
+                rec[key] = max(raw - calls * overhead_ms, 0.5 * raw)
     sys_ = result["systems"]
     result["ratios"] = {name: sys_[a]["median_ms"] / sys_[b]["median_ms"]
                         for name, (a, b) in RATIOS.items() if a in sys_ and b in sys_}
@@ -852,13 +882,55 @@ def environment():
     return {k: os.environ.get(k) for k in ENV_VARS}
 
 
+class OtherLoad:
+    """How many cores *other* processes kept busy while this one ran: the machine's busy
+    time (``/proc/stat``) minus this process's CPU time, over the wall time.  ``None`` where
+    ``/proc/stat`` does not exist.  Noise indicator: with 2 cores, 2-thread figures taken
+    while another process holds a core are meaningless."""
+
+    def __init__(self):
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample():
+        try:
+            with open("/proc/stat") as fh:
+                f = [int(v) for v in fh.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        busy = f[0] + f[1] + f[2] + sum(f[5:8])     # user nice system irq softirq steal
+        t = os.times()
+        return time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), t.user + t.system
+
+    def cores(self):
+        end = self._sample()
+        if self.start is None or end is None or end[0] - self.start[0] <= 0:
+            return None
+        wall = end[0] - self.start[0]
+        other = (end[1] - self.start[1]) - (end[2] - self.start[2])
+        return max(0.0, other / wall)
+
+
+def other_load_now(seconds=0.5):
+    """Cores other processes keep busy, sampled over ``seconds`` while this one sleeps."""
+    probe = OtherLoad()
+    time.sleep(seconds)
+    return probe.cores()
+
+
 # --- output --------------------------------------------------------------------------------
 def _fmt(v, spec="{:.2f}"):
     return "—" if v is None else spec.format(v)
 
 
+def _ms(v):
+    """Milliseconds with about 3 significant digits and no exponent."""
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
 TABLE_HEAD = ("config", "dtype", "thr", "cgru fb ms (min–max)", "fb/bound",
-              "PyTorch fb/cgru", "cgru fwd ms", "onnxrt fwd/cgru", "NumPy fb/cgru")
+              "PyTorch fb/cgru", "cgru fwd ms", "onnxrt fwd/cgru", "NumPy fb/cgru",
+              "other load")
 
 
 def table_rows(results):
@@ -868,12 +940,13 @@ def table_rows(results):
         fb = s.get("cgru_fb")
         fwd = s.get("cgru_fwd")
         fb_txt = "—" if fb is None else \
-            f"{fb['median_ms']:.3g} ({fb['min_ms']:.3g}–{fb['max_ms']:.3g})"
+            f"{_ms(fb['median_ms'])} ({_ms(fb['min_ms'])}–{_ms(fb['max_ms'])})"
         rows.append((r["config"], {"float32": "f32", "float64": "f64"}[r["dtype"]],
                      str(r["threads"]), fb_txt, _fmt(q.get("cgru_fb/bound")),
                      _fmt(q.get("torch_fb/cgru_fb")),
-                     "—" if fwd is None else f"{fwd['median_ms']:.3g}",
-                     _fmt(q.get("ort_fwd/cgru_fwd")), _fmt(q.get("numpy_fb/cgru_fb"))))
+                     "—" if fwd is None else _ms(fwd["median_ms"]),
+                     _fmt(q.get("ort_fwd/cgru_fwd")), _fmt(q.get("numpy_fb/cgru_fb")),
+                     _fmt(r.get("other_load_cores"), "{:.1f}")))
     return rows
 
 
@@ -896,18 +969,19 @@ def plot(results, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
-    series = [("cgru_fb/bound", "cgru fb / GEMM bound"),
+    series = [("cgru_fb/bound", "cgru fb / GEMM-only bound (cgru's overhead)"),
               ("torch_fb/cgru_fb", "PyTorch fb / cgru fb"),
               ("ort_fwd/cgru_fwd", "onnxruntime fwd / cgru fwd"),
               ("numpy_fb/cgru_fb", "NumPy fb / cgru fb")]
     rs = [r for r in results if r["dtype"] == "float32"] or results
     threads = sorted({r["threads"] for r in rs})
-    fig, axes = plt.subplots(len(threads), 1, figsize=(max(7, 1.1 * len(rs) / len(threads) + 3),
-                                                       3.2 * len(threads)), squeeze=False)
+    n_cfg = max(len([r for r in rs if r["threads"] == n]) for n in threads)
+    fig, axes = plt.subplots(len(threads), 1, figsize=(max(7, 1.1 * n_cfg + 2),
+                                                       0.8 + 3 * len(threads)), squeeze=False)
     for ax, n in zip(axes[:, 0], threads):
         sub = [r for r in rs if r["threads"] == n]
-        names = [r["config"] for r in sub]
         x = np.arange(len(sub))
         w = 0.8 / len(series)
         for j, (key, label) in enumerate(series):
@@ -919,14 +993,19 @@ def plot(results, path):
                    label="target fb/bound ≤ 1.1 (N ≥ 16; 1.3 at N = 1)")
         ax.axhline(2.0, color="tab:orange", lw=0.8, ls=":", label="target PyTorch/cgru ≥ 2")
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xticks(x)
-        ax.set_xticklabels(names)
-        ax.set_ylabel("ratio (log)")
-        ax.set_title(f"{rs[0]['dtype']}, {n} thread{'s' if n > 1 else ''}: >1 above the line "
-                     "= cgru faster (except fb/bound: cgru's overhead)", fontsize=9)
-        ax.grid(axis="y", which="both", alpha=0.3)
-    axes[0, 0].legend(fontsize=8, ncol=2)
-    fig.tight_layout()
+        ax.set_xticklabels([r["config"] for r in sub])
+        ax.set_ylabel("ratio of medians")
+        ax.set_title(f"{rs[0]['dtype']}, {n} thread{'s' if n > 1 else ''}", fontsize=10)
+        ax.grid(axis="y", which="major", alpha=0.3)
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / fig.get_figheight()))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -940,12 +1019,11 @@ class Progress:
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.t0 = time.perf_counter()
         self.head = ""
-        self._last_plain = ""
 
     def section(self, head):
         self.done += 1
         self.head = head
-        self(f"start")
+        self("start")
 
     def __call__(self, what):
         msg = (f"[{self.done}/{self.total}] {self.head}: {what} "
@@ -953,8 +1031,7 @@ class Progress:
         if self.tty:
             self.stream.write("\r\033[K" + msg)
             self.stream.flush()
-        elif what in ("start", "validating") and msg != self._last_plain:
-            self._last_plain = msg
+        elif what == "start":          # not a terminal: one line per section
             print(msg, file=self.stream, flush=True)
 
     def end(self):
@@ -1000,7 +1077,7 @@ def make_parser():
                     + RECOMMENDED)
     m = p.add_mutually_exclusive_group()
     m.add_argument("--quick", action="store_true",
-                   help="float32, configs A, B, D, T32-H256, 3 rounds (< 2 min)")
+                   help="float32, configs A, B, D, F, T32-H256, 3 rounds (< 2 min)")
     m.add_argument("--full", action="store_true",
                    help="adds the DeepSpeech-like config DS and more rounds")
     p.add_argument("--threads", type=_parse_threads, default=[1, 2],
@@ -1017,16 +1094,44 @@ def make_parser():
                    help="where to write the PNG plot (default bench/results/bench.png)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the plot")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the table as Markdown (for the README)")
     return p
 
 
-def _env_note(env):
+def format_misses(tg, width=96):
+    """The missed targets, one wrapped paragraph per target."""
+    lines = []
+    for name in dict.fromkeys(t["target"] for t in tg):
+        rows = [t for t in tg if t["target"] == name]
+        bad = [t for t in rows if not t["ok"]]
+        if not bad:
+            continue
+        limits = sorted({t["limit"] for t in bad})
+        head = f"  {name} {'/'.join(f'{v:g}' for v in limits)}: missed {len(bad)}/{len(rows)}:"
+        items = [f"{t['config']} {t['dtype'][0]}{t['dtype'][-2:]} {t['threads']}T "
+                 f"{t['value']:.2f}" for t in bad]
+        line = head
+        for it in items:
+            if len(line) + len(it) + 2 > width:
+                lines.append(line + ",")
+                line = "    " + it
+            else:
+                line += (" " if line == head else ", ") + it
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _env_note(env, argv=()):
+    """The warning printed when the OpenBLAS variables are set (``None`` when they are not),
+    with the command to rerun (``argv``: the bench's own arguments)."""
     set_vars = [k for k in OPENBLAS_VARS if env.get(k) is not None]
     if not set_vars:
         return None
+    cmd = " ".join([RECOMMENDED, *map(shlex.quote, argv)])
     return ("NOTE: " + ", ".join(f"{k}={env[k]}" for k in set_vars) + " set: SciPy's OpenBLAS "
             "(cgru, the bound) runs slower kernels while PyTorch and onnxruntime do not.\n"
-            "      For fair figures rerun with:  " + RECOMMENDED)
+            "      For fair figures rerun with:  " + cmd)
 
 
 def _write_json(path, doc):
@@ -1048,12 +1153,16 @@ def main(argv=None):
         print("--rounds: expected a positive int", file=sys.stderr)
         return 2
     env = environment()
-    note = _env_note(env)
+    note = _env_note(env, sys.argv[1:] if argv is None else argv)
     if note:
         print(note, file=sys.stderr)
     peers, notes = load_peers()
     for n in notes:
         print("note:", n, file=sys.stderr)
+    idle_check = other_load_now()
+    if idle_check is not None and idle_check > 0.25:
+        print(f"note: other processes keep {idle_check:.1f} cores busy; timings will be noisy "
+              "(2-thread figures especially); see the 'other load' column", file=sys.stderr)
     machine = machine_info()
     if max(args.threads) > (machine["usable_cpus"] or 1):
         print(f"note: {max(args.threads)} threads requested, {machine['usable_cpus']} usable "
@@ -1087,11 +1196,12 @@ def main(argv=None):
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         argv=list(sys.argv[1:] if argv is None else argv), mode=mode.name,
         elapsed_s=elapsed, interrupted=interrupted, machine=machine,
+        other_load_cores_at_start=idle_check,
         versions=library_versions(peers), threadpool_info=threadpool_info(), environment=env,
         openblas_vars_set=[k for k in OPENBLAS_VARS if env.get(k) is not None],
         notes=notes, method=dict(mode=asdict(mode), rounds_override=args.rounds,
                                  tolerance=TOL, bound="raw gemm_rm time minus calls × "
-                                 "measured per-call Python overhead"),
+                                 "measured per-call Python overhead; samples_ms are raw"),
         configs={c.name: asdict(c) for c in configs}, results=results, targets=tg,
         validation_failures=failures)
     _write_json(args.json, doc)
@@ -1099,12 +1209,12 @@ def main(argv=None):
     print(f"cgru bench ({mode.name}, {elapsed:.0f} s) on {machine['cpu']}, "
           f"{machine['usable_cpus']} cores; median ms and ratios of medians "
           "(fb = forward+backward, ratio > 1 = cgru faster except fb/bound)")
-    print(format_table(results))
+    print(format_table(results, markdown=args.markdown))
+    print("other load: cores kept busy by other processes during the row (0 = quiet machine)")
     missed = [t for t in tg if not t["ok"]]
     print(f"PERF.md targets met: {len(tg) - len(missed)}/{len(tg)}")
-    for t in missed:
-        print(f"  missed: {t['config']} {t['dtype']} {t['threads']}T  {t['target']} "
-              f"{t['limit']:g}: {t['value']:.2f}")
+    if missed:
+        print(format_misses(tg))
     for n in notes:
         print("note:", n)
     print(f"JSON: {args.json}")
