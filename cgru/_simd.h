@@ -48,11 +48,15 @@ static void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {         
     int panels = (n + NR - 1) / NR;                                                            \
     for (int p = 0; p < panels; p++) {                                                         \
         T *dst = Bp + (size_t)p * NR * k;                                                      \
-        for (int kk = 0; kk < k; kk++) {                                                       \
-            for (int c = 0; c < NR; c++) {                                                     \
-                int j = p * NR + c;                                                            \
-                dst[(size_t)kk * NR + c] = j < n ? (trans ? B[(size_t)j * ldb + kk]            \
-                                                          : B[(size_t)kk * ldb + j]) : (T)0;  \
+        int j0 = p * NR, w = n - j0 < NR ? n - j0 : NR;                                        \
+        if (w < NR) memset(dst, 0, (size_t)NR * k * sizeof(T));                                \
+        if (!trans) {         /* rows of op(B) are rows of B: copy w contiguous values */      \
+            for (int kk = 0; kk < k; kk++)                                                     \
+                memcpy(dst + (size_t)kk * NR, B + (size_t)kk * ldb + j0, (size_t)w * sizeof(T)); \
+        } else {              /* column c of the panel is row j0 + c of B */                   \
+            for (int c = 0; c < w; c++) {                                                      \
+                const T *src = B + (size_t)(j0 + c) * ldb;                                     \
+                for (int kk = 0; kk < k; kk++) dst[(size_t)kk * NR + c] = src[kk];             \
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
