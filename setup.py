@@ -14,6 +14,7 @@ import tempfile
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 DEBUG = os.environ.get("CGRU_DEBUG", "") not in ("", "0")
 
@@ -70,7 +71,22 @@ extensions = [
     for name in ("_openmp", "_blas", "_kernels")
 ]
 
+
+def _load_capi_build():
+    """cgru/_capi/build.py (libcgru, the C ABI library), loaded by path: the cgru package
+    cannot be imported before its extensions exist."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cgru", "_capi", "build.py")
+    spec = importlib.util.spec_from_file_location("cgru_capi_build", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_capi = _load_capi_build()
+
 setup(
     ext_modules=cythonize(extensions, compiler_directives=directives,
-                          compile_time_env={"CGRU_OPENMP": OPENMP}),
+                          compile_time_env={"CGRU_OPENMP": OPENMP}) + _capi.extensions(),
+    cmdclass={"build_ext": _capi.build_ext_class(build_ext)},
 )

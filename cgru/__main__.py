@@ -1,4 +1,4 @@
-"""``python -m cgru info | demo | bench``."""
+"""``python -m cgru info | demo | bench``, and ``python -m cgru --cflags --libs`` (C ABI)."""
 import argparse
 import platform
 import sys
@@ -108,14 +108,17 @@ def demo():
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="python -m cgru", description=__doc__)
-    parser.add_argument("command", choices=["info", "demo", "bench"])
-    args, rest = parser.parse_known_args(argv)
-    if args.command == "bench":
+    if argv[:1] == ["bench"]:  # the bench parses its own options (and its own --help)
         from cgru._bench import main as bench_main
-        return bench_main(rest)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return bench_main(argv[1:])
+    if argv and argv[0] in ("--cflags", "--libs"):
+        from cgru._capi_info import main as flags_main
+        return flags_main(argv)
+    parser = argparse.ArgumentParser(prog="python -m cgru", description=__doc__)
+    parser.add_argument("command", choices=["info", "demo", "bench"],
+                        help="info: build, BLAS, threads; demo: the main job; bench: speed "
+                             "(python -m cgru bench --help)")
+    args = parser.parse_args(argv)
     return {"info": info, "demo": demo}[args.command]()
 
 

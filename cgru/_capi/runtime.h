@@ -1,0 +1,37 @@
+/*
+ * runtime.h — libcgru's internal interface to the Python runtime (not installed, not public).
+ *
+ * runtime.c starts the embedded interpreter of the environment where cgru is installed, or joins
+ * the one already running in the process, and calls the functions of cgru/capi.py, which do the
+ * work.  capi.c (the public entry points) only checks what it must dereference itself, packs the
+ * arguments and calls cgru__py_call.
+ */
+#ifndef CGRU_CAPI_RUNTIME_H
+#define CGRU_CAPI_RUNTIME_H
+
+#include "cgru.h"
+
+#if defined(__GNUC__) && __GNUC__ >= 4
+#  define CGRU_INTERNAL __attribute__((visibility("hidden")))
+#else
+#  define CGRU_INTERNAL
+#endif
+
+/* Calls cgru.capi.<function>(*args), args built by Py_BuildValue(format, ...) (format must make
+ * a tuple: "(...)").  The Python function returns (status, message, *values); the message becomes
+ * the calling thread's last error message, and on success the nvalues values (ints) are stored in
+ * values[].  Starts or joins the runtime on first use.  Safe from any thread. */
+CGRU_INTERNAL cgru_status_t cgru__py_call(const char *function, long long *values, int nvalues,
+                                          const char *format, ...);
+
+/* Sets the calling thread's last error message (printf-style) and returns status. */
+CGRU_INTERNAL cgru_status_t cgru__fail(cgru_status_t status, const char *format, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Sets the calling thread's last error message to "". */
+CGRU_INTERNAL void cgru__clear_message(void);
+
+#endif /* CGRU_CAPI_RUNTIME_H */
