@@ -42,10 +42,20 @@ from libc.math cimport exp, expf, tanh, tanhf, log1p, log1pf, fabs
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 
+import threading
+
 import numpy as np
 cimport numpy as cnp
 
+from cpython.exc cimport PyErr_CheckSignals
+from cpython.ref cimport PyObject
+from cgru._openmp cimport omp_get_thread_num, omp_get_wtime
+
 cnp.import_array()
+
+# The calling thread (the team's thread 0) runs Python's signal handlers this often while a
+# time loop runs, so that Ctrl-C stops a long layer; the other threads see the abort flag.
+cdef double POLL_SECONDS = 0.05
 
 cdef extern from "_simd.h" nogil:
     size_t cgru_packed_size(int n, int k, int nr)
@@ -214,6 +224,9 @@ cdef struct Dir:
 
 
 cdef struct Layer:
+    int *abort                 # set when a signal handler raised: every work item stops
+    bint poll                  # thread 0 polls for signals (calls from the main thread only)
+    PyObject *errors           # list receiving the exception a signal handler raised
     int T
     int N
     int H
@@ -224,6 +237,27 @@ cdef struct Layer:
     void *y                    # [T, N, D·H] forward output      (OUT)
     const void *dy             # [T, N, D·H] or NULL             (IN, backward)
     Dir dirs[2]
+
+
+cdef bint stop_requested(const Layer *L, double *next_poll) noexcept nogil:
+    """True when the loop must stop.  On thread 0 of a main-thread call, every POLL_SECONDS,
+    run Python's signal handlers; an exception they raise (KeyboardInterrupt) is kept for the
+    caller and stops every work item."""
+    cdef double now
+    if L.abort[0]:
+        return True
+    if L.poll and omp_get_thread_num() == 0:
+        now = omp_get_wtime()
+        if now >= next_poll[0]:
+            next_poll[0] = now + POLL_SECONDS
+            with gil:
+                try:
+                    PyErr_CheckSignals()
+                except BaseException as e:
+                    (<list>L.errors).append(e)
+                    L.abort[0] = 1
+                    return True
+    return False
 
 
 cdef inline void *ptr(object a):
@@ -351,7 +385,10 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
         h_prev = h_a
     memcpy(h_prev, <const floating *>P.h0 + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
 
+    cdef double next_poll = omp_get_wtime() + POLL_SECONDS
     for s in range(T):
+        if stop_requested(L, &next_poll):
+            break
         t = T - 1 - s if P.reverse else s
         if training:
             h_next = states + (<size_t>(t if P.reverse else t + 1) * N + b0) * H
@@ -500,7 +537,10 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
     else:
         memset(dh, 0, <size_t>rows * H * sizeof(floating))
 
+    cdef double next_poll = omp_get_wtime() + POLL_SECONDS
     for s in range(T):
+        if stop_requested(L, &next_poll):
+            break
         t = s if P.reverse else T - 1 - s
         # h_prev of time t: slot t (forward) or t+1 (reversed)
         hp = states + (<size_t>(t + 1 if P.reverse else t) * N + b0) * H
@@ -636,10 +676,13 @@ cdef CellSpec make_cell(object cell):
 
 
 cdef Layer make_layer(int T, int N, int H, int n_chunks, object lengths, object mask,
-                      object y, object dy, list dirs):
+                      object y, object dy, list dirs, int *abort, list errors):
     cdef Layer L
     cdef Dir *P
     memset(&L, 0, sizeof(Layer))
+    L.abort = abort
+    L.errors = <PyObject *>errors
+    L.poll = threading.current_thread() is threading.main_thread()
     L.T, L.N, L.H, L.D, L.n_chunks = T, N, H, len(dirs), n_chunks
     L.lengths = <const long long *>ptr(lengths)
     L.mask = ptr(mask)
@@ -677,7 +720,9 @@ def forward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, cel
     direction (keys as in the ``Dir`` struct); every array is C-contiguous, of ``dtype``, and
     of the documented size — the engine checks, this function trusts."""
     cdef CellSpec C = make_cell(cell)
-    cdef Layer L = make_layer(T, N, H, n_chunks, lengths, mask, y, None, dirs)
+    cdef int abort = 0
+    cdef list errors = []
+    cdef Layer L = make_layer(T, N, H, n_chunks, lengths, mask, y, None, dirs, &abort, errors)
     cdef int n_items = L.D * n_chunks, item, failed = 0
     cdef bint is_float = np.dtype(dtype) == np.float32
     cdef const float *fs = NULL
@@ -692,6 +737,8 @@ def forward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, cel
         else:
             if forward_item(ds, &L, &C, item, training) != 0:
                 failed += 1
+    if errors:
+        raise errors[0]
     if failed:
         raise MemoryError("cgru: out of memory for the per-thread scratch of the forward loop")
 
@@ -700,7 +747,9 @@ def backward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, ce
                    lengths, mask, dy, list dirs):
     """Run the backward time loops of one layer (see ``forward_layer``)."""
     cdef CellSpec C = make_cell(cell)
-    cdef Layer L = make_layer(T, N, H, n_chunks, lengths, mask, None, dy, dirs)
+    cdef int abort = 0
+    cdef list errors = []
+    cdef Layer L = make_layer(T, N, H, n_chunks, lengths, mask, None, dy, dirs, &abort, errors)
     cdef int n_items = L.D * n_chunks, item, failed = 0
     cdef bint is_float = np.dtype(dtype) == np.float32
     cdef const float *fs = NULL
@@ -715,6 +764,8 @@ def backward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, ce
         else:
             if backward_item(ds, &L, &C, item) != 0:
                 failed += 1
+    if errors:
+        raise errors[0]
     if failed:
         raise MemoryError("cgru: out of memory for the per-thread scratch of the backward loop")
 

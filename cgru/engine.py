@@ -40,6 +40,7 @@ reserve) for inference.
 from collections import namedtuple
 import hashlib
 import math
+import threading
 
 import numpy as np
 
@@ -87,11 +88,16 @@ def _loop_threads(nt, T, N, H, D):
 
 # --- BLAS thread control -------------------------------------------------------------------
 _blas_libs = None
+_blas_lock = threading.Lock()
+_blas_state = {"depth": 0, "saved": []}
 
 
 class _blas_threads:
-    """Context manager: the BLAS libraries threadpoolctl finds use ``n`` threads inside, their
-    previous counts after."""
+    """Context manager: the BLAS libraries threadpoolctl finds use ``n`` threads inside.
+
+    Calls may overlap (several Python threads): the first one in saves the process's counts
+    and sets ``n``, the last one out restores them; a lock keeps the bookkeeping consistent.
+    cgru always asks for 1 (its GEMMs run as single-threaded blocks on its own threads)."""
 
     def __init__(self, n):
         global _blas_libs
@@ -99,20 +105,27 @@ class _blas_threads:
             from threadpoolctl import ThreadpoolController
             _blas_libs = ThreadpoolController().select(user_api="blas").lib_controllers
         self.n = n
-        self.saved = []
 
     def __enter__(self):
-        for lib in _blas_libs:
-            old = lib.get_num_threads()
-            if old != self.n:
-                lib.set_num_threads(self.n)
-                self.saved.append((lib, old))
+        with _blas_lock:
+            if _blas_state["depth"] == 0:
+                saved = []
+                for lib in _blas_libs:
+                    old = lib.get_num_threads()
+                    if old != self.n:
+                        lib.set_num_threads(self.n)
+                        saved.append((lib, old))
+                _blas_state["saved"] = saved
+            _blas_state["depth"] += 1
         return self
 
     def __exit__(self, *exc):
-        for lib, old in self.saved:
-            lib.set_num_threads(old)
-        self.saved = []
+        with _blas_lock:
+            _blas_state["depth"] -= 1
+            if _blas_state["depth"] == 0:
+                for lib, old in _blas_state["saved"]:
+                    lib.set_num_threads(old)
+                _blas_state["saved"] = []
 
 
 # Whole-sequence GEMMs are split into at most _MAX_GEMM_BLOCKS row blocks of C (at least
@@ -298,7 +311,7 @@ def _reserve_layout(topo, T, N, cell, dtype):
     def add(name, shape, size_of=itemsize):
         nonlocal pos
         regions[name] = (pos, shape)
-        pos += -(-int(np.prod(shape, dtype=np.int64)) * size_of // _ALIGN) * _ALIGN
+        pos += -(-math.prod(shape) * size_of // _ALIGN) * _ALIGN
 
     add("header", (_HEADER,), 8)
     add("lengths", (N,), 8)
@@ -331,7 +344,7 @@ def _zero_gaps(reserve, regions, dtype):
     ends = []
     for name, (off, shape) in regions.items():
         dt = np.int64 if name in ("header", "lengths") else dtype
-        ends.append((off, off + int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize))
+        ends.append((off, off + math.prod(shape) * np.dtype(dt).itemsize))
     starts = [off for off, _ in ends[1:]] + [reserve.size]
     for (_, end), nxt in zip(ends, starts):
         reserve[end:nxt] = 0
@@ -341,7 +354,7 @@ def _carve(reserve, regions, dtype):
     views = {}
     for name, (off, shape) in regions.items():
         dt = np.int64 if name in ("header", "lengths") else dtype
-        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+        n = math.prod(shape) * np.dtype(dt).itemsize
         views[name] = reserve[off:off + n].view(dt).reshape(shape)
     return views
 
@@ -619,7 +632,7 @@ def _check_dparams(dparams, topo, dtype, accumulate):
     if dparams is None:
         if accumulate:
             raise ValueError("dparams: accumulate=True needs the Params to add the gradients to")
-        return Params.zeros(topo, dtype), False
+        return None, False
     if not isinstance(dparams, Params):
         raise TypeError(f"dparams: expected a cgru.Params or None, got {type(dparams).__name__}")
     if dparams.topology != topo:
@@ -661,7 +674,10 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
         dy = _time_major(dy, batch_major)
     dhy = _check_h(dhy, "dhy", topo, dtype, N)
     mask = _check_state_mask(state_mask, topo, dtype, T, N, batch_major)
-    dparams, accumulate = _check_dparams(dparams, topo, dtype, accumulate)
+    user_dparams, accumulate = _check_dparams(dparams, topo, dtype, accumulate)
+    # Computed into a buffer of our own and handed over only when the call has succeeded, so
+    # that a failing or interrupted call leaves the caller's dparams as they were.
+    dparams = Params.zeros(topo, dtype)
     nt = resolve_num_threads(num_threads)
     chunks = _n_chunks(N)
     lengths = views["lengths"]
@@ -692,7 +708,7 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
                                     lengths, mask, d_out, dirs)
 
             dX = _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm, hm,
-                                  accumulate, nt)
+                                  nt)
             if layer > 0:
                 d_out = dX.reshape(T, N, DH)
                 if masks is not None:
@@ -700,16 +716,23 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
     dx = dX.reshape(T, N, topo.input_size)
     if batch_major:
         dx = np.ascontiguousarray(dx.transpose(1, 0, 2))
+    if user_dparams is not None:
+        for mine, theirs in zip(dparams, user_dparams):
+            for name, a in mine.arrays().items():
+                b = getattr(theirs, name)
+                if accumulate:
+                    b += a
+                else:
+                    b[...] = a
+        dparams = user_dparams
     return Gradients(dx, dh0, dparams)
 
 
-def _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm, hm,
-                     accumulate, nt):
+def _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm, hm, nt):
     """After one layer's backward loops: its weight gradients (into ``dparams``) and the
     gradient of its input ``dX`` [T·N, in], all as whole-sequence GEMMs / column sums."""
     H, D = topo.hidden_size, topo.num_directions
     TN = X.shape[0]
-    beta = 1.0 if accumulate else 0.0
     for d in range(D):
         i = layer * D + d
         g = dparams[i]
@@ -718,18 +741,18 @@ def _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm
         h_in = hm[d] if hm is not None else states[-TN:] if topo.reversed_direction(d) \
             else states[:TN]
         # db_W = Σ_rows dgx,  db_R = Σ_rows dgh
-        _colsum(dgx[d], g.b_W, accumulate)
-        _colsum(dgh[d], g.b_R, accumulate)
+        np.sum(dgx[d], axis=0, out=g.b_W)
+        np.sum(dgh[d], axis=0, out=g.b_R)
         if cell.reset_after:
-            # dR[3H, H] (+)= dghᵀ · (h ⊙ m)
-            _gemm(True, False, dgh[d], h_in, g.R, beta, nt)
+            # dR[3H, H] = dghᵀ · (h ⊙ m)
+            _gemm(True, False, dgh[d], h_in, g.R, nt=nt)
         else:
-            # dR_rz[2H, H] (+)= dgx_rzᵀ · (h ⊙ m);  dR_n[H, H] (+)= dgx_nᵀ · (r ⊙ h ⊙ m)
-            _gemm(True, False, dgx[d][:, :2 * H], h_in, g.R[:2 * H], beta, nt)
-            _gemm(True, False, dgx[d][:, 2 * H:], rhm[d], g.R[2 * H:], beta, nt)
+            # dR_rz[2H, H] = dgx_rzᵀ · (h ⊙ m);  dR_n[H, H] = dgx_nᵀ · (r ⊙ h ⊙ m)
+            _gemm(True, False, dgx[d][:, :2 * H], h_in, g.R[:2 * H], nt=nt)
+            _gemm(True, False, dgx[d][:, 2 * H:], rhm[d], g.R[2 * H:], nt=nt)
         if g.W.shape[1]:
-            # dW[3H, in] (+)= dgxᵀ · X
-            _gemm(True, False, dgx[d], X, g.W, beta, nt)
+            # dW[3H, in] = dgxᵀ · X
+            _gemm(True, False, dgx[d], X, g.W, nt=nt)
     dX = _empty((TN, X.shape[1]), X.dtype)
     if layer == 0 and topo.input_mode == "projected":
         for d in range(D):
@@ -745,11 +768,3 @@ def _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm
             # dX[T·N, in] (+)= dgx_d[T·N, 3H] · W_d[3H, in]
             _gemm(False, False, dgx[d], params[layer * D + d].W, dX, 0.0 if d == 0 else 1.0, nt)
     return dX
-
-
-def _colsum(a, out, accumulate):
-    """out (+)= column sums of a [rows, cols] (fixed summation order: deterministic)."""
-    if accumulate:
-        out += a.sum(axis=0)
-    else:
-        np.sum(a, axis=0, out=out)

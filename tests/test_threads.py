@@ -256,9 +256,6 @@ def test_two_threads_run_in_parallel():
 
 
 # --- process-global BLAS thread count -------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="engine bug: _blas_threads saves/restores the process-"
-                   "global BLAS thread count per call without a lock or nesting count, so two "
-                   "overlapping calls with different num_threads leave it changed")
 def test_overlapping_calls_restore_the_blas_thread_count():
     """The interleaving two threads produce when a ``num_threads=1`` call starts, a
     ``num_threads=2`` call starts, and the first one returns first."""

@@ -611,34 +611,6 @@ def test_reserve_nbytes_matches_the_reserve():
 
 @pytest.mark.parametrize("fn", [reserve_nbytes, dropout_masks], ids=["reserve_nbytes",
                                                                      "dropout_masks"])
-def test_size_queries_bad_dtype(fn):
-    kw = dict(dropout=0.5) if fn is dropout_masks else {}
-    for dt in (np.int32, np.float16, "complex128"):
-        with _raises(TypeError, "dtype:", "float32 or float64", str(np.dtype(dt))):
-            fn(TOPO, T, N, dtype=dt, **kw)
-
-
-def test_reserve_nbytes_bad_topology_and_cell():
-    with _raises(TypeError, "topology:", "cgru.Topology", "str"):
-        reserve_nbytes("gru", T, N)
-    with _raises(TypeError, "cell:", "cgru.Cell", "str"):
-        reserve_nbytes(TOPO, T, N, cell="gru")
-
-
-def test_reserve_nbytes_matches_the_reserve():
-    """Positive control: the query gives the size forward returns."""
-    params, x, reserve = _f64()
-    assert reserve_nbytes(TOPO, T, N, dtype=np.float64) == reserve.size
-    assert reserve_nbytes(TOPO, np.int64(T), np.int32(N), dtype="float64") == reserve.size
-
-
-_SIZE_BUG = ("engine bug: reserve_nbytes/dropout_masks do not validate T and N (int(T) "
-             "truncates 5.5 and parses '5'; negatives give a bogus size or NumPy's 'negative "
-             "dimensions' message without the argument's name)")
-
-
-@pytest.mark.parametrize("fn", [reserve_nbytes, dropout_masks], ids=["reserve_nbytes",
-                                                                     "dropout_masks"])
 @pytest.mark.parametrize("arg,value,exc", [
     ("T", -1, ValueError), ("N", -2, ValueError), ("T", 0, ValueError), ("N", 0, ValueError),
     ("T", 5.5, TypeError), ("N", "2", TypeError),
