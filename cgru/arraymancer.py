@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cgru.cell import Cell
+from cgru.convert import _check_input_sizes
 from cgru.engine import backward, forward
 from cgru.params import DTYPES, LayerParams, Params, Topology, as_dtype
 
@@ -39,8 +40,10 @@ def _check(a, what, dtype, shape):
     return a
 
 
-def _to_params(W3s0, W3sN, U3s, bW3s, bU3s):
-    """Validate Arraymancer's weight tensors and return canonical ``Params``."""
+def _to_params(W3s0, W3sN, U3s, bW3s, bU3s, input=None, hidden0=None):
+    """Validate Arraymancer's weight tensors (and ``input``, ``hidden0`` when ``input`` is
+    given: before the topology, so that an empty input width is blamed on ``input``) and
+    return canonical ``Params``."""
     _check(W3s0, "W3s0", None, (None, None))
     dtype = W3s0.dtype
     H3, I = W3s0.shape
@@ -54,6 +57,10 @@ def _to_params(W3s0, W3sN, U3s, bW3s, bU3s):
     _check(W3sN, "W3sN", dtype, (L - 1, 3 * H, H))
     _check(bW3s, "bW3s", dtype, (L, 1, 3 * H))
     _check(bU3s, "bU3s", dtype, (L, 1, 3 * H))
+    if input is not None:
+        _check_state(input, hidden0, dtype, I, H, L)
+    elif I == 0:
+        raise ValueError(f"W3s0: expected shape [3H, I] with I ≥ 1, got {list(W3s0.shape)}")
     layers = [LayerParams(W=W3s0 if l == 0 else W3sN[l - 1], R=U3s[l], b_W=bW3s[l, 0],
                           b_R=bU3s[l, 0]) for l in range(L)]
     return Params(Topology(I, H, L, "forward"), layers)
@@ -70,13 +77,11 @@ def _from_params(p):
             np.stack([lp.b_W for lp in p])[:, None, :], np.stack([lp.b_R for lp in p])[:, None, :])
 
 
-def _check_state(input, hidden0, params):
-    topo, dtype = params.topology, params.dtype
-    _check(input, "input", dtype, (None, None, topo.input_size))
+def _check_state(input, hidden0, dtype, I, H, L):
+    _check(input, "input", dtype, (None, None, I))
     T, N, _ = input.shape
-    if T == 0 or N == 0:
-        raise ValueError(f"input: expected T ≥ 1 and N ≥ 1, got shape {list(input.shape)}")
-    _check(hidden0, "hidden0", dtype, (topo.num_layers, N, topo.hidden_size))
+    _check_input_sizes("input", input.shape, T, N, "[T, N, I]")
+    _check(hidden0, "hidden0", dtype, (L, N, H))
 
 
 @dataclass(frozen=True)
@@ -94,16 +99,14 @@ def gru(input, hidden0, W3s0, W3sN, U3s, bW3s, bU3s):
     ``input [T, N, I]``, ``hidden0 [L, N, H]``, the weights as in the module docstring; all
     arrays float32 or float64 of one dtype.
     """
-    params = _to_params(W3s0, W3sN, U3s, bW3s, bU3s)
-    _check_state(input, hidden0, params)
+    params = _to_params(W3s0, W3sN, U3s, bW3s, bU3s, input, hidden0)
     y, hy, _ = forward(params, input, hidden0, cell=Cell())
     return y, hy
 
 
 def gru_forward(input, hidden0, W3s0, W3sN, U3s, bW3s, bU3s):
     """``gru`` that also returns the cache for ``gru_backward``: ``(output, hiddenN, cache)``."""
-    params = _to_params(W3s0, W3sN, U3s, bW3s, bU3s)
-    _check_state(input, hidden0, params)
+    params = _to_params(W3s0, W3sN, U3s, bW3s, bU3s, input, hidden0)
     y, hy, reserve = forward(params, input, hidden0, cell=Cell(), training=True)
     return y, hy, GRUCache(params, input.copy(), reserve)
 
@@ -154,6 +157,11 @@ class GRULayer:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
         dt = as_dtype(dtype)
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+                raise TypeError(f"seed: expected a non-negative int or None, got {seed!r}")
+            if seed < 0:
+                raise ValueError(f"seed: expected a non-negative int or None, got {seed}")
         rng = np.random.default_rng(seed)
         H, I, L = int(hidden_size), int(num_input_features), int(layers)
         w3s0 = _xavier_uniform(rng, (3 * H, I), dt)

@@ -41,6 +41,7 @@ import re
 import numpy as np
 
 from cgru.cell import Activation, Cell
+from cgru.engine import _INT_MAX
 from cgru.params import DTYPES, LayerParams, Params, Topology
 
 __all__ = [
@@ -54,6 +55,20 @@ _RZN_TO_ZRN = (1, 0, 2)      # canonical r, z, n → z, r, n (the permutation is
 
 
 # --- helpers ---------------------------------------------------------------------------------
+def _check_input_sizes(what, shape, T, N, layout, names=("T", "N", "I")):
+    """Refuse a frontend's input ``[T, N, I]`` (``shape`` in ``layout``) with an empty axis or a
+    size beyond the kernels' 32-bit ints, under the frontend's own name ``what`` (and its
+    ``names`` of T, N, I) — before the frontend allocates or reorders anything as large as the
+    problem (shared by the frontends; the engine checks the same under its name ``x``)."""
+    I = shape[-1]
+    if T == 0 or N == 0 or I == 0:
+        raise ValueError(f"{what}: expected {names[0]} ≥ 1, {names[1]} ≥ 1 and {names[2]} ≥ 1 "
+                         f"in {layout}, got shape {list(shape)}")
+    for name, v in (("T·N", T * N), ("I", I)):
+        if v > _INT_MAX:
+            raise ValueError(f"{what}: {name} = {v} exceeds the 32-bit BLAS limit {_INT_MAX}")
+
+
 def _np(a, what, dtype=None):
     """``a`` as a NumPy float array (torch tensors accepted), dtype-checked."""
     if hasattr(a, "detach") and hasattr(a, "cpu"):          # a torch tensor
@@ -66,6 +81,52 @@ def _np(a, what, dtype=None):
     elif a.dtype != dtype:
         raise TypeError(f"{what}: expected dtype {dtype} like the other weights, got {a.dtype}")
     return a
+
+
+def _dim(a, what, axis, layout):
+    """``a.shape[axis]`` of an array that must be ``layout`` (``ValueError`` when ``a`` has too
+    few axes to read it)."""
+    if a.ndim < (-axis if axis < 0 else axis + 1):
+        raise ValueError(f"{what}: expected shape {layout}, got {list(a.shape)}")
+    return a.shape[axis]
+
+
+def _flag(value, what):
+    """A bool argument: ``True``/``False`` (or NumPy's), never read by truthiness."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what}: expected a bool, got {value!r}")
+    return bool(value)
+
+
+def _name(value, what, table, note=""):
+    """``table[value]`` for a name argument (``TypeError`` for a non-str, ``ValueError`` for an
+    unknown name, with ``note`` appended)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what}: expected a name (str), got {value!r}")
+    if value not in table:
+        raise ValueError(f"{what}: expected one of {sorted(table)}, got {value!r}{note}")
+    return table[value]
+
+
+def _array_list(value, what):
+    """A list (or tuple) of arrays as a list; ``TypeError`` naming ``what`` otherwise."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{what}: expected a list of arrays, got {type(value).__name__}")
+    return list(value)
+
+
+def _tensor_dict(node, what, required, optional):
+    """A dict of named tensors with every ``required`` key and no key beyond ``optional``."""
+    if not isinstance(node, dict):
+        raise TypeError(f"{what}: expected a dict of arrays, got {type(node).__name__}")
+    extra = set(node) - set(required) - set(optional)
+    if extra:
+        raise ValueError(f"{what}: unexpected keys {sorted(extra, key=repr)}; expected "
+                         f"{list(required) + list(optional)}")
+    missing = [k for k in required if k not in node]
+    if missing:
+        raise ValueError(f"{what}: missing {missing} (required: {list(required)})")
+    return node
 
 
 def _shape(a, what, shape):
@@ -141,7 +202,7 @@ def _forms(value, what):
     """The candidate forms a caller allows: ``None`` → both, else exactly the one given."""
     if value is None:
         return None
-    if value not in (0, 1) or isinstance(value, float):
+    if not isinstance(value, (bool, np.bool_, int, np.integer)) or value not in (0, 1):
         raise ValueError(f"{what}: expected None, True/1 or False/0, got {value!r}")
     return (bool(value),)
 
@@ -203,6 +264,7 @@ def to_torch(params, cell=None, *, bias=True):
     bidirectional.  Load with ``module.load_state_dict({k: torch.from_numpy(v) …})``.
     """
     topo = _check_params(params)
+    bias = _flag(bias, "bias")
     _require(cell, "PyTorch nn.GRU", reset_after=(True,))
     _require_topology(topo, "PyTorch nn.GRU", ("forward", "bidirectional"),
                       " (it has forward and bidirectional only)")
@@ -229,7 +291,7 @@ def from_torch(state_dict):
         raise TypeError(f"state_dict: expected a mapping, got {type(state_dict).__name__}")
     found = {}
     for key, value in state_dict.items():
-        m = _TORCH_KEY.match(key)
+        m = _TORCH_KEY.match(key) if isinstance(key, str) else None
         if not m:
             raise ValueError(f"state_dict: unexpected key {key!r} (expected weight_ih_l{{k}}, "
                              f"weight_hh_l{{k}}, bias_ih_l{{k}}, bias_hh_l{{k}}, optionally with "
@@ -245,8 +307,9 @@ def from_torch(state_dict):
             raise ValueError(f"state_dict: missing '{name}_l0'")
     first = _np(found[("weight_hh", 0, 0)][1], "state_dict['weight_hh_l0']")
     dtype = first.dtype
-    H = first.shape[-1]
-    I = _np(found[("weight_ih", 0, 0)][1], "state_dict['weight_ih_l0']", dtype).shape[-1]
+    H = _dim(first, "state_dict['weight_hh_l0']", -1, "[3H, H]")
+    I = _dim(_np(found[("weight_ih", 0, 0)][1], "state_dict['weight_ih_l0']", dtype),
+             "state_dict['weight_ih_l0']", -1, "[3H, I]")
     topo = Topology(I, H, L, _direction_from(D))
     layers = []
     for i in range(L * D):
@@ -304,6 +367,7 @@ def to_keras(params, cell=None, *, use_bias=True, reset_after=None):
     direction "reverse" is refused.
     """
     topo = _check_params(params)
+    use_bias = _flag(use_bias, "use_bias")
     cell = _as_cell(cell)
     keras_config(cell, reset_after=reset_after)
     _require_topology(topo, "Keras", ("forward", "bidirectional"),
@@ -330,49 +394,48 @@ def to_keras(params, cell=None, *, use_bias=True, reset_after=None):
 def from_keras(layers, *, reset_after=True, bidirectional=False, activation="tanh",
                recurrent_activation="sigmoid"):
     """``(Params, Cell)`` from Keras ``get_weights()`` lists, one per stacked layer (each 2 or
-    3 arrays per direction; 2 means ``use_bias=False``)."""
+    3 arrays per direction; 2 means ``use_bias=False``).  Errors about the backward direction's
+    arrays of a ``Bidirectional`` layer say ``(backward)``."""
     if not isinstance(layers, (list, tuple)) or not layers:
         raise TypeError("layers: expected a non-empty list of get_weights() lists")
-    acts = {}
-    for what, name in (("activation", activation), ("recurrent_activation",
-                                                    recurrent_activation)):
-        if name not in _KERAS_ACTS:
-            raise ValueError(f"{what}: {name!r} has no exact cgru equivalent here; expected "
-                             f"one of {sorted(_KERAS_ACTS)}")
-        acts[what] = _KERAS_ACTS[name]
-    cell = Cell(reset_after=bool(reset_after), f_r=acts["recurrent_activation"],
-                f_z=acts["recurrent_activation"], g=acts["activation"])
-    D = 2 if bidirectional else 1
-    out, topo_args = [], None
+    note = " (the other Keras activations have no exact cgru equivalent)"
+    g = _name(activation, "activation", _KERAS_ACTS, note)
+    f = _name(recurrent_activation, "recurrent_activation", _KERAS_ACTS, note)
+    reset_after = _flag(reset_after, "reset_after")
+    D = 2 if _flag(bidirectional, "bidirectional") else 1
+    cell = Cell(reset_after=reset_after, f_r=f, f_z=f, g=g)
+    out, dtype, I, H = [], None, None, None
     for l, weights in enumerate(layers):
-        weights = list(weights)
+        weights = _array_list(weights, f"layers[{l}]")
         if len(weights) not in (2 * D, 3 * D):
             raise ValueError(f"layers[{l}]: expected {2 * D} or {3 * D} arrays "
                              f"({'Bidirectional' if D == 2 else 'GRU'}), got {len(weights)}")
         per = len(weights) // D
         for d in range(D):
             w = weights[d * per:(d + 1) * per]
-            what = f"layers[{l}]"
-            K = _np(w[0], what + " kernel", None if not out else out[0].W.dtype)
-            if K.ndim != 2 or K.shape[1] % 3 or K.shape[1] == 0:
-                raise ValueError(f"{what} kernel: expected shape [in, 3H], got {list(K.shape)}")
-            H = K.shape[1] // 3
-            if topo_args is None:
-                topo_args = (K.shape[0], H)
-            RK = _shape(_np(w[1], what + " recurrent_kernel", K.dtype),
-                        what + " recurrent_kernel", (H, 3 * H))
+            what = {s: f"layers[{l}] {s}" + (" (backward)" if d else "")
+                    for s in ("kernel", "recurrent_kernel", "bias")}
+            K = _np(w[0], what["kernel"], dtype)
+            if H is None:                           # the sizes come from the first kernel
+                if K.ndim != 2 or K.shape[1] % 3 or 0 in K.shape:
+                    raise ValueError(f"{what['kernel']}: expected shape [in, 3H] with in ≥ 1 "
+                                     f"and H ≥ 1, got {list(K.shape)}")
+                dtype, I, H = K.dtype, K.shape[0], K.shape[1] // 3
+            _shape(K, what["kernel"], (I if l == 0 else D * H, 3 * H))
+            RK = _shape(_np(w[1], what["recurrent_kernel"], dtype), what["recurrent_kernel"],
+                        (H, 3 * H))
             W = _gates(K.T, H, _RZN_TO_ZRN)
             R = _gates(RK.T, H, _RZN_TO_ZRN)
             if per == 2:
-                bW = bR = np.zeros(3 * H, K.dtype)
+                bW = bR = np.zeros(3 * H, dtype)
             elif reset_after:
-                b = _shape(_np(w[2], what + " bias", K.dtype), what + " bias", (2, 3 * H))
+                b = _shape(_np(w[2], what["bias"], dtype), what["bias"], (2, 3 * H))
                 bW, bR = _gates(b[0], H, _RZN_TO_ZRN), _gates(b[1], H, _RZN_TO_ZRN)
             else:
-                b = _shape(_np(w[2], what + " bias", K.dtype), what + " bias", (3 * H,))
-                bW, bR = _gates(b, H, _RZN_TO_ZRN), np.zeros(3 * H, K.dtype)
+                b = _shape(_np(w[2], what["bias"], dtype), what["bias"], (3 * H,))
+                bW, bR = _gates(b, H, _RZN_TO_ZRN), np.zeros(3 * H, dtype)
             out.append(LayerParams(W=W, R=R, b_W=bW, b_R=bR))
-    topo = Topology(topo_args[0], topo_args[1], len(layers), _direction_from(D))
+    topo = Topology(I, H, len(layers), _direction_from(D))
     return Params(topo, out), cell
 
 
@@ -401,17 +464,17 @@ def to_tf_canonical(params, cell=None):
 def from_tf_canonical(weights, biases, *, direction="forward", input_mode="linear"):
     """``(Params, Cell)`` from TF canonical lists (see ``to_tf_canonical``); the number of
     layers, sizes and dtype are read from the lists."""
-    if direction not in ("forward", "bidirectional"):
+    if not isinstance(direction, str) or direction not in ("forward", "bidirectional"):
         raise ValueError(f"direction: TF CudnnRNN has 'forward' (unidirectional) and "
                          f"'bidirectional', got {direction!r}")
-    weights, biases = list(weights), list(biases)
+    weights, biases = _array_list(weights, "weights"), _array_list(biases, "biases")
     D = 2 if direction == "bidirectional" else 1
     if len(weights) == 0 or len(weights) % (6 * D) or len(biases) != len(weights):
         raise ValueError(f"weights/biases: expected two lists of 6·L·D entries (D={D}), got "
                          f"{len(weights)} weights and {len(biases)} biases")
     dtype = _np(weights[3], "weights[3]").dtype
-    H = weights[3].shape[0]
-    I = _np(weights[0], "weights[0]", dtype).shape[1]
+    H = _dim(weights[3], "weights[3]", 0, "[H, H]")
+    I = _dim(_np(weights[0], "weights[0]", dtype), "weights[0]", 1, "[H, I]")
     if input_mode == "skip":
         I = H
     topo = Topology(I, H, len(weights) // (6 * D), direction, input_mode)
@@ -518,17 +581,19 @@ def from_onnx(layers, *, hidden_size=None, direction="forward", linear_before_re
     dict per node (``B`` optional) — or a single dict — all with the same attributes.
 
     The two directions of a bidirectional node must use the same activations (cgru's cell is
-    one per stack; ``cgru.onnx.gru`` runs such a node directly).  ``layout`` does not affect
-    the weights.
+    one per stack; ``cgru.onnx.gru`` runs such a node directly).  ``layout`` (0 or 1) does not
+    affect the weights.
     """
-    from cgru.onnx import activations_to_cells, params_from_onnx
+    from cgru.onnx import _DIRECTIONS, activations_to_cells, check_attribute, params_from_onnx
     if isinstance(layers, dict):
         layers = [layers]
     if not isinstance(layers, (list, tuple)) or not layers:
         raise TypeError("layers: expected a dict or a non-empty list of {'W', 'R', 'B'} dicts")
-    if direction not in ("forward", "reverse", "bidirectional"):
-        raise ValueError(f"direction: expected forward, reverse or bidirectional, got "
-                         f"{direction!r}")
+    check_attribute(direction, "direction", _DIRECTIONS)
+    check_attribute(layout, "layout", (0, 1))
+    if hidden_size is not None and (isinstance(hidden_size, bool)
+                                    or not isinstance(hidden_size, (int, np.integer))):
+        raise TypeError(f"hidden_size: expected None or an int, got {hidden_size!r}")
     D = 2 if direction == "bidirectional" else 1
     cells = activations_to_cells(activations, activation_alpha, activation_beta, clip,
                                  linear_before_reset, D)
@@ -542,30 +607,29 @@ def from_onnx(layers, *, hidden_size=None, direction="forward", linear_before_re
     if cell.f_z == Activation("affine", 1.0, 0.0):
         cell = Cell(reset_after=cell.reset_after, f_r="identity", f_z="identity", g=cell.g,
                     clip=cell.clip)
-    out, dtype, topo_args = [], None, None
+    out, dtype, I, H = [], None, None, None
     for l, node in enumerate(layers):
-        extra = set(node) - {"W", "R", "B"}
-        if extra:
-            raise ValueError(f"layers[{l}]: unexpected keys {sorted(extra)}")
-        R = _np(node["R"], f"layers[{l}]['R']", dtype)
-        dtype = R.dtype
-        if R.ndim != 3:
-            raise ValueError(f"layers[{l}]['R']: expected [D, 3H, H], got {list(R.shape)}")
-        H = R.shape[-1]
-        if hidden_size is not None and hidden_size != H:
-            raise ValueError(f"hidden_size: {hidden_size} disagrees with layers[{l}]['R'] "
-                             f"{list(R.shape)}")
-        W = _np(node["W"], f"layers[{l}]['W']", dtype)
-        width = W.shape[-1] if l == 0 else D * H
-        if topo_args is None:
-            topo_args = (width, H)
-        _shape(R, f"layers[{l}]['R']", (D, 3 * H, H))
-        _shape(W, f"layers[{l}]['W']", (D, 3 * H, width))
+        what = f"layers[{l}]"
+        node = _tensor_dict(node, what, ("W", "R"), ("B",))
+        R = _np(node["R"], f"{what}['R']", dtype)
+        if H is None:                           # the sizes come from the first node
+            if R.ndim != 3 or R.shape[-1] == 0:
+                raise ValueError(f"{what}['R']: expected [D, 3H, H] with H ≥ 1, got "
+                                 f"{list(R.shape)}")
+            dtype, H = R.dtype, R.shape[-1]
+            if hidden_size is not None and hidden_size != H:
+                raise ValueError(f"hidden_size: {hidden_size} disagrees with {what}['R'] "
+                                 f"{list(R.shape)}")
+        W = _np(node["W"], f"{what}['W']", dtype)
+        if I is None:
+            I = _dim(W, f"{what}['W']", -1, "[D, 3H, I]")
+        _shape(R, f"{what}['R']", (D, 3 * H, H))
+        _shape(W, f"{what}['W']", (D, 3 * H, I if l == 0 else D * H))
         B = node.get("B")
         if B is not None:
-            B = _shape(_np(B, f"layers[{l}]['B']", dtype), f"layers[{l}]['B']", (D, 6 * H))
+            B = _shape(_np(B, f"{what}['B']", dtype), f"{what}['B']", (D, 6 * H))
         out += params_from_onnx(W, R, B, D)
-    topo = Topology(topo_args[0], topo_args[1], len(layers), direction)
+    topo = Topology(I, H, len(layers), direction)
     return Params(topo, out), cell
 
 
@@ -603,6 +667,7 @@ def to_mps(params, cell=None, *, reset_gate_first=False, reset_after=None):
     cell = _require(cell, target, reset_after=_forms(reset_after, "reset_after"),
                     activations=_mps_act_ok, flip_z=True)
     H, D = topo.hidden_size, topo.num_directions
+    reset_gate_first = _flag(reset_gate_first, "reset_gate_first")
     order = _mps_order(reset_gate_first)
     if topo.input_mode == "projected" and not reset_gate_first:
         raise ValueError("MPSGraph without input weights reads the source in its gate order "
@@ -627,7 +692,7 @@ def to_mps(params, cell=None, *, reset_gate_first=False, reset_after=None):
             "bias": np.concatenate(bs),
             "secondary_bias": np.concatenate(b2s) if cell.reset_after else None})
     descriptor = {"reverse": topo.direction == "reverse",
-                  "bidirectional": D == 2, "reset_gate_first": bool(reset_gate_first),
+                  "bidirectional": D == 2, "reset_gate_first": reset_gate_first,
                   "reset_after": cell.reset_after, "flip_z": cell.flip_z,
                   "update_gate_activation": _MPS_NAMES[cell.f_z.name],
                   "reset_gate_activation": _MPS_NAMES[cell.f_r.name],
@@ -649,28 +714,27 @@ def from_mps(layers, *, reverse=False, bidirectional=False, reset_gate_first=Fal
         layers = [layers]
     if not isinstance(layers, (list, tuple)) or not layers:
         raise TypeError("layers: expected a dict or a non-empty list of MPSGraph tensor dicts")
-    inv = {v: k for k, v in _MPS_NAMES.items()}
-    acts = {}
-    for what, name in (("update_gate_activation", update_gate_activation),
-                       ("reset_gate_activation", reset_gate_activation),
-                       ("output_gate_activation", output_gate_activation)):
-        if name not in inv:
-            raise ValueError(f"{what}: expected one of {sorted(inv)}, got {name!r}")
-        acts[what] = Activation(inv[name])
-    cell = Cell(reset_after=bool(reset_after), flip_z=bool(flip_z),
-                f_r=acts["reset_gate_activation"], f_z=acts["update_gate_activation"],
-                g=acts["output_gate_activation"])
-    D = 2 if bidirectional else 1
-    order = _mps_order(reset_gate_first)
+    flags = {name: _flag(v, name) for name, v in (
+        ("reverse", reverse), ("bidirectional", bidirectional),
+        ("reset_gate_first", reset_gate_first), ("reset_after", reset_after),
+        ("flip_z", flip_z), ("training", training))}
+    inv = {v: Activation(k) for k, v in _MPS_NAMES.items()}
+    cell = Cell(reset_after=flags["reset_after"], flip_z=flags["flip_z"],
+                f_r=_name(reset_gate_activation, "reset_gate_activation", inv),
+                f_z=_name(update_gate_activation, "update_gate_activation", inv),
+                g=_name(output_gate_activation, "output_gate_activation", inv))
+    D = 2 if flags["bidirectional"] else 1
+    order = _mps_order(flags["reset_gate_first"])
     out, dtype, topo_args = [], None, None
     for l, op in enumerate(layers):
-        extra = set(op) - {"input_weight", "recurrent_weight", "bias", "secondary_bias"}
-        if extra:
-            raise ValueError(f"layers[{l}]: unexpected keys {sorted(extra)}")
         what = f"layers[{l}]"
+        op = _tensor_dict(op, what, ("recurrent_weight",),
+                          ("input_weight", "bias", "secondary_bias"))
         RW = _np(op["recurrent_weight"], what + "['recurrent_weight']", dtype)
-        dtype = RW.dtype
-        H = RW.shape[-1]
+        if l == 0:                              # the sizes come from the first op
+            dtype = RW.dtype
+            H = _dim(RW, what + "['recurrent_weight']", -1,
+                     "[3H, H]" if D == 1 else "[2, 3H, H]")
         _shape(RW, what + "['recurrent_weight']", (3 * H, H) if D == 1 else (D, 3 * H, H))
         RW = RW.reshape(D, 3 * H, H)
         IW = op.get("input_weight")
@@ -678,14 +742,14 @@ def from_mps(layers, *, reverse=False, bidirectional=False, reset_gate_first=Fal
         if IW is None:
             if l > 0:
                 raise ValueError(f"{what}['input_weight']: required for a stacked op (l ≥ 1)")
-            if not reset_gate_first:
+            if not flags["reset_gate_first"]:
                 raise ValueError("input_weight=None: the source then holds gate "
                                  "pre-activations in order [z, r, o]; cgru's projected mode "
                                  "needs [r, z, n] — only reset_gate_first=True converts")
             mode, width = "projected", D * 3 * H
         else:
             IW = _np(IW, what + "['input_weight']", dtype)
-            width = IW.shape[-1] if l == 0 else D * H
+            width = _dim(IW, what + "['input_weight']", -1, "[D·3H, I]") if l == 0 else D * H
             _shape(IW, what + "['input_weight']", (D * 3 * H, width))
         if topo_args is None:
             topo_args = (width, H, mode)
@@ -701,13 +765,13 @@ def from_mps(layers, *, reverse=False, bidirectional=False, reset_gate_first=Fal
             W = np.zeros((3 * H, 0), dtype) if IW is None else \
                 _gates(IW[d * 3 * H:(d + 1) * 3 * H], H, inv_order)
             b_R = np.zeros(3 * H, dtype)
-            if reset_after and b2 is not None:
+            if flags["reset_after"] and b2 is not None:
                 b_R[2 * H:] = b2[d * H:(d + 1) * H]
             out.append(LayerParams(W=W, R=_gates(RW[d], H, inv_order),
                                    b_W=_gates(b[d * 3 * H:(d + 1) * 3 * H], H, inv_order),
                                    b_R=b_R))
     width, H, mode = topo_args
-    topo = Topology(width, H, len(layers), _direction_from(D, reverse), mode)
+    topo = Topology(width, H, len(layers), _direction_from(D, flags["reverse"]), mode)
     return Params(topo, out), cell
 
 
@@ -775,7 +839,7 @@ def to_onednn(params, cell=None, *, cell_kind=None):
     """
     topo = _check_params(params)
     kinds = {None: None, "vanilla_gru": (False,), "lbr_gru": (True,)}
-    if cell_kind not in kinds:
+    if not (cell_kind is None or isinstance(cell_kind, str)) or cell_kind not in kinds:
         raise ValueError(f"cell_kind: expected None, 'vanilla_gru' or 'lbr_gru', got "
                          f"{cell_kind!r}")
     cell = _require(cell, "oneDNN " + (cell_kind or "GRU"), reset_after=kinds[cell_kind])
@@ -809,7 +873,7 @@ def from_onednn(weights_layer, weights_iter, bias, *, direction="unidirectional_
     """``(Params, Cell)`` from oneDNN ``ldigo``/``ldgo`` tensors; the cell is LBR GRU
     (reset-after) when ``bias`` has 4 gates, vanilla GRU (reset-before) with 3.
     ``bidirectional_sum`` is refused (cgru concatenates the directions)."""
-    if direction not in _ONEDNN_DIRECTIONS:
+    if not isinstance(direction, str) or direction not in _ONEDNN_DIRECTIONS:
         raise ValueError(f"direction: expected one of {sorted(_ONEDNN_DIRECTIONS)}, got "
                          f"{direction!r} (bidirectional_sum adds the directions' outputs, "
                          f"which cgru does not compute)")

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cgru import engine
-from cgru.convert import _gates, _mps_order, from_mps, to_mps
+from cgru.convert import _check_input_sizes, _gates, _mps_order, from_mps, to_mps
 from cgru.params import DTYPES, LayerParams, Params, Topology
 
 __all__ = ["GRUDescriptor", "gru", "gru_gradients", "MPS_ACTIVATIONS"]
@@ -132,10 +132,11 @@ class _Plan:
         if source.dtype not in DTYPES:
             raise TypeError(f"source: expected dtype float32 or float64, got {source.dtype}")
         dtype = source.dtype
-        if source.ndim != 3 or source.shape[0] == 0 or source.shape[1] == 0:
-            raise ValueError(f"source: expected a 3-D array [T, N, I] with T ≥ 1 and N ≥ 1, "
-                             f"got shape {list(source.shape)}")
+        if source.ndim != 3:
+            raise ValueError(f"source: expected a 3-D array [T, N, I], got shape "
+                             f"{list(source.shape)}")
         T, N, I = source.shape
+        _check_input_sizes("source", source.shape, T, N, "[T, N, I]")
         D = 2 if desc.bidirectional else 1
         _array(recurrent_weight, "recurrent_weight", dtype)
         H = recurrent_weight.shape[-1] if recurrent_weight.ndim else 0
@@ -176,12 +177,13 @@ class _Plan:
                 raise TypeError(f"mask: expected dtype {dtype} (the dtype of source) or bool, "
                                 f"got {mask.dtype}")
             try:
-                m = np.broadcast_to(mask, (T, N, D * H))
+                np.broadcast_to(mask, (T, N, D * H))            # a view: checks only
             except ValueError:
                 raise ValueError(f"mask: expected a shape broadcastable to the output shape "
                                  f"[T={T}, N={N}, {'2H' if D == 2 else 'H'}={D * H}], got "
                                  f"{list(mask.shape)}") from None
-            self.state_mask = np.ascontiguousarray(m, dtype=dtype)
+            # the core broadcasts it (after its own size checks); only a bool mask is cast
+            self.state_mask = mask.astype(dtype, copy=False)
 
         self.desc, self.dtype = desc, dtype
         self.T, self.N, self.I, self.H, self.D = T, N, I, H, D

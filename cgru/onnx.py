@@ -22,6 +22,7 @@ import os
 import numpy as np
 
 from cgru.cell import Activation, Cell
+from cgru.convert import _check_input_sizes
 from cgru.engine import forward
 from cgru.params import DTYPES, LayerParams, Params, Topology
 
@@ -72,6 +73,17 @@ def _expect_shape(a, what, shape, names):
     if a.shape != tuple(shape):
         want = "[" + ", ".join(f"{n}={s}" for n, s in zip(names, shape)) + "]"
         raise ValueError(f"{what}: expected shape {want}, got {list(a.shape)}")
+
+
+def check_attribute(value, what, choices):
+    """``value`` if it is one of ``choices`` and of their type (a str, or an int that is not a
+    bool), else a ``ValueError`` naming ``what``: a NumPy array must not pass an elementwise
+    ``in``."""
+    kind = str if isinstance(choices[0], str) else numbers.Integral
+    if isinstance(value, bool) or not isinstance(value, kind) or value not in choices:
+        raise ValueError(f"{what}: expected one of {', '.join(map(repr, choices))}, got "
+                         f"{value!r}")
+    return value
 
 
 def _float_list(values, what):
@@ -127,8 +139,7 @@ def activations_to_cells(activations, activation_alpha, activation_beta, clip,
     if clip is not None:
         if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not clip > 0:
             raise ValueError(f"clip: expected None or a positive float, got {clip!r}")
-    if linear_before_reset not in (0, 1) or isinstance(linear_before_reset, float):
-        raise ValueError(f"linear_before_reset: expected 0 or 1, got {linear_before_reset!r}")
+    check_attribute(linear_before_reset, "linear_before_reset", (0, 1))
     return [Cell(reset_after=bool(linear_before_reset), f_r=acts[2 * d], f_z=acts[2 * d],
                  g=acts[2 * d + 1], clip=None if clip is None else float(clip))
             for d in range(D)]
@@ -177,16 +188,15 @@ def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None
     """
     X = _float_array(X, "X")
     dtype = X.dtype
-    if layout not in (0, 1) or isinstance(layout, (bool, float)):
-        raise ValueError(f"layout: expected 0 or 1, got {layout!r}")
-    if direction not in _DIRECTIONS:
-        raise ValueError(f"direction: expected one of {_DIRECTIONS}, got {direction!r}")
+    check_attribute(layout, "layout", (0, 1))
+    check_attribute(direction, "direction", _DIRECTIONS)
     D = 2 if direction == "bidirectional" else 1
+    x_layout = "[N, T, I]" if layout else "[T, N, I]"
     if X.ndim != 3:
-        raise ValueError(f"X: expected a 3-D array {'[N, T, I]' if layout else '[T, N, I]'}, "
-                         f"got shape {list(X.shape)}")
+        raise ValueError(f"X: expected a 3-D array {x_layout}, got shape {list(X.shape)}")
     N, T = (X.shape[0], X.shape[1]) if layout else (X.shape[1], X.shape[0])
     I = X.shape[2]
+    _check_input_sizes("X", X.shape, T, N, x_layout)
     R = _float_array(R, "R", dtype)
     if R.ndim != 3:
         raise ValueError(f"R: expected a 3-D array [D, 3H, H], got shape {list(R.shape)}")
@@ -269,6 +279,19 @@ def _import_onnx():
     return onnx
 
 
+def _load_model(onnx, model):
+    """The ``ModelProto`` in a file or in serialized bytes (``ValueError`` when they do not
+    parse as one)."""
+    from google.protobuf.message import DecodeError      # onnx's own dependency
+    try:
+        if isinstance(model, bytes):
+            return onnx.load_model_from_string(model)
+        return onnx.load(os.fspath(model))
+    except DecodeError as e:
+        what = f"{len(model)} bytes" if isinstance(model, bytes) else f"file {os.fspath(model)!r}"
+        raise ValueError(f"model: cannot parse {what} as an ONNX model ({e})") from None
+
+
 def run(model, inputs):
     """Run a model whose graph is one ``GRU`` node: ``{output name: array}``.
 
@@ -278,10 +301,8 @@ def run(model, inputs):
     package (``cgru.onnx.gru`` does not).
     """
     onnx = _import_onnx()
-    if isinstance(model, (str, os.PathLike)):
-        model = onnx.load(os.fspath(model))
-    elif isinstance(model, bytes):
-        model = onnx.load_model_from_string(model)
+    if isinstance(model, (str, os.PathLike, bytes)):
+        model = _load_model(onnx, model)
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model: expected a path, serialized bytes or an onnx.ModelProto, got "
                         f"{type(model).__name__}")

@@ -101,6 +101,7 @@ import zlib
 
 import numpy as np
 
+from cgru.convert import _check_input_sizes, _flag
 from cgru.engine import backward, forward
 from cgru.params import LayerParams, Params, Topology, as_dtype
 
@@ -164,12 +165,6 @@ def _attrs(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj=0):
         raise ValueError(f"num_proj: expected 0 for rnn_mode='gru' (projection is LSTM-only), "
                          f"got {num_proj}")
     return _Attrs(input_mode, direction, float(dropout), int(seed), int(seed2))
-
-
-def _bool(value, name):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected a bool, got {value!r}")
-    return bool(value)
 
 
 def _size_arg(value, name):
@@ -303,8 +298,10 @@ def canonical_to_params(num_layers, num_units, input_size, weights, biases, *, r
     attrs = _attrs(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj)
     topo = _topology(num_layers, num_units, input_size, attrs)
     n = 6 * topo.num_layer_directions
-    weights, biases = list(weights), list(biases)
     for name, lst in (("weights", weights), ("biases", biases)):
+        if not isinstance(lst, (list, tuple)):
+            raise TypeError(f"{name}: expected a list of {n} numpy arrays, got "
+                            f"{type(lst).__name__}")
         if len(lst) != n:
             raise ValueError(f"{name}: expected {n} arrays (6 per layer and direction, index "
                              f"(l·D + d)·6 + linLayerID; L={topo.num_layers}, "
@@ -352,13 +349,12 @@ def _check_lengths(sequence_lengths, T, N):
     if arr.shape != (N,):
         raise ValueError(f"sequence_lengths: expected shape [{N}] (one length per batch "
                          f"entry), got {_tf_shape(arr.shape)}")
-    arr = arr.astype(np.int64)
-    bad = np.flatnonzero((arr < 0) | (arr > T))
+    bad = np.flatnonzero((arr < 0) | (arr > T))      # before the cast: uint64 may not fit
     if bad.size:
         b = int(bad[0])
         raise ValueError(f"sequence_lengths: expected values in [0, max_seq_length={T}], got "
                          f"sequence_lengths[{b}] = {arr[b]}")
-    return arr
+    return arr.astype(np.int64)
 
 
 def _check_call(input, input_h, params, sequence_lengths, attrs, time_major):
@@ -371,9 +367,8 @@ def _check_call(input, input_h, params, sequence_lengths, attrs, time_major):
         raise ValueError(f"RNN input must be a 3-D array {layout}, got shape "
                          f"{_tf_shape(input.shape)}")
     T, N = input.shape[:2] if time_major else input.shape[1::-1]
-    if T == 0 or N == 0:
-        raise ValueError(f"input: expected max_seq_length ≥ 1 and batch_size ≥ 1, got shape "
-                         f"{_tf_shape(input.shape)} {layout}")
+    _check_input_sizes("input", input.shape, T, N, layout,
+                       ("max_seq_length", "batch_size", "input_size"))
     h_layout = "[L·D, N, H]" if time_major else "[N, L·D, H]"
     if not isinstance(input_h, np.ndarray):
         raise TypeError(f"input_h: expected a numpy array {h_layout}, got "
@@ -458,7 +453,7 @@ def _unwrap_reserve(reserve_space, call, fingerprint, attrs, time_major):
 # --- forward ops ---------------------------------------------------------------------------
 def _forward(input, input_h, params, sequence_lengths, attrs, is_training, time_major,
              num_threads):
-    is_training = _bool(is_training, "is_training")
+    is_training = _flag(is_training, "is_training")
     call = _check_call(input, input_h, params, sequence_lengths, attrs, time_major)
     fwd = forward(call.params, input, call.h0, lengths=call.lengths,
                   batch_major=not time_major, training=is_training, dropout=attrs.dropout,
@@ -498,7 +493,7 @@ def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, *, rnn_
     host_reserved)``; ``host_reserved`` is an empty int8 array (TF's V3 writes a dummy).
     """
     attrs = _attrs(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj)
-    time_major = _bool(time_major, "time_major")
+    time_major = _flag(time_major, "time_major")
     out = _forward(input, input_h, params, sequence_lengths, attrs, is_training, time_major,
                    num_threads)
     return CudnnRNNV3(*out, np.empty(0, np.int8))
@@ -570,7 +565,7 @@ def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, out
     ``cudnn_rnn_backprop``.
     """
     attrs = _attrs(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj)
-    time_major = _bool(time_major, "time_major")
+    time_major = _flag(time_major, "time_major")
     return _backprop(input, input_h, params, sequence_lengths, output, output_h,
                      output_backprop, output_h_backprop, reserve_space, attrs, time_major,
                      num_threads)

@@ -15,9 +15,6 @@ The discipline of ``test_validation.py`` (the core API), applied to ``cgru.tf``,
 3. Sequence lengths (negative, > T, wrong length, float, NaN, 2-D, str, bool, huge unsigned),
    TF reserve spaces (empty, truncated, padded, retyped, foreign), unknown option strings,
    non-bool flags and out-of-range dropout are refused with the option's name.
-
-Tests marked ``xfail(strict=True)`` are frontend bugs written as the behaviour should be (see
-each reason); they turn into failures the day the bug is fixed, so the mark must go then.
 """
 from dataclasses import dataclass, field
 import hashlib
@@ -423,33 +420,6 @@ CALLS = {
               "weights_iter": ("weights_iter",) * 5, "bias": ("bias",) * 4}),
 }
 
-# Frontend bugs: (call, argument, class) -> reason.  The tests below mark these cases
-# xfail(strict=True); see the module docstring.
-BUGS = {
-    ("convert.from_torch", "state_dict['weight_hh_l0']", "scalar"):
-        "convert.from_torch reads H as shape[-1] of a 0-d array: IndexError",
-    ("convert.from_torch", "state_dict['weight_ih_l0']", "scalar"):
-        "convert.from_torch reads I as shape[-1] of a 0-d array: IndexError",
-    ("convert.from_tf_canonical", "weights[0]", "rank-"):
-        "convert.from_tf_canonical reads I as weights[0].shape[1] of a 1-D array: IndexError",
-    ("convert.from_tf_canonical", "weights[0]", "scalar"):
-        "convert.from_tf_canonical reads I as weights[0].shape[1] of a 0-d array: IndexError",
-    ("convert.from_mps", "layers[0]['input_weight']", "scalar"):
-        "convert.from_mps reads the width as input_weight.shape[-1] of a 0-d array: IndexError",
-    ("convert.from_keras", "forward kernel", "axis0"):
-        "convert.from_keras does not check the backward kernel's input width against the "
-        "forward one's: the error names cgru's internal 'params[1].W'",
-    ("convert.from_keras", "backward kernel", "axis0"):
-        "as forward kernel: the error names cgru's internal 'params[1].W'",
-    ("convert.from_tf_canonical", "weights[3]", "scalar"):
-        "convert.from_tf_canonical reads H as weights[3].shape[0] of a 0-d array: IndexError",
-    ("convert.from_onnx", "layers[0]['W']", "scalar"):
-        "convert.from_onnx reads the width as W.shape[-1] before checking W's rank",
-    ("convert.from_mps", "layers[0]['recurrent_weight']", "scalar"):
-        "convert.from_mps reads H as recurrent_weight.shape[-1] of a 0-d array: IndexError",
-}
-
-
 # --- helpers ----------------------------------------------------------------------------------
 def _first_label(msg, labels):
     """The label among ``labels`` that occurs first in ``msg`` as a whole name."""
@@ -526,9 +496,7 @@ def _params_for(classes, with_defining=True):
             for cls in classes:
                 if not with_defining and name == CALLS[call].defining:
                     continue
-                reason = BUGS.get((call, name, cls))
-                marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-                out.append(pytest.param(call, name, cls, marks=marks, id=f"{call}-{name}-{cls}"))
+                out.append(pytest.param(call, name, cls, id=f"{call}-{name}-{cls}"))
     return out
 
 
@@ -598,9 +566,7 @@ def _axis_params():
         args, _ = c.make(np.float64)
         for name in _float_args(call):
             for k in range(args[name].ndim):
-                reason = BUGS.get((call, name, f"axis{k}"))
-                marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-                out.append(pytest.param(call, name, k, marks=marks, id=f"{call}-{name}-axis{k}"))
+                out.append(pytest.param(call, name, k, id=f"{call}-{name}-axis{k}"))
     return out
 
 
@@ -636,42 +602,37 @@ def _zero(a, axis):
     return np.take(a, [], axis=axis)
 
 
-_I0 = ("Topology refuses input_size=0 as 'input_size: expected a positive int', naming the "
-       "core's field instead of the frontend's input argument")
-_X0 = "onnx.gru: the engine refuses the empty X as 'x: …' (the core's name), not 'X'"
 ZERO_SIZES = [
-    ("tf.cudnn_rnn", {"input": 0}, "input", None),
-    ("tf.cudnn_rnn", {"input": 1, "input_h": 1}, "input", None),
-    ("tf.cudnn_rnn", {"input": 2}, "input", _I0),
-    ("tf.cudnn_rnn", {"input_h": 2}, "input_h", None),
-    ("tf.cudnn_rnn", {"input_h": 0}, "input_h", None),
-    ("tf.cudnn_rnn_v3", {"input": 1}, "input", None),
-    ("tf.cudnn_rnn_v3", {"input": 0, "input_h": 0, "sequence_lengths": 0}, "input", None),
-    ("mps.gru", {"source": 0, "mask": 0}, "source", None),
-    ("mps.gru", {"source": 1, "init_state": 0, "mask": 1}, "source", None),
-    ("mps.gru", {"source": 2, "input_weight": 1}, "source", _I0),
-    ("mps.gru", {"recurrent_weight": 2}, "recurrent_weight", None),
-    ("onnx.gru", {"X": 0, "sequence_lens": lambda a: np.zeros_like(a)}, "X", _X0),
-    ("onnx.gru", {"X": 1, "initial_h": 1, "sequence_lens": 0}, "X", _X0),
-    ("onnx.gru", {"X": 2, "W": 2}, "X", _I0),
-    ("onnx.gru", {"R": 2}, "R", None),
-    ("arraymancer.gru", {"input": 0}, "input", None),
-    ("arraymancer.gru", {"input": 1, "hidden0": 1}, "input", None),
-    ("arraymancer.gru", {"input": 2, "W3s0": 1}, "input", _I0),
-    ("arraymancer.gru", {"W3s0": 0}, "W3s0", None),
-    ("arraymancer.gru", {"U3s": 0, "W3sN": 0, "bW3s": 0, "bU3s": 0, "hidden0": 0}, "U3s", None),
-    ("convert.from_keras", {"forward kernel": 1}, "forward kernel", None),
-    ("convert.from_arraymancer", {"w3s0": 0}, "w3s0", None),
-    ("convert.from_arraymancer", {"u3s": 0, "w3sN": 0, "bW3s": 0, "bU3s": 0}, "u3s", None),
+    ("tf.cudnn_rnn", {"input": 0}, "input"),
+    ("tf.cudnn_rnn", {"input": 1, "input_h": 1}, "input"),
+    ("tf.cudnn_rnn", {"input": 2}, "input"),
+    ("tf.cudnn_rnn", {"input_h": 2}, "input_h"),
+    ("tf.cudnn_rnn", {"input_h": 0}, "input_h"),
+    ("tf.cudnn_rnn_v3", {"input": 1}, "input"),
+    ("tf.cudnn_rnn_v3", {"input": 0, "input_h": 0, "sequence_lengths": 0}, "input"),
+    ("mps.gru", {"source": 0, "mask": 0}, "source"),
+    ("mps.gru", {"source": 1, "init_state": 0, "mask": 1}, "source"),
+    ("mps.gru", {"source": 2, "input_weight": 1}, "source"),
+    ("mps.gru", {"recurrent_weight": 2}, "recurrent_weight"),
+    ("onnx.gru", {"X": 0, "sequence_lens": lambda a: np.zeros_like(a)}, "X"),
+    ("onnx.gru", {"X": 1, "initial_h": 1, "sequence_lens": 0}, "X"),
+    ("onnx.gru", {"X": 2, "W": 2}, "X"),
+    ("onnx.gru", {"R": 2}, "R"),
+    ("arraymancer.gru", {"input": 0}, "input"),
+    ("arraymancer.gru", {"input": 1, "hidden0": 1}, "input"),
+    ("arraymancer.gru", {"input": 2, "W3s0": 1}, "input"),
+    ("arraymancer.gru", {"W3s0": 0}, "W3s0"),
+    ("arraymancer.gru", {"U3s": 0, "W3sN": 0, "bW3s": 0, "bU3s": 0, "hidden0": 0}, "U3s"),
+    ("convert.from_keras", {"forward kernel": 1}, "forward kernel"),
+    ("convert.from_arraymancer", {"w3s0": 0}, "w3s0"),
+    ("convert.from_arraymancer", {"u3s": 0, "w3sN": 0, "bW3s": 0, "bU3s": 0}, "u3s"),
 ]
 
 
 @pytest.mark.parametrize("k", [
-    pytest.param(k, id=f"{c}-{'+'.join(z)}",
-                 marks=[pytest.mark.xfail(strict=True, reason=bug)] if bug else [])
-    for k, (c, z, _, bug) in enumerate(ZERO_SIZES)])
+    pytest.param(k, id=f"{c}-{'+'.join(z)}") for k, (c, z, _) in enumerate(ZERO_SIZES)])
 def test_zero_sizes(k):
-    call, zeros, blamed, _ = ZERO_SIZES[k]
+    call, zeros, blamed = ZERO_SIZES[k]
     c = CALLS[call]
     args, ctx = c.make(np.float64)
     for name, axis in zeros.items():
@@ -808,16 +769,8 @@ BAD_LENGTHS = [
      ["18446744073709551615"]),
     ("huge_int64", np.array([2 ** 62, 3]), ValueError, [str(2 ** 62)]),
 ]
-LEN_BUGS = {("tf.cudnn_rnn_v3", "huge_uint64"): "tf._check_lengths casts to int64 before the "
-            "range check, so 2**64-1 is reported as '-1'",
-            ("tf.cudnn_rnn_backprop_v3", "huge_uint64"): "as tf.cudnn_rnn_v3"}
-
-
 @pytest.mark.parametrize("call,case", [
-    pytest.param(c, b[0], id=f"{c}-{b[0]}",
-                 marks=[pytest.mark.xfail(strict=True, reason=LEN_BUGS[(c, b[0])])]
-                 if (c, b[0]) in LEN_BUGS else [])
-    for c in LEN_CALLS for b in BAD_LENGTHS])
+    pytest.param(c, b[0], id=f"{c}-{b[0]}") for c in LEN_CALLS for b in BAD_LENGTHS])
 def test_bad_sequence_lengths(call, case):
     _, bad, exc, parts = next(b for b in BAD_LENGTHS if b[0] == case)
     c = CALLS[call]
@@ -1017,21 +970,8 @@ BAD_ONNX_ATTRS = [
     ("hidden_size", 4, ValueError), ("hidden_size", 3.0, ValueError),
     ("hidden_size", 0, ValueError), ("hidden_size", "3", ValueError),
 ]
-ONNX_ATTR_BUGS = {
-    ("direction", "array(['bidirectional'], dtype='<U13')"):
-        "onnx.gru: a NumPy array for direction passes 'direction not in (...)' by elementwise "
-        "comparison and is accepted",
-    ("linear_before_reset", "array([1])"):
-        "onnx.gru: a NumPy array for linear_before_reset is accepted (array in (0, 1) compares "
-        "elementwise)",
-}
-
-
 @pytest.mark.parametrize("attr,value,exc", [
-    pytest.param(a, v, e, id=f"{a}={v!r}",
-                 marks=[pytest.mark.xfail(strict=True, reason=ONNX_ATTR_BUGS[(a, repr(v))])]
-                 if (a, repr(v)) in ONNX_ATTR_BUGS else [])
-    for a, v, e in BAD_ONNX_ATTRS])
+    pytest.param(a, v, e, id=f"{a}={v!r}") for a, v, e in BAD_ONNX_ATTRS])
 def test_onnx_bad_attributes(attr, value, exc):
     args, _ = _onnx_make(np.float64)
     attrs = {**_ONNX_ATTRS, attr: value}
@@ -1041,8 +981,6 @@ def test_onnx_bad_attributes(attr, value, exc):
     assert attr.split("_")[0] in str(info.value) or attr in str(info.value), str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="onnx.run passes bytes to onnx.load_model_from_string "
-                   "unguarded: google.protobuf DecodeError, not a ValueError naming model")
 def test_onnx_run_refuses_garbage_model_bytes():
     pytest.importorskip("onnx")
     args, _ = _onnx_make(np.float64)
@@ -1153,45 +1091,7 @@ def _conv_options():
     ]
 
 
-CONV_OPTION_BUGS = {
-    "to_torch-bias_str": "convert.to_torch reads bias by truthiness: bias='no' keeps biases",
-    "to_keras-use_bias_str": "convert.to_keras reads use_bias by truthiness",
-    "from_keras-activation_list": "convert.from_keras: 'name in dict' on a list raises "
-                                  "TypeError: unhashable type: 'list' (names no argument)",
-    "from_keras-bidirectional_str": "convert.from_keras reads bidirectional by truthiness",
-    "from_keras-reset_after_str": "convert.from_keras reads reset_after by truthiness",
-    "from_keras-layer_not_a_list": "convert.from_keras: list(5) raises TypeError: 'int' object "
-                                   "is not iterable (names no argument)",
-    "from_torch-int_key": "convert.from_torch: re.match on an int key raises TypeError: "
-                          "expected string or bytes-like object (names no argument)",
-    "from_tf_canonical-None": "convert.from_tf_canonical: list(None) raises TypeError: "
-                              "'NoneType' object is not iterable (names no argument)",
-    "from_onnx-layout": "convert.from_onnx accepts any layout (documented as not affecting the "
-                        "weights, but 7 is not an ONNX layout)",
-    "from_onnx-hidden_size_str": "convert.from_onnx compares hidden_size '3' != 3 and reports a "
-                                 "disagreement instead of a type error",
-    "from_onnx-missing_R": "convert.from_onnx: node['R'] raises KeyError: 'R'",
-    "from_onnx-node_not_a_dict": "convert.from_onnx: set(5) raises TypeError: 'int' object is "
-                                 "not iterable (names no argument)",
-    "to_mps-reset_gate_first_str": "convert.to_mps reads reset_gate_first by truthiness",
-    "from_mps-activation_list": "convert.from_mps: 'name in dict' on a list raises TypeError: "
-                                "unhashable type: 'list' (names no argument)",
-    "from_mps-bidirectional_str": "convert.from_mps reads bidirectional by truthiness "
-                                  "('no' means bidirectional)",
-    "from_mps-flip_z_str": "convert.from_mps reads flip_z by truthiness ('False' means True)",
-    "from_mps-missing_recurrent_weight": "convert.from_mps: op['recurrent_weight'] raises "
-                                         "KeyError",
-    "from_mps-node_not_a_dict": "convert.from_mps: set(5) raises TypeError: 'int' object is "
-                                "not iterable (names no argument)",
-    "from_onednn-direction_list": "convert.from_onednn: 'direction in dict' on a list raises "
-                                  "TypeError: unhashable type: 'list' (names no argument)",
-}
-
-
-@pytest.mark.parametrize("case", [
-    pytest.param(k, marks=[pytest.mark.xfail(strict=True, reason=CONV_OPTION_BUGS[k])]
-                 if k in CONV_OPTION_BUGS else [])
-    for k, *_ in _conv_options()])
+@pytest.mark.parametrize("case", [k for k, *_ in _conv_options()])
 def test_converter_options(case):
     _, fn, exc, name = next(c for c in _conv_options() if c[0] == case)
     with pytest.raises(exc) as info:
@@ -1210,8 +1110,6 @@ def test_arraymancer_init_bad_sizes(arg, value, exc):
         am.GRULayer.init(**kw)
 
 
-@pytest.mark.xfail(strict=True, reason="arraymancer.GRULayer.init passes seed to NumPy "
-                   "unchecked: 'SeedSequence expects int …' names no argument")
 def test_arraymancer_init_bad_seed():
     with pytest.raises(TypeError, match="seed"):
         am.GRULayer.init(I, H, 2, seed="a")
@@ -1223,8 +1121,6 @@ def test_arraymancer_init_bad_dtype(dtype):
         am.GRULayer.init(I, H, 2, dtype=dtype)
 
 
-@pytest.mark.xfail(strict=True, reason="tf.canonical_to_params calls list(weights) unguarded: "
-                   "TypeError: 'int' object is not iterable (names no argument)")
 @pytest.mark.parametrize("bad", [5, None], ids=["int", "None"])
 def test_tf_canonical_lists_that_are_not_lists(bad):
     w, b = tf.params_to_canonical(1, H, I, np.zeros(tf.params_size(1, H, I)))
