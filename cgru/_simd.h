@@ -19,8 +19,10 @@
 #include <stdint.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(CGRU_NO_CLONES)
+#define CGRU_X86 1
 #define CGRU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
+#define CGRU_X86 0
 #define CGRU_CLONES
 #endif
 #define CGRU_INLINE static inline __attribute__((always_inline))
@@ -29,9 +31,8 @@ typedef float cgru_vf __attribute__((vector_size(64)));   /* 16 floats */
 typedef double cgru_vd __attribute__((vector_size(64)));  /* 8 doubles */
 typedef int32_t cgru_vi __attribute__((vector_size(64))); /* 16 int32 */
 
-#define CGRU_NR_F 16   /* packed panel width, float */
-#define CGRU_NR_D 8    /* packed panel width, double */
-#define CGRU_MR 8      /* rows per micro-kernel call */
+#define CGRU_NR_F 32   /* packed panel width, float: two vectors */
+#define CGRU_NR_D 16   /* packed panel width, double: two vectors */
 
 CGRU_INLINE cgru_vf cgru_loadf(const float *p) { cgru_vf v; memcpy(&v, p, sizeof v); return v; }
 CGRU_INLINE cgru_vd cgru_loadd(const double *p) { cgru_vd v; memcpy(&v, p, sizeof v); return v; }
@@ -64,94 +65,120 @@ static void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {         
 CGRU_DEFINE_PACK(cgru_pack_f32, float, CGRU_NR_F)
 CGRU_DEFINE_PACK(cgru_pack_f64, double, CGRU_NR_D)
 
-/* ---- micro-kernel: C[mr, nr] (+)= A[mr, k] · Bp-panel[k, NR], mr ≤ MR, nr ≤ NR ---------------
- * MR accumulators of one vector each; the k loop broadcasts A[r, kk] and multiply-adds. The
- * mr-specialised copies come from inlining with a constant mr.                                 */
+/* ---- micro-kernel: C[mr, nr] (+)= A[mr, k] · Bp[k, PW·NR] over PW adjacent panels ----------
+ * 2·PW accumulator vectors per row; the k loop broadcasts A[r, kk] and multiply-adds. Every
+ * C element is acc += a·b over kk in increasing order in every instantiation, so the bits do
+ * not depend on mr, PW or which rows share a call.                                            */
 #define CGRU_DEFINE_MICRO(NAME, T, VT, NR, LOAD)                                               \
-CGRU_INLINE void NAME(const int mr, int nr, int k, const T *A, int lda, const T *Bp,           \
-                      int beta1, T *C, int ldc) {                                              \
-    VT acc[CGRU_MR];                                                                           \
-    for (int r = 0; r < mr; r++) acc[r] = (VT){0};                                             \
+CGRU_INLINE void NAME(const int mr, const int pw, int ncols, int k, const T *A, int lda,       \
+                      const T *Bp, int beta1, T *C, int ldc) {                                 \
+    enum { V = NR / 2 };                                                                       \
+    VT acc[8][4];                                                                              \
+    size_t ps = (size_t)NR * k;                                                                \
+    for (int r = 0; r < mr; r++)                                                               \
+        for (int q = 0; q < 2 * pw; q++) acc[r][q] = (VT){0};                                  \
     for (int kk = 0; kk < k; kk++) {                                                           \
-        VT b = LOAD(Bp + (size_t)kk * NR);                                                     \
-        for (int r = 0; r < mr; r++) acc[r] += A[(size_t)r * lda + kk] * b;                    \
+        VT b[4];                                                                               \
+        for (int q = 0; q < 2 * pw; q++) b[q] = LOAD(Bp + (q / 2) * ps + (size_t)kk * NR + (q % 2) * V); \
+        for (int r = 0; r < mr; r++) {                                                         \
+            T a = A[(size_t)r * lda + kk];                                                     \
+            for (int q = 0; q < 2 * pw; q++) acc[r][q] += a * b[q];                            \
+        }                                                                                      \
     }                                                                                          \
     for (int r = 0; r < mr; r++) {                                                             \
         T *c = C + (size_t)r * ldc;                                                            \
-        if (nr == NR && !beta1) { memcpy(c, &acc[r], sizeof(VT)); continue; }                  \
-        for (int j = 0; j < nr; j++) c[j] = beta1 ? c[j] + acc[r][j] : acc[r][j];              \
+        for (int q = 0; q < 2 * pw; q++) {                                                     \
+            int j0 = (q / 2) * NR + (q % 2) * V;                                               \
+            int w = ncols - j0 < V ? ncols - j0 : V;                                           \
+            if (w <= 0) break;                                                                 \
+            if (w == V && !beta1) { memcpy(c + j0, &acc[r][q], sizeof(VT)); continue; }        \
+            for (int j = 0; j < w; j++) c[j0 + j] = beta1 ? c[j0 + j] + acc[r][q][j] : acc[r][q][j]; \
+        }                                                                                      \
     }                                                                                          \
 }
 CGRU_DEFINE_MICRO(cgru_micro_f32, float, cgru_vf, CGRU_NR_F, cgru_loadf)
 CGRU_DEFINE_MICRO(cgru_micro_f64, double, cgru_vd, CGRU_NR_D, cgru_loadd)
 
-/* For fewer than 4 rows one panel gives too few independent accumulators to hide the
- * multiply-add latency: take 4 full panels at once. Same per-element operations in the same
- * order as the narrow kernel, so the bits do not depend on which kernel ran.                  */
-#define CGRU_DEFINE_MICRO4(NAME, T, VT, NR, LOAD)                                              \
-CGRU_INLINE void NAME(const int mr, int k, const T *A, int lda, const T *Bp, int beta1,        \
-                      T *C, int ldc) {                                                         \
-    VT acc[3][4];                                                                              \
-    size_t ps = (size_t)NR * k;                                                                \
-    for (int r = 0; r < mr; r++)                                                               \
-        for (int q = 0; q < 4; q++) acc[r][q] = (VT){0};                                       \
-    for (int kk = 0; kk < k; kk++) {                                                           \
-        const T *b = Bp + (size_t)kk * NR;                                                     \
-        VT b0 = LOAD(b), b1 = LOAD(b + ps), b2 = LOAD(b + 2 * ps), b3 = LOAD(b + 3 * ps);     \
-        for (int r = 0; r < mr; r++) {                                                         \
-            T a = A[(size_t)r * lda + kk];                                                     \
-            acc[r][0] += a * b0; acc[r][1] += a * b1;                                          \
-            acc[r][2] += a * b2; acc[r][3] += a * b3;                                          \
-        }                                                                                      \
-    }                                                                                          \
-    for (int r = 0; r < mr; r++) {                                                             \
-        T *c = C + (size_t)r * ldc;                                                            \
-        for (int q = 0; q < 4; q++) {                                                          \
-            if (!beta1) { memcpy(c + q * NR, &acc[r][q], sizeof(VT)); continue; }              \
-            for (int j = 0; j < NR; j++) c[q * NR + j] += acc[r][q][j];                        \
-        }                                                                                      \
-    }                                                                                          \
-}
-CGRU_DEFINE_MICRO4(cgru_micro4_f32, float, cgru_vf, CGRU_NR_F, cgru_loadf)
-CGRU_DEFINE_MICRO4(cgru_micro4_f64, double, cgru_vd, CGRU_NR_D, cgru_loadd)
-
 /* ---- C[m, n] = A[m, k] · op(B) (+ C when beta1), op(B) packed in Bp ------------------------
- * Loop order: column panel outermost, so one panel (k·NR values) stays in L1 while every row
- * block of A passes over it; B is streamed once per call.                                      */
-#define CGRU_DEFINE_GEMM(NAME, MICRO, MICRO4, T, NR)                                           \
-CGRU_CLONES static void NAME(int m, int n, int k, const T *A, int lda, const T *Bp,            \
-                             int beta1, T *C, int ldc) {                                       \
-    int panels = (n + NR - 1) / NR;                                                            \
-    int p = 0;                                                                                 \
+ * Column panel outermost, so one panel (k·NR values) stays in L1 while every row block of A
+ * passes over it; B is streamed once per call. Rows go MR at a time (MR accumulator rows of
+ * two vectors each: 8 on AVX-512's 32 registers, 3 on AVX2's 16, 2 otherwise); fewer than
+ * four rows take two panels at once, so that enough independent sums hide the FMA latency. */
+#define CGRU_DEFINE_GEMM(NAME, MICRO, T, NR)                                                   \
+CGRU_INLINE void NAME##_body(const int MR, int m, int n, int k, const T *A, int lda,           \
+                             const T *Bp, int beta1, T *C, int ldc) {                          \
+    int panels = (n + NR - 1) / NR, p = 0;                                                     \
     if (m < 4) {                                                                               \
-        for (; p + 4 <= n / NR; p += 4) {                                                      \
+        for (; p + 2 <= panels; p += 2) {                                                      \
             const T *bp = Bp + (size_t)p * NR * k;                                             \
-            if (m == 3) MICRO4(3, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc);              \
-            else if (m == 2) MICRO4(2, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc);         \
-            else if (m == 1) MICRO4(1, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc);         \
+            int ncols = n - p * NR;                                                            \
+            if (m == 3) MICRO(3, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc);    \
+            else if (m == 2) MICRO(2, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc); \
+            else if (m == 1) MICRO(1, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc); \
         }                                                                                      \
     }                                                                                          \
     for (; p < panels; p++) {                                                                  \
-        int nr = n - p * NR < NR ? n - p * NR : NR;                                            \
         const T *bp = Bp + (size_t)p * NR * k;                                                 \
+        int ncols = n - p * NR < NR ? n - p * NR : NR;                                         \
         T *cp = C + (size_t)p * NR;                                                            \
         int i = 0;                                                                             \
-        for (; i + CGRU_MR <= m; i += CGRU_MR)                                                 \
-            MICRO(CGRU_MR, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); \
+        for (; i + MR <= m; i += MR)                                                           \
+            MICRO(MR, 1, ncols, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); \
+        const T *a = A + (size_t)i * lda;                                                      \
+        T *c = cp + (size_t)i * ldc;                                                           \
         switch (m - i) {                                                                       \
-        case 7: MICRO(7, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
-        case 6: MICRO(6, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
-        case 5: MICRO(5, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
-        case 4: MICRO(4, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
-        case 3: MICRO(3, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
-        case 2: MICRO(2, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
-        case 1: MICRO(1, nr, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); break; \
+        case 7: MICRO(7, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
+        case 6: MICRO(6, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
+        case 5: MICRO(5, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
+        case 4: MICRO(4, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
+        case 3: MICRO(3, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
+        case 2: MICRO(2, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
+        case 1: MICRO(1, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
         default: break;                                                                        \
         }                                                                                      \
     }                                                                                          \
+}                                                                                              \
+CGRU_TARGET_V4 static void NAME##_v4(int m, int n, int k, const T *A, int lda, const T *Bp,    \
+                                     int beta1, T *C, int ldc)                                 \
+{ NAME##_body(8, m, n, k, A, lda, Bp, beta1, C, ldc); }                                        \
+CGRU_TARGET_V3 static void NAME##_v3(int m, int n, int k, const T *A, int lda, const T *Bp,    \
+                                     int beta1, T *C, int ldc)                                 \
+{ NAME##_body(3, m, n, k, A, lda, Bp, beta1, C, ldc); }                                        \
+static void NAME##_base(int m, int n, int k, const T *A, int lda, const T *Bp, int beta1,      \
+                        T *C, int ldc)                                                         \
+{ NAME##_body(2, m, n, k, A, lda, Bp, beta1, C, ldc); }                                        \
+static void NAME(int m, int n, int k, const T *A, int lda, const T *Bp, int beta1, T *C,      \
+                 int ldc) {                                                                    \
+    switch (cgru_isa()) {                                                                      \
+    case 4: NAME##_v4(m, n, k, A, lda, Bp, beta1, C, ldc); break;                              \
+    case 3: NAME##_v3(m, n, k, A, lda, Bp, beta1, C, ldc); break;                              \
+    default: NAME##_base(m, n, k, A, lda, Bp, beta1, C, ldc); break;                           \
+    }                                                                                          \
 }
-CGRU_DEFINE_GEMM(cgru_gemm_packed_f32, cgru_micro_f32, cgru_micro4_f32, float, CGRU_NR_F)
-CGRU_DEFINE_GEMM(cgru_gemm_packed_f64, cgru_micro_f64, cgru_micro4_f64, double, CGRU_NR_D)
+
+/* The machine's vector ISA, asked once: 4 = AVX-512 (x86-64-v4), 3 = AVX2+FMA, 0 = baseline. */
+#if CGRU_X86
+#define CGRU_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
+#define CGRU_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
+static int cgru_isa(void) {
+    static int isa = -1;
+    if (isa < 0) {
+        __builtin_cpu_init();
+        int v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+                 && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+        int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        isa = v4 ? 4 : v3 ? 3 : 0;
+    }
+    return isa;
+}
+#else
+#define CGRU_TARGET_V4
+#define CGRU_TARGET_V3
+static int cgru_isa(void) { return 0; }
+#endif
+
+CGRU_DEFINE_GEMM(cgru_gemm_packed_f32, cgru_micro_f32, float, CGRU_NR_F)
+CGRU_DEFINE_GEMM(cgru_gemm_packed_f64, cgru_micro_f64, double, CGRU_NR_D)
 
 /* ---- float32 exp, sigmoid, tanh on 16 lanes ------------------------------------------------
  * exp: x clamped to [−104, 89] (beyond, the float result is 0 or inf anyway); x = n·ln2 + r

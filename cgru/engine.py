@@ -62,8 +62,8 @@ _HEADER = 16  # int64 slots
 _ALIGN = 64
 _INT_MAX = 2 ** 31 - 1
 # Batch chunks of the time loop: a function of N only, so that results do not depend on the
-# thread count.  At least _MIN_ROWS rows per chunk, at most _MAX_CHUNKS chunks.
-_MIN_ROWS = 8
+# thread count.  Two chunks from N = 16 (so two threads have work), more only while each keeps
+# at least 16 rows (fewer rows per call make the per-step GEMM stream R once per 8 rows).
 _MAX_CHUNKS = 4
 
 
@@ -74,7 +74,9 @@ def _empty(shape, dtype):
 
 
 def _n_chunks(N):
-    return max(1, min(_MAX_CHUNKS, N // _MIN_ROWS))
+    if N < 16:
+        return 1
+    return max(2, min(_MAX_CHUNKS, N // 16))
 
 
 # Below this many multiply-adds per time loop, waking a second thread costs more than it saves

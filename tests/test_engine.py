@@ -337,7 +337,7 @@ def test_inference_ignores_dropout():
 @pytest.mark.parametrize("cell", [Cell(), Cell(reset_after=False, flip_z=True, clip=1.5,
                                              g="softsign")], ids=["fast", "general"])
 def test_thread_count_does_not_change_results(dtype, cell, monkeypatch):
-    """num_threads=1 and 2 give bitwise identical y, hy, reserve and gradients (N = 40: 4
+    """num_threads=1 and 2 give bitwise identical y, hy, reserve and gradients (N = 40: 2
     batch chunks per direction), also with lengths, mask and dropout; and run to run."""
     T, N, I, H = 6, 40, 5, 8
     assert engine._n_chunks(N) > 1           # the time loop really is split into batch chunks
