@@ -20,20 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from cgru.cell import Cell
-from cgru.convert import _check_input_sizes
+from cgru._checks import float_array, input_sizes
 from cgru.engine import backward, forward
-from cgru.params import DTYPES, LayerParams, Params, Topology, as_dtype
+from cgru.params import LayerParams, Params, Topology, as_dtype
 
 __all__ = ["GRULayer", "GRUCache", "gru", "gru_forward", "gru_backward"]
 
 def _check(a, what, dtype, shape):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{what}: expected a numpy array, got {type(a).__name__}")
-    if dtype is None:
-        if a.dtype not in DTYPES:
-            raise TypeError(f"{what}: expected dtype float32 or float64, got {a.dtype}")
-    elif a.dtype != dtype:
-        raise TypeError(f"{what}: expected dtype {dtype} (the dtype of W3s0), got {a.dtype}")
+    float_array(a, what, dtype, like="(the dtype of W3s0)")
     if a.ndim != len(shape) or any(s is not None and s != e for s, e in zip(shape, a.shape)):
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{what}: expected shape {want}, got {list(a.shape)}")
@@ -80,7 +74,7 @@ def _from_params(p):
 def _check_state(input, hidden0, dtype, I, H, L):
     _check(input, "input", dtype, (None, None, I))
     T, N, _ = input.shape
-    _check_input_sizes("input", input.shape, T, N, "[T, N, I]")
+    input_sizes("input", input.shape, T, N, "[T, N, I]")
     _check(hidden0, "hidden0", dtype, (L, N, H))
 
 

@@ -41,8 +41,8 @@ import re
 import numpy as np
 
 from cgru.cell import Activation, Cell
-from cgru.engine import _INT_MAX
-from cgru.params import DTYPES, LayerParams, Params, Topology
+from cgru._checks import float_array
+from cgru.params import LayerParams, Params, Topology
 
 __all__ = [
     "to_torch", "from_torch", "to_keras", "from_keras", "keras_config",
@@ -55,32 +55,11 @@ _RZN_TO_ZRN = (1, 0, 2)      # canonical r, z, n → z, r, n (the permutation is
 
 
 # --- helpers ---------------------------------------------------------------------------------
-def _check_input_sizes(what, shape, T, N, layout, names=("T", "N", "I")):
-    """Refuse a frontend's input ``[T, N, I]`` (``shape`` in ``layout``) with an empty axis or a
-    size beyond the kernels' 32-bit ints, under the frontend's own name ``what`` (and its
-    ``names`` of T, N, I) — before the frontend allocates or reorders anything as large as the
-    problem (shared by the frontends; the engine checks the same under its name ``x``)."""
-    I = shape[-1]
-    if T == 0 or N == 0 or I == 0:
-        raise ValueError(f"{what}: expected {names[0]} ≥ 1, {names[1]} ≥ 1 and {names[2]} ≥ 1 "
-                         f"in {layout}, got shape {list(shape)}")
-    for name, v in (("T·N", T * N), ("I", I)):
-        if v > _INT_MAX:
-            raise ValueError(f"{what}: {name} = {v} exceeds the 32-bit BLAS limit {_INT_MAX}")
-
-
 def _np(a, what, dtype=None):
     """``a`` as a NumPy float array (torch tensors accepted), dtype-checked."""
     if hasattr(a, "detach") and hasattr(a, "cpu"):          # a torch tensor
         a = a.detach().cpu().numpy()
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{what}: expected a numpy array, got {type(a).__name__}")
-    if dtype is None:
-        if a.dtype not in DTYPES:
-            raise TypeError(f"{what}: expected dtype float32 or float64, got {a.dtype}")
-    elif a.dtype != dtype:
-        raise TypeError(f"{what}: expected dtype {dtype} like the other weights, got {a.dtype}")
-    return a
+    return float_array(a, what, dtype, like="like the other weights")
 
 
 def _dim(a, what, axis, layout):

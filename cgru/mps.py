@@ -46,7 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cgru import engine
-from cgru.convert import _check_input_sizes, _gates, _mps_order, from_mps, to_mps
+from cgru._checks import input_sizes
+from cgru.convert import _gates, _mps_order, from_mps, to_mps
 from cgru.params import DTYPES, LayerParams, Params, Topology
 
 __all__ = ["GRUDescriptor", "gru", "gru_gradients", "MPS_ACTIVATIONS"]
@@ -136,7 +137,7 @@ class _Plan:
             raise ValueError(f"source: expected a 3-D array [T, N, I], got shape "
                              f"{list(source.shape)}")
         T, N, I = source.shape
-        _check_input_sizes("source", source.shape, T, N, "[T, N, I]")
+        input_sizes("source", source.shape, T, N, "[T, N, I]")
         D = 2 if desc.bidirectional else 1
         _array(recurrent_weight, "recurrent_weight", dtype)
         H = recurrent_weight.shape[-1] if recurrent_weight.ndim else 0

@@ -22,9 +22,9 @@ import os
 import numpy as np
 
 from cgru.cell import Activation, Cell
-from cgru.convert import _check_input_sizes
+from cgru._checks import float_array, input_sizes
 from cgru.engine import forward
-from cgru.params import DTYPES, LayerParams, Params, Topology
+from cgru.params import LayerParams, Params, Topology
 
 __all__ = ["gru", "run", "ONNX_ACTIVATIONS"]
 
@@ -59,14 +59,7 @@ def _swap_zr(a, H, axis=-1):
 
 
 def _float_array(a, what, dtype=None):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{what}: expected a numpy array, got {type(a).__name__}")
-    if dtype is None:
-        if a.dtype not in DTYPES:
-            raise TypeError(f"{what}: expected dtype float32 or float64, got {a.dtype}")
-    elif a.dtype != dtype:
-        raise TypeError(f"{what}: expected dtype {dtype} (the dtype of X), got {a.dtype}")
-    return a
+    return float_array(a, what, dtype, like="(the dtype of X)")
 
 
 def _expect_shape(a, what, shape, names):
@@ -196,7 +189,7 @@ def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None
         raise ValueError(f"X: expected a 3-D array {x_layout}, got shape {list(X.shape)}")
     N, T = (X.shape[0], X.shape[1]) if layout else (X.shape[1], X.shape[0])
     I = X.shape[2]
-    _check_input_sizes("X", X.shape, T, N, x_layout)
+    input_sizes("X", X.shape, T, N, x_layout)
     R = _float_array(R, "R", dtype)
     if R.ndim != 3:
         raise ValueError(f"R: expected a 3-D array [D, 3H, H], got shape {list(R.shape)}")

@@ -101,7 +101,8 @@ import zlib
 
 import numpy as np
 
-from cgru.convert import _check_input_sizes, _flag
+from cgru._checks import input_sizes
+from cgru.convert import _flag
 from cgru.engine import backward, forward
 from cgru.params import LayerParams, Params, Topology, as_dtype
 
@@ -367,7 +368,7 @@ def _check_call(input, input_h, params, sequence_lengths, attrs, time_major):
         raise ValueError(f"RNN input must be a 3-D array {layout}, got shape "
                          f"{_tf_shape(input.shape)}")
     T, N = input.shape[:2] if time_major else input.shape[1::-1]
-    _check_input_sizes("input", input.shape, T, N, layout,
+    input_sizes("input", input.shape, T, N, layout,
                        ("max_seq_length", "batch_size", "input_size"))
     h_layout = "[L·D, N, H]" if time_major else "[N, L·D, H]"
     if not isinstance(input_h, np.ndarray):
