@@ -6,6 +6,7 @@ matrix ``Cᵀ``.  So row-major ``C = op(A)·op(B)`` is computed as Fortran
 """
 from cython cimport floating
 from cython.parallel cimport prange
+import numpy as np
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 
 
@@ -100,13 +101,17 @@ def gemm_rm(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
 def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
                 const floating[:, :] B, double beta, floating[:, :] C, int n_blocks,
                 int num_threads):
-    """``gemm_rm`` with the rows of C split into ``n_blocks`` blocks, each one single-threaded
-    BLAS call, the blocks spread over ``num_threads`` OpenMP threads.
+    """``gemm_rm`` as ``n_blocks`` single-threaded BLAS calls spread over ``num_threads``
+    OpenMP threads.
 
-    The split depends on ``n_blocks`` only (never on the thread count), so the result does
-    not depend on ``num_threads``; and BLAS's own thread pool stays idle, so it cannot fight
-    with the OpenMP threads of the time loops.  BLAS must be limited to one thread around
-    this call (engine does it).
+    Without ``trans_a`` the rows of C are split (each block re-packs only B, the weights).
+    With ``trans_a`` — ``C[m, n] = Aᵀ·op(B)`` with a long inner dimension k, the weight
+    gradients — k is split instead: block 0 accumulates into C, the others into scratch
+    partial sums added to C afterwards in block order; so every operand is packed once.
+    The split depends on ``n_blocks`` only (never on the thread count), so the result does not
+    depend on ``num_threads``; and BLAS's own thread pool stays idle, so it cannot fight with
+    the OpenMP threads of the time loops.  BLAS must be limited to one thread around this call
+    (the engine does it).
     """
     cdef int m = A.shape[1] if trans_a else A.shape[0]
     cdef int k = A.shape[0] if trans_a else A.shape[1]
@@ -130,13 +135,40 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     cdef const floating *pa = &A[0, 0] if A.shape[0] * A.shape[1] > 0 else NULL
     cdef const floating *pb = &B[0, 0] if B.shape[0] * B.shape[1] > 0 else NULL
     cdef floating *pc = &C[0, 0]
-    cdef int blk, i0, i1
-    n_blocks = max(1, min(n_blocks, m))
+    cdef int blk, i0, i1, i, j
+    cdef floating[:, :, ::1] partial
+    cdef floating *pp = NULL
+    cdef floating zero = 0
+    if trans_a:
+        n_blocks = max(1, min(n_blocks, k))
+    else:
+        n_blocks = max(1, min(n_blocks, m))
     num_threads = max(1, min(num_threads, n_blocks))
+    if not trans_a:
+        for blk in prange(n_blocks, nogil=True, schedule="static", num_threads=num_threads):
+            i0 = <int>((<long long>blk * m) // n_blocks)
+            i1 = <int>((<long long>(blk + 1) * m) // n_blocks)
+            # C[i0:i1] = op(A)[i0:i1] · op(B)  (A's rows i0:i1)
+            gemm(False, trans_b, i1 - i0, n, k, <floating>alpha, pa + <Py_ssize_t>i0 * lda, lda,
+                 pb, ldb, <floating>beta, pc + <Py_ssize_t>i0 * ldc, ldc)
+        return
+    if n_blocks > 1:
+        partial = np.empty((n_blocks - 1, m, n), dtype=np.float32 if floating is float else np.float64)
+        pp = &partial[0, 0, 0]
     for blk in prange(n_blocks, nogil=True, schedule="static", num_threads=num_threads):
-        i0 = <int>((<long long>blk * m) // n_blocks)
-        i1 = <int>((<long long>(blk + 1) * m) // n_blocks)
-        # rows i0:i1 of C = op(A) rows i0:i1 · op(B): A's rows (or, transposed, its columns)
-        gemm(trans_a, trans_b, i1 - i0, n, k, <floating>alpha,
-             pa + (i0 if trans_a else <Py_ssize_t>i0 * lda), lda, pb, ldb, <floating>beta,
-             pc + <Py_ssize_t>i0 * ldc, ldc)
+        i0 = <int>((<long long>blk * k) // n_blocks)
+        i1 = <int>((<long long>(blk + 1) * k) // n_blocks)
+        # C (+)= A[i0:i1]ᵀ · op(B)[i0:i1]: block 0 into C, block b into partial[b−1]
+        if blk == 0:
+            gemm(True, trans_b, m, n, i1 - i0, <floating>alpha, pa, lda,
+                 pb, ldb, <floating>beta, pc, ldc)
+        else:
+            gemm(True, trans_b, m, n, i1 - i0, <floating>alpha, pa + <Py_ssize_t>i0 * lda, lda,
+                 pb + (i0 if trans_b else <Py_ssize_t>i0 * ldb), ldb, zero,
+                 pp + <Py_ssize_t>(blk - 1) * m * n, n)
+    if n_blocks > 1:
+        # C += partial[0] + partial[1] + … in block order; rows in parallel
+        for i in prange(m, nogil=True, schedule="static", num_threads=num_threads):
+            for blk in range(n_blocks - 1):
+                for j in range(n):
+                    pc[<Py_ssize_t>i * ldc + j] += pp[(<Py_ssize_t>blk * m + i) * n + j]

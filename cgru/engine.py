@@ -130,17 +130,19 @@ class _blas_threads:
                 _blas_state["saved"] = []
 
 
-# Whole-sequence GEMMs are split into at most _MAX_GEMM_BLOCKS row blocks of C (at least
-# _MIN_GEMM_ROWS rows each), one single-threaded BLAS call per block on the OpenMP threads: BLAS's
-# own pool stays asleep and cannot fight the time loops' threads for the cores.  The split is a
-# function of the shape only, so results do not depend on the thread count.
+# Whole-sequence GEMMs are split into at most _MAX_GEMM_BLOCKS blocks (of C's rows, or of the
+# inner dimension for the weight gradients Aᵀ·B; at least _MIN_GEMM_ROWS rows each), one
+# single-threaded BLAS call per block on the OpenMP threads: BLAS's own pool stays asleep and
+# cannot fight the time loops' threads for the cores.  The split is a function of the shape
+# only, so results do not depend on the thread count.
 _MAX_GEMM_BLOCKS = 4
 _MIN_GEMM_ROWS = 128
 
 
 def _gemm(ta, tb, A, B, C, beta=0.0, nt=1):
     """``C = op(A)·op(B) + beta·C`` for row-major 2-D arrays (views with unit inner stride)."""
-    blocks = max(1, min(_MAX_GEMM_BLOCKS, C.shape[0] // _MIN_GEMM_ROWS))
+    split = A.shape[0] if ta else C.shape[0]   # the inner dimension k, or C's rows
+    blocks = max(1, min(_MAX_GEMM_BLOCKS, split // (4 * _MIN_GEMM_ROWS if ta else _MIN_GEMM_ROWS)))
     _blas.gemm_blocks(ta, tb, 1.0, A, B, beta, C, blocks, nt)
 
 
