@@ -16,6 +16,8 @@ def info():
     print(f"cgru {cgru.__version__}  (python {platform.python_version()}, numpy {np.__version__})")
     print(f"OpenMP: {'on' if cgru.openmp_enabled() else 'off (serial build)'}")
     print(f"threads used by default: {resolve_num_threads(None)}")
+    from cgru._kernels import simd_isa
+    print(f"time-loop kernels: {simd_isa()} (packed-weight GEMM, vectorised sigmoid/tanh)")
     import scipy.linalg.cython_blas  # noqa: F401  (load SciPy's BLAS so threadpoolctl sees it)
     for lib in threadpool_info():
         print(f"{lib['user_api']:>7}: {lib['internal_api']} {lib.get('version') or ''} "

@@ -69,6 +69,7 @@ cdef extern from "_simd.h" nogil:
     void cgru_tanh_f32(int n, const float *x, float *y)
     int CGRU_NR_F
     int CGRU_NR_D
+    int cgru_isa()
 
 # --- activations -----------------------------------------------------------------------------
 
@@ -305,7 +306,7 @@ cdef inline void blend(floating *hnew, const floating *hp, const floating *z,
 
 
 cdef void general_gates(const CellSpec *C, int H, const floating *gxr, const floating *ghr,
-                        const floating *b_rzn, const floating *b_hn, const floating *hp,
+                        const floating *b_rzn, const floating *b_hn,
                         floating *g3, floating *hn, floating *pre3) noexcept nogil:
     """Steps 3-4 for a general cell, reset-after: gates into g3 [3H], hn [H], pre3 [3H]."""
     cdef floating clipv = <floating>C.clip
@@ -468,7 +469,7 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
                     tanh_inplace(g3 + 2 * H, H)
                 else:
                     pre3 = (ws_pre + row * H3) if training else NULL
-                    general_gates(C, H, gxr, ghr, b_rzn, b_hn, hp, g3, hn, pre3)
+                    general_gates(C, H, gxr, ghr, b_rzn, b_hn, g3, hn, pre3)
             else:
                 # 4. n = g(gx_n + gh_n + b_Wn + b_Rn)
                 for j in range(H):
@@ -815,3 +816,11 @@ def vector_math_f32(name, x):
     else:
         raise ValueError(f"name: expected 'sigmoid' or 'tanh', got {name!r}")
     return out
+
+
+cgru_isa()  # decide the ISA once, at import, before any thread can ask
+
+
+def simd_isa():
+    """The vector code the time loops' GEMM runs: "AVX-512", "AVX2+FMA" or "baseline"."""
+    return {4: "AVX-512", 3: "AVX2+FMA"}.get(cgru_isa(), "baseline")
