@@ -62,33 +62,39 @@ cdef inline void scale_row(floating *c, int n, floating beta) noexcept nogil:
             c[j] = beta * c[j]
 
 
+def _operands(fn, bint trans_a, bint trans_b, A, B, C, Py_ssize_t itemsize):
+    """``(m, n, k, lda, ldb, ldc)`` of row-major ``C[m, n] = op(A)·op(B)``, after checking the
+    shapes agree and every operand has unit inner stride and a row stride BLAS can express
+    (``ValueError`` naming ``fn`` and the operand otherwise)."""
+    m = A.shape[1] if trans_a else A.shape[0]
+    k = A.shape[0] if trans_a else A.shape[1]
+    kb = B.shape[1] if trans_b else B.shape[0]
+    n = B.shape[0] if trans_b else B.shape[1]
+    if kb != k or C.shape[0] != m or C.shape[1] != n:
+        raise ValueError(f"{fn}: shapes do not match: op(A) [{m}, {k}], op(B) [{kb}, {n}], "
+                         f"C [{C.shape[0]}, {C.shape[1]}]")
+    lds = []
+    for arr, name in ((A, "A"), (B, "B"), (C, "C")):
+        rows, cols = arr.shape[0], arr.shape[1]
+        if rows * cols > 0 and arr.strides[1] != itemsize:
+            raise ValueError(f"{fn}: {name} must have unit stride along its last axis")
+        if rows > 1 and cols > 0 and (arr.strides[0] % itemsize
+                                      or arr.strides[0] // itemsize < cols):
+            raise ValueError(f"{fn}: {name} must have a positive row stride of at least its "
+                             f"row length ({cols * itemsize} bytes), got {arr.strides[0]}")
+        lds.append(max(1, arr.strides[0] // itemsize if rows > 1 else cols))
+    return m, n, k, lds[0], lds[1], lds[2]
+
+
+
 def gemm_rm(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
             const floating[:, :] B, double beta, floating[:, :] C):
     """``C = alpha·op(A)·op(B) + beta·C`` on row-major 2-D arrays (for tests and tools).
 
     Each array may be a row-strided view (unit stride along its last axis).
     """
-    cdef int m = A.shape[1] if trans_a else A.shape[0]
-    cdef int k = A.shape[0] if trans_a else A.shape[1]
-    cdef int kb = B.shape[1] if trans_b else B.shape[0]
-    cdef int n = B.shape[0] if trans_b else B.shape[1]
-    if kb != k or C.shape[0] != m or C.shape[1] != n:
-        raise ValueError(f"gemm_rm: shapes do not match: op(A) [{m}, {k}], op(B) [{kb}, {n}], "
-                         f"C [{C.shape[0]}, {C.shape[1]}]")
-    for arr, name in ((A, "A"), (B, "B"), (C, "C")):
-        if arr.shape[0] * arr.shape[1] > 0 and arr.strides[1] != sizeof(floating):
-            raise ValueError(f"gemm_rm: {name} must have unit stride along its last axis")
-        if arr.shape[0] > 1 and arr.shape[1] > 0 and (
-                arr.strides[0] % sizeof(floating) or arr.strides[0] // <Py_ssize_t>sizeof(floating) < arr.shape[1]):
-            raise ValueError(f"gemm_rm: {name} must have a positive row stride of at least its "
-                             f"row length ({arr.shape[1] * sizeof(floating)} bytes), got "
-                             f"{arr.strides[0]}")
-    cdef int lda = A.strides[0] // sizeof(floating) if A.shape[0] > 1 else max(1, A.shape[1])
-    cdef int ldb = B.strides[0] // sizeof(floating) if B.shape[0] > 1 else max(1, B.shape[1])
-    cdef int ldc = C.strides[0] // sizeof(floating) if C.shape[0] > 1 else max(1, C.shape[1])
-    lda = max(lda, 1)
-    ldb = max(ldb, 1)
-    ldc = max(ldc, 1)
+    cdef int m, n, k, lda, ldb, ldc
+    m, n, k, lda, ldb, ldc = _operands("gemm_rm", trans_a, trans_b, A, B, C, sizeof(floating))
     cdef const floating *pa = &A[0, 0] if A.shape[0] * A.shape[1] > 0 else NULL
     cdef const floating *pb = &B[0, 0] if B.shape[0] * B.shape[1] > 0 else NULL
     if m == 0 or n == 0:
@@ -113,25 +119,11 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     the OpenMP threads of the time loops.  BLAS must be limited to one thread around this call
     (the engine does it).
     """
-    cdef int m = A.shape[1] if trans_a else A.shape[0]
-    cdef int k = A.shape[0] if trans_a else A.shape[1]
-    cdef int n = B.shape[0] if trans_b else B.shape[1]
-    cdef int kb = B.shape[1] if trans_b else B.shape[0]
-    if kb != k or C.shape[0] != m or C.shape[1] != n:
-        raise ValueError(f"gemm_blocks: shapes do not match: op(A) [{m}, {k}], op(B) [{kb}, "
-                         f"{n}], C [{C.shape[0]}, {C.shape[1]}]")
+    cdef int m, n, k, lda, ldb, ldc
+    m, n, k, lda, ldb, ldc = _operands("gemm_blocks", trans_a, trans_b, A, B, C,
+                                       sizeof(floating))
     if m == 0 or n == 0:
         return
-    for arr, name in ((A, "A"), (B, "B"), (C, "C")):
-        if arr.shape[0] * arr.shape[1] > 0 and arr.strides[1] != sizeof(floating):
-            raise ValueError(f"gemm_blocks: {name} must have unit stride along its last axis")
-        if arr.shape[0] > 1 and arr.shape[1] > 0 and (
-                arr.strides[0] % sizeof(floating) or arr.strides[0] // <Py_ssize_t>sizeof(floating) < arr.shape[1]):
-            raise ValueError(f"gemm_blocks: {name} needs a row stride of at least its row")
-    cdef int lda = A.strides[0] // sizeof(floating) if A.shape[0] > 1 else max(1, A.shape[1])
-    cdef int ldb = B.strides[0] // sizeof(floating) if B.shape[0] > 1 else max(1, B.shape[1])
-    cdef int ldc = C.strides[0] // sizeof(floating) if C.shape[0] > 1 else max(1, C.shape[1])
-    lda, ldb, ldc = max(lda, 1), max(ldb, 1), max(ldc, 1)
     cdef const floating *pa = &A[0, 0] if A.shape[0] * A.shape[1] > 0 else NULL
     cdef const floating *pb = &B[0, 0] if B.shape[0] * B.shape[1] > 0 else NULL
     cdef floating *pc = &C[0, 0]

@@ -111,3 +111,26 @@ def torch_gru_run():
     """``run(params, x, h0=None, *, lengths, batch_first, dy, dhy) -> dict`` (see module doc)."""
     pytest.importorskip("torch")
     return _run_torch_gru
+
+
+# --- activation cells shared by test_engine and test_gradients ----------------------------------
+import cgru  # noqa: E402
+
+ACTIVATION_KINDS = cgru.ACTIVATION_NAMES
+# Non-default alpha/beta for each kind (ignored by the kinds without parameters).
+ACTIVATION_AB = {"hard_sigmoid": (0.3, 0.45), "affine": (0.8, 0.1), "leaky_relu": (0.15, 0.0),
+                 "thresholded_relu": (0.2, 0.0), "scaled_tanh": (1.3, 0.7), "elu": (0.6, 0.0)}
+
+
+def activation(name):
+    return cgru.Activation(name, *ACTIVATION_AB.get(name, (0.5, -0.5)))
+
+
+def activation_cell(k, z_shift, g_shift, parity):
+    """Case k of 12: with shifts coprime to 12, every kind appears once as f_r, once as f_z
+    and once as g over k = 0…11; ``parity`` picks which cases are reset-after / flip_z."""
+    n = len(ACTIVATION_KINDS)
+    return cgru.Cell(reset_after=k % 2 == parity, flip_z=k % 3 == parity,
+                     f_r=activation(ACTIVATION_KINDS[k]),
+                     f_z=activation(ACTIVATION_KINDS[(k + z_shift) % n]),
+                     g=activation(ACTIVATION_KINDS[(k + g_shift) % n]))

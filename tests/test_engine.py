@@ -16,6 +16,7 @@ import pytest
 
 import cgru
 from cgru import Activation, Cell, Params, Topology, engine, reference
+from conftest import ACTIVATION_AB, ACTIVATION_KINDS, activation_cell
 
 pytestmark = pytest.mark.usefixtures("poison")
 
@@ -110,21 +111,12 @@ def test_inference_equals_training_forward(torch_gru_run):
 
 # --- 2. against the NumPy reference --------------------------------------------------------------
 
-_KINDS = cgru.ACTIVATION_NAMES
-# Non-default alpha/beta for each kind (ignored by the kinds without parameters).
-_AB = {"hard_sigmoid": (0.3, 0.45), "affine": (0.8, 0.1), "leaky_relu": (0.15, 0.0),
-       "thresholded_relu": (0.2, 0.0), "scaled_tanh": (1.3, 0.7), "elu": (0.6, 0.0)}
-
-
-def _act(name):
-    return Activation(name, *_AB.get(name, (0.5, -0.5)))
+_KINDS = ACTIVATION_KINDS
+_AB = ACTIVATION_AB
 
 
 def _activation_cell(k):
-    """Case k of 12: every kind appears once as f_r, once as f_z and once as g."""
-    n = len(_KINDS)
-    return Cell(reset_after=k % 2 == 0, flip_z=k % 3 == 0, f_r=_act(_KINDS[k]),
-                f_z=_act(_KINDS[(k + 5) % n]), g=_act(_KINDS[(k + 9) % n]))
+    return activation_cell(k, z_shift=5, g_shift=9, parity=0)
 
 
 def test_activation_cases_cover_every_kind_at_every_position():

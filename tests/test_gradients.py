@@ -19,6 +19,7 @@ import pytest
 
 import cgru
 from cgru import Activation, Cell, Params, Topology
+from conftest import ACTIVATION_AB, ACTIVATION_KINDS, activation_cell
 
 pytestmark = pytest.mark.usefixtures("poison")
 
@@ -26,21 +27,12 @@ EPS = 1e-6                             # central-difference step
 FD_TOL = dict(rtol=1e-6, atol=1e-8)    # backward vs finite differences (float64)
 LOSSES = ("y", "hy", "both")           # which output gradients are given
 
-_KINDS = cgru.ACTIVATION_NAMES
-# Non-default alpha/beta for each kind (ignored by the kinds without parameters).
-_AB = {"hard_sigmoid": (0.3, 0.45), "affine": (0.8, 0.1), "leaky_relu": (0.15, 0.0),
-       "thresholded_relu": (0.2, 0.0), "scaled_tanh": (1.3, 0.7), "elu": (0.6, 0.0)}
-
-
-def _act(name):
-    return Activation(name, *_AB.get(name, (0.5, -0.5)))
+_KINDS = ACTIVATION_KINDS
+_AB = ACTIVATION_AB
 
 
 def _activation_cell(k):
-    """Case k of 12: every kind appears once as f_r, once as f_z and once as g."""
-    n = len(_KINDS)
-    return Cell(reset_after=k % 2 == 1, flip_z=k % 3 == 1, f_r=_act(_KINDS[k]),
-                f_z=_act(_KINDS[(k + 7) % n]), g=_act(_KINDS[(k + 3) % n]))
+    return activation_cell(k, z_shift=7, g_shift=3, parity=1)
 
 
 def _case(T=4, N=3, I=3, H=2, L=1, direction="forward", input_mode="linear", cell=Cell(),
