@@ -54,11 +54,11 @@ static void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {         
         if (!trans) {         /* rows of op(B) are rows of B: copy w contiguous values */      \
             for (int kk = 0; kk < k; kk++)                                                     \
                 memcpy(dst + (size_t)kk * NR, B + (size_t)kk * ldb + j0, (size_t)w * sizeof(T)); \
-        } else {              /* column c of the panel is row j0 + c of B */                   \
-            for (int c = 0; c < w; c++) {                                                      \
-                const T *src = B + (size_t)(j0 + c) * ldb;                                     \
-                for (int kk = 0; kk < k; kk++) dst[(size_t)kk * NR + c] = src[kk];             \
-            }                                                                                  \
+        } else {              /* column c of the panel is row j0 + c of B: gather the w rows, \
+                                 writing the panel in order (the w source lines stay in L1) */ \
+            const T *src = B + (size_t)j0 * ldb;                                               \
+            for (int kk = 0; kk < k; kk++)                                                     \
+                for (int c = 0; c < w; c++) dst[(size_t)kk * NR + c] = src[(size_t)c * ldb + kk]; \
         }                                                                                      \
     }                                                                                          \
 }

@@ -148,9 +148,12 @@ def _gemm(ta, tb, A, B, C, beta=0.0, nt=1):
 
 
 # --- validation ----------------------------------------------------------------------------
+_DEFAULT_CELL = Cell()
+
+
 def _as_cell(cell):
     if cell is None:
-        return Cell()
+        return _DEFAULT_CELL
     if not isinstance(cell, Cell):
         raise TypeError(f"cell: expected a cgru.Cell, got {type(cell).__name__}")
     return cell
