@@ -169,7 +169,7 @@ class _Observer(threading.Thread):
 def test_kernels_release_the_gil(monkeypatch):
     """While one thread runs forward + backward (time loops of ~0.1 s each), a pure-Python
     thread keeps running: its longest stall stays well below one kernel call.  (A kernel
-    holding the GIL would stall it for the whole call.)  Up to three tries, for a machine
+    holding the GIL would stall it for the whole call.)  Up to five tries, for a machine
     too busy to schedule the observer in time."""
     timer = _KernelTimer(engine._kernels)
     monkeypatch.setattr(engine, "_kernels", timer)
@@ -178,7 +178,7 @@ def test_kernels_release_the_gil(monkeypatch):
     x = np.random.default_rng(5).standard_normal((3072, 8, 8)).astype(np.float32)
     dy = np.ones((3072, 8, 128), np.float32)
     seen = []
-    for _ in range(3):
+    for _ in range(5):
         timer.durations.clear()
         obs = _Observer()
         obs.start()
@@ -242,7 +242,7 @@ def test_two_threads_run_in_parallel():
         for s_out, p_out in zip(serial, parallel):          # same results, bitwise
             for a, b in zip(s_out, p_out):
                 np.testing.assert_array_equal(a, b)
-        for _ in range(3):
+        for _ in range(5):   # a shared 2-core VM is noisy: a few tries before judging
             control = _ratio(_hash_work, bufs)
             ours = _ratio(work, probs)
             seen.append((round(ours, 2), round(control, 2)))
