@@ -272,4 +272,5 @@ def test_interrupt_inside_one_long_time_loop(monkeypatch):
     interrupted, latency = _interrupt_after(0.05, lambda: cgru.forward(params, x,
                                                                        num_threads=1))
     assert interrupted
-    assert latency < 0.15, f"control came back {latency:.2f} s after the interrupt"
+    # the loop polls every 50 ms; without polling this took 0.5-2 s (the whole loop)
+    assert latency < 0.3, f"control came back {latency:.2f} s after the interrupt"
