@@ -193,52 +193,6 @@ def test_read_only_c_raises_and_read_only_inputs_work():
 
 
 @pytest.mark.parametrize("which", ["A", "B", "C"])
-@pytest.mark.parametrize("odd", [np.float32, np.float64])
-def test_mixed_dtypes_raise(which, odd):
-    base = np.float64 if odd == np.float32 else np.float32
-    arrs = {"A": np.ones((3, 4), base), "B": np.ones((4, 5), base), "C": np.zeros((3, 5), base)}
-    arrs[which] = arrs[which].astype(odd)
-    with pytest.raises((TypeError, ValueError)):
-        gemm_rm(False, False, 1.0, arrs["A"], arrs["B"], 0.0, arrs["C"])
-
-
-def test_non_float_dtypes_raise():
-    with pytest.raises((TypeError, ValueError)):
-        gemm_rm(False, False, 1.0, np.ones((3, 4), np.int64), np.ones((4, 5), np.int64), 0.0,
-                np.zeros((3, 5), np.int64))
-
-
-@pytest.mark.parametrize("which", ["A", "B", "C"])
-def test_non_unit_inner_stride_raises(which):
-    arrs = {"A": np.ones((3, 4)), "B": np.ones((4, 5)), "C": np.zeros((3, 5))}
-    a = arrs[which]
-    arrs[which] = np.zeros((a.shape[0], 2 * a.shape[1]))[:, ::2]
-    arrs[which][...] = a
-    with pytest.raises(ValueError, match=f"{which} must have unit stride"):
-        gemm_rm(False, False, 1.0, arrs["A"], arrs["B"], 0.0, arrs["C"])
-
-
-def test_read_only_c_raises_and_read_only_inputs_work():
-    A, B = np.arange(12.0).reshape(3, 4), np.arange(20.0).reshape(4, 5)
-    A.flags.writeable = False
-    B.flags.writeable = False
-    C = np.zeros((3, 5))
-    gemm_rm(False, False, 1.0, A, B, 0.0, C)
-    np.testing.assert_allclose(C, A @ B, rtol=1e-15)
-    C.flags.writeable = False
-    with pytest.raises((TypeError, ValueError)):
-        gemm_rm(False, False, 1.0, A, B, 0.0, C)
-
-
-# Row strides BLAS cannot express (negative, zero, or smaller than the row) must be refused
-# or handled; today they reach ?gemm with lda = 1, which xerbla rejects: C is left untouched
-# and the call returns as if it had worked.
-_BAD_ROW_STRIDE = pytest.mark.xfail(
-    strict=True, reason="bug in cgru/_blas.pyx gemm_rm: a negative or zero row stride becomes "
-                        "lda = 1; BLAS rejects it (xerbla) and C is silently left unwritten")
-
-
-@pytest.mark.parametrize("which", ["A", "B", "C"])
 def test_negative_row_stride_is_handled_or_refused(which):
     rng = np.random.default_rng(3)
     arrs = {"A": rng.standard_normal((3, 4)), "B": rng.standard_normal((4, 5)),
