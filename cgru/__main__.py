@@ -12,9 +12,11 @@ import cgru
 def info():
     """Version, build, BLAS and threads."""
     from threadpoolctl import threadpool_info
-    from cgru._openmp import resolve_num_threads
+    from cgru._threads import blas_control, resolve_num_threads
     print(f"cgru {cgru.__version__}  (python {platform.python_version()}, numpy {np.__version__})")
-    print(f"OpenMP: {'on' if cgru.openmp_enabled() else 'off (serial build)'}")
+    how, path, now = blas_control()
+    print(f"threads: cgru's own pool (fork-safe); BLAS held at one thread inside cgru's calls "
+          f"{'directly (OpenBLAS)' if how == 'openblas' else 'through threadpoolctl (best effort)'}")
     print(f"threads used by default: {resolve_num_threads(None)}")
     from cgru._kernels import simd_isa
     print(f"time-loop kernels: {simd_isa()} (packed-weight GEMM, vectorised sigmoid/tanh)")
@@ -103,7 +105,7 @@ def demo():
     print(f"    dx {list(g.dx.shape)}, dh0 {list(g.dh0.shape)}, "
           f"{sum(a.size for lp in g.dparams for a in lp.arrays().values())} weight gradients")
     print(f"    forward (training) {1e3 * (t1 - t0):.1f} ms, backward {1e3 * (t2 - t1):.1f} ms, "
-          f"{cgru._openmp.resolve_num_threads(None)} threads")
+          f"{cgru._threads.resolve_num_threads(None)} threads")
     print("\nOK" if ok else "\nFAILED")
     return 0 if ok else 1
 

@@ -863,7 +863,7 @@ def library_versions(peers):
     import scipy
     import threadpoolctl
     v = dict(cgru=cgru.__version__, numpy=np.__version__, scipy=scipy.__version__,
-             threadpoolctl=threadpoolctl.__version__, cgru_openmp=cgru.openmp_enabled())
+             threadpoolctl=threadpoolctl.__version__, cgru_parallel=cgru.parallel_enabled())
     if "torch" in peers:
         v["torch"] = peers["torch"].__version__
     if "onnxruntime" in peers:

@@ -5,7 +5,7 @@ matrix ``Cᵀ``.  So row-major ``C = op(A)·op(B)`` is computed as Fortran
 ``Cᵀ = op(B)ᵀ·op(A)ᵀ``: pass B first, then A, swap m and n, keep each operand's own flag.
 """
 from cython cimport floating
-from cython.parallel cimport prange
+from cgru._threads cimport item_fn, parallel_for
 import numpy as np
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 
@@ -104,11 +104,79 @@ def gemm_rm(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
              &C[0, 0], ldc)
 
 
+# --- whole-sequence GEMMs as blocks on cgru's threads ---------------------------------------
+cdef struct GemmJob:
+    bint trans_a
+    bint trans_b
+    int m, n, k, lda, ldb, ldc, n_blocks
+    double alpha, beta
+    const void *A
+    const void *B
+    void *C
+    void *partial           # [n_blocks − 1, m, n] partial sums of the k-split (trans_a)
+
+
+cdef inline void gemm_block(const floating *sample, const GemmJob *J, int blk) noexcept nogil:
+    cdef const floating *pa = <const floating *>J.A
+    cdef const floating *pb = <const floating *>J.B
+    cdef floating *pc = <floating *>J.C
+    cdef floating *pp = <floating *>J.partial
+    cdef int i0, i1
+    if not J.trans_a:
+        i0 = <int>((<long long>blk * J.m) // J.n_blocks)
+        i1 = <int>((<long long>(blk + 1) * J.m) // J.n_blocks)
+        # C[i0:i1] = op(A)[i0:i1] · op(B)  (A's rows i0:i1)
+        gemm(False, J.trans_b, i1 - i0, J.n, J.k, <floating>J.alpha,
+             pa + <Py_ssize_t>i0 * J.lda, J.lda, pb, J.ldb, <floating>J.beta,
+             pc + <Py_ssize_t>i0 * J.ldc, J.ldc)
+        return
+    i0 = <int>((<long long>blk * J.k) // J.n_blocks)
+    i1 = <int>((<long long>(blk + 1) * J.k) // J.n_blocks)
+    # C (+)= A[i0:i1]ᵀ · op(B)[i0:i1]: block 0 into C, block b into partial[b−1]
+    if blk == 0:
+        gemm(True, J.trans_b, J.m, J.n, i1 - i0, <floating>J.alpha, pa, J.lda,
+             pb, J.ldb, <floating>J.beta, pc, J.ldc)
+    else:
+        gemm(True, J.trans_b, J.m, J.n, i1 - i0, <floating>J.alpha,
+             pa + <Py_ssize_t>i0 * J.lda, J.lda,
+             pb + (i0 if J.trans_b else <Py_ssize_t>i0 * J.ldb), J.ldb, <floating>0,
+             pp + <Py_ssize_t>(blk - 1) * J.m * J.n, J.n)
+
+
+cdef inline void sum_partials(const floating *sample, const GemmJob *J, int part) noexcept nogil:
+    """C[rows of part] += partial[0] + partial[1] + … in block order."""
+    cdef floating *pc = <floating *>J.C
+    cdef const floating *pp = <const floating *>J.partial
+    cdef int r0 = <int>((<long long>part * J.m) // J.n_blocks)
+    cdef int r1 = <int>((<long long>(part + 1) * J.m) // J.n_blocks)
+    cdef int i, j, blk
+    for i in range(r0, r1):
+        for blk in range(J.n_blocks - 1):
+            for j in range(J.n):
+                pc[<Py_ssize_t>i * J.ldc + j] += pp[(<Py_ssize_t>blk * J.m + i) * J.n + j]
+
+
+cdef void gemm_item_f(void *ctx, int blk) noexcept nogil:
+    gemm_block(<const float *>NULL, <const GemmJob *>ctx, blk)
+
+
+cdef void gemm_item_d(void *ctx, int blk) noexcept nogil:
+    gemm_block(<const double *>NULL, <const GemmJob *>ctx, blk)
+
+
+cdef void sum_item_f(void *ctx, int part) noexcept nogil:
+    sum_partials(<const float *>NULL, <const GemmJob *>ctx, part)
+
+
+cdef void sum_item_d(void *ctx, int part) noexcept nogil:
+    sum_partials(<const double *>NULL, <const GemmJob *>ctx, part)
+
+
 def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
                 const floating[:, :] B, double beta, floating[:, :] C, int n_blocks,
                 int num_threads):
     """``gemm_rm`` as ``n_blocks`` single-threaded BLAS calls spread over ``num_threads``
-    OpenMP threads.
+    of cgru's pool threads.
 
     Without ``trans_a`` the rows of C are split (each block re-packs only B, the weights).
     With ``trans_a`` — ``C[m, n] = Aᵀ·op(B)`` with a long inner dimension k, the weight
@@ -116,51 +184,29 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     partial sums added to C afterwards in block order; so every operand is packed once.
     The split depends on ``n_blocks`` only (never on the thread count), so the result does not
     depend on ``num_threads``; and BLAS's own thread pool stays idle, so it cannot fight with
-    the OpenMP threads of the time loops.  BLAS must be limited to one thread around this call
-    (the engine does it).
+    the pool threads of the time loops.  BLAS must be held at one thread around this call
+    (``cgru._threads.blas_single_threaded``; the engine does it).
     """
-    cdef int m, n, k, lda, ldb, ldc
-    m, n, k, lda, ldb, ldc = _operands("gemm_blocks", trans_a, trans_b, A, B, C,
-                                       sizeof(floating))
-    if m == 0 or n == 0:
+    cdef GemmJob J
+    J.m, J.n, J.k, J.lda, J.ldb, J.ldc = _operands("gemm_blocks", trans_a, trans_b, A, B, C,
+                                                   sizeof(floating))
+    if J.m == 0 or J.n == 0:
         return
-    cdef const floating *pa = &A[0, 0] if A.shape[0] * A.shape[1] > 0 else NULL
-    cdef const floating *pb = &B[0, 0] if B.shape[0] * B.shape[1] > 0 else NULL
-    cdef floating *pc = &C[0, 0]
-    cdef int blk, i0, i1, i, j
+    J.trans_a, J.trans_b, J.alpha, J.beta = trans_a, trans_b, alpha, beta
+    J.A = &A[0, 0] if A.shape[0] * A.shape[1] > 0 else NULL
+    J.B = &B[0, 0] if B.shape[0] * B.shape[1] > 0 else NULL
+    J.C = &C[0, 0]
+    J.partial = NULL
+    J.n_blocks = max(1, min(n_blocks, J.k if trans_a else J.m))
+    num_threads = max(1, min(num_threads, J.n_blocks))
     cdef floating[:, :, ::1] partial
-    cdef floating *pp = NULL
-    cdef floating zero = 0
-    if trans_a:
-        n_blocks = max(1, min(n_blocks, k))
-    else:
-        n_blocks = max(1, min(n_blocks, m))
-    num_threads = max(1, min(num_threads, n_blocks))
-    if not trans_a:
-        for blk in prange(n_blocks, nogil=True, schedule="static", num_threads=num_threads):
-            i0 = <int>((<long long>blk * m) // n_blocks)
-            i1 = <int>((<long long>(blk + 1) * m) // n_blocks)
-            # C[i0:i1] = op(A)[i0:i1] · op(B)  (A's rows i0:i1)
-            gemm(False, trans_b, i1 - i0, n, k, <floating>alpha, pa + <Py_ssize_t>i0 * lda, lda,
-                 pb, ldb, <floating>beta, pc + <Py_ssize_t>i0 * ldc, ldc)
-        return
-    if n_blocks > 1:
-        partial = np.empty((n_blocks - 1, m, n), dtype=np.float32 if floating is float else np.float64)
-        pp = &partial[0, 0, 0]
-    for blk in prange(n_blocks, nogil=True, schedule="static", num_threads=num_threads):
-        i0 = <int>((<long long>blk * k) // n_blocks)
-        i1 = <int>((<long long>(blk + 1) * k) // n_blocks)
-        # C (+)= A[i0:i1]ᵀ · op(B)[i0:i1]: block 0 into C, block b into partial[b−1]
-        if blk == 0:
-            gemm(True, trans_b, m, n, i1 - i0, <floating>alpha, pa, lda,
-                 pb, ldb, <floating>beta, pc, ldc)
-        else:
-            gemm(True, trans_b, m, n, i1 - i0, <floating>alpha, pa + <Py_ssize_t>i0 * lda, lda,
-                 pb + (i0 if trans_b else <Py_ssize_t>i0 * ldb), ldb, zero,
-                 pp + <Py_ssize_t>(blk - 1) * m * n, n)
-    if n_blocks > 1:
-        # C += partial[0] + partial[1] + … in block order; rows in parallel
-        for i in prange(m, nogil=True, schedule="static", num_threads=num_threads):
-            for blk in range(n_blocks - 1):
-                for j in range(n):
-                    pc[<Py_ssize_t>i * ldc + j] += pp[(<Py_ssize_t>blk * m + i) * n + j]
+    if trans_a and J.n_blocks > 1:
+        partial = np.empty((J.n_blocks - 1, J.m, J.n),
+                           dtype=np.float32 if floating is float else np.float64)
+        J.partial = &partial[0, 0, 0]
+    cdef item_fn item = gemm_item_f if floating is float else gemm_item_d
+    cdef item_fn summ = sum_item_f if floating is float else sum_item_d
+    with nogil:
+        parallel_for(J.n_blocks, num_threads, item, &J, NULL, NULL)
+        if J.partial != NULL:
+            parallel_for(J.n_blocks, num_threads, summ, &J, NULL, NULL)

@@ -32,12 +32,11 @@ Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
     dgh_nᵀ·(r ⊙ h ⊙ m), which the backward writes into ws_rhm), db_W = Σ dgx, db_R = Σ dgh,
     dX = dgx·W.
 
-Parallelism: one OpenMP loop over work items (direction, batch chunk); each item runs the
-whole time loop for its rows with single-threaded BLAS.  The chunking depends on N only, so
+Parallelism: the work items (direction, batch chunk) run on cgru's thread pool (_threads);
+each item runs the whole time loop for its rows.  The chunking depends on N only, so
 results are bitwise identical for every thread count.
 """
 from cython cimport floating
-from cython.parallel cimport prange
 from libc.math cimport exp, expf, tanh, tanhf, log1p, log1pf, fabs
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
@@ -49,11 +48,11 @@ cimport numpy as cnp
 
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport PyObject
-from cgru._openmp cimport omp_get_thread_num, omp_get_wtime
+from cgru._threads cimport is_worker, item_fn, parallel_for, wtime
 
 cnp.import_array()
 
-# The calling thread (the team's thread 0) runs Python's signal handlers this often while a
+# The calling thread runs Python's signal handlers this often while a
 # time loop runs, so that Ctrl-C stops a long layer; the other threads see the abort flag.
 cdef double POLL_SECONDS = 0.05
 
@@ -226,7 +225,7 @@ cdef struct Dir:
 
 cdef struct Layer:
     int *abort                 # set when a signal handler raised: every work item stops
-    bint poll                  # thread 0 polls for signals (calls from the main thread only)
+    bint poll                  # the caller polls for signals (calls from the main thread only)
     PyObject *errors           # list receiving the exception a signal handler raised
     int T
     int N
@@ -240,25 +239,106 @@ cdef struct Layer:
     Dir dirs[2]
 
 
+cdef extern from *:
+    """
+    #include <signal.h>
+    static inline int cgru_load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+    static inline void cgru_store(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+    static inline int cgru_add(int *p, int v) { return __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
+    """
+    int cgru_load(const int *p) noexcept nogil
+    void cgru_store(int *p, int v) noexcept nogil
+    int cgru_add(int *p, int v) noexcept nogil
+    int raise_signal "raise"(int sig) noexcept nogil
+    int SIGINT
+
+
+cdef void check_signals(const Layer *L) noexcept nogil:
+    """Run Python's signal handlers (the caller's thread, main-thread calls only); an exception
+    they raise (KeyboardInterrupt) is kept for the caller and stops every work item."""
+    with gil:
+        try:
+            PyErr_CheckSignals()
+        except BaseException as e:
+            (<list>L.errors).append(e)
+            cgru_store(L.abort, 1)
+
+
+cdef void poll_while_waiting(void *ctx) noexcept nogil:
+    # the pool calls this on the caller's thread while it waits for the workers
+    cdef const Layer *L = <const Layer *>ctx
+    if L.poll and not cgru_load(L.abort):
+        check_signals(L)
+
+
 cdef bint stop_requested(const Layer *L, double *next_poll) noexcept nogil:
-    """True when the loop must stop.  On thread 0 of a main-thread call, every POLL_SECONDS,
-    run Python's signal handlers; an exception they raise (KeyboardInterrupt) is kept for the
-    caller and stops every work item."""
+    """True when the loop must stop.  On the caller's thread of a main-thread call, every
+    POLL_SECONDS (or at once after a test probe fired), run Python's signal handlers."""
     cdef double now
-    if L.abort[0]:
+    if cgru_load(L.abort):
         return True
-    if L.poll and omp_get_thread_num() == 0:
-        now = omp_get_wtime()
-        if now >= next_poll[0]:
+    if L.poll and not is_worker():
+        now = wtime()
+        if now >= next_poll[0] or cgru_load(&probe.poll_now):
             next_poll[0] = now + POLL_SECONDS
-            with gil:
-                try:
-                    PyErr_CheckSignals()
-                except BaseException as e:
-                    (<list>L.errors).append(e)
-                    L.abort[0] = 1
-                    return True
+            cgru_store(&probe.poll_now, 0)
+            check_signals(L)
+            return cgru_load(L.abort) != 0
     return False
+
+
+# --- test probes ---------------------------------------------------------------------------
+# Deterministic hooks for the tests of signals, GIL release and concurrency (no test measures
+# a duration): at processing step `step` of work item 0 of every time loop, item 0
+#   action 1: raises SIGINT (as Ctrl-C would) and makes the caller poll at its next step;
+#   action 2: arrives at a rendezvous and waits (at most `timeout` s) until `needed` parties
+#             have arrived — other time loops' item 0 at the same step, or a Python thread
+#             calling probe_arrive().
+# `steps` counts the steps item 0 completed in the last loop.  Off (step −1) by default; the
+# check is one comparison per step.
+cdef struct Probe:
+    int step
+    int action
+    int needed
+    int arrived
+    int timed_out
+    int poll_now
+    int steps
+    double timeout
+
+cdef Probe probe
+probe.step = -1
+
+
+cdef void fire_probe() noexcept nogil:
+    cdef double until
+    if probe.action == 1:
+        raise_signal(SIGINT)
+        cgru_store(&probe.poll_now, 1)
+    elif probe.action == 2:
+        cgru_add(&probe.arrived, 1)
+        until = wtime() + probe.timeout
+        while cgru_load(&probe.arrived) < probe.needed:
+            if wtime() > until:
+                cgru_store(&probe.timed_out, 1)
+                break
+
+
+def set_probe(int step=-1, int action=0, int needed=2, double timeout=60.0):
+    """Arm the test probe (see above); ``step=-1`` disarms it.  Resets the counters."""
+    probe.step, probe.action, probe.needed, probe.timeout = step, action, needed, timeout
+    probe.arrived = probe.timed_out = probe.poll_now = probe.steps = 0
+
+
+def probe_state():
+    """``{"arrived", "timed_out", "steps"}`` of the test probe."""
+    return {"arrived": cgru_load(&probe.arrived), "timed_out": bool(probe.timed_out),
+            "steps": cgru_load(&probe.steps)}
+
+
+def probe_arrive():
+    """Arrive at the probe's rendezvous from Python (needs the GIL: proves the loop released it)."""
+    cgru_add(&probe.arrived, 1)
 
 
 cdef inline void *ptr(object a):
@@ -386,10 +466,14 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
         h_prev = h_a
     memcpy(h_prev, <const floating *>P.h0 + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
 
-    cdef double next_poll = omp_get_wtime() + POLL_SECONDS
+    cdef double next_poll = wtime() + POLL_SECONDS
     for s in range(T):
         if stop_requested(L, &next_poll):
             break
+        if item == 0:
+            cgru_store(&probe.steps, s + 1)
+            if s == probe.step:
+                fire_probe()
         t = T - 1 - s if P.reverse else s
         if training:
             h_next = states + (<size_t>(t if P.reverse else t + 1) * N + b0) * H
@@ -583,10 +667,14 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
     else:
         memset(dh, 0, <size_t>rows * H * sizeof(floating))
 
-    cdef double next_poll = omp_get_wtime() + POLL_SECONDS
+    cdef double next_poll = wtime() + POLL_SECONDS
     for s in range(T):
         if stop_requested(L, &next_poll):
             break
+        if item == 0:
+            cgru_store(&probe.steps, s + 1)
+            if s == probe.step:
+                fire_probe()
         t = s if P.reverse else T - 1 - s
         # h_prev of time t: slot t (forward) or t+1 (reversed)
         hp = states + (<size_t>(t + 1 if P.reverse else t) * N + b0) * H
@@ -764,6 +852,48 @@ cdef Layer make_layer(int T, int N, int H, int n_chunks, object lengths, object 
     return L
 
 
+cdef struct LoopJob:
+    Layer *L
+    CellSpec *C
+    bint training
+    int failed              # set (atomically) when a work item ran out of memory
+
+
+cdef void forward_item_f(void *ctx, int item) noexcept nogil:
+    cdef LoopJob *J = <LoopJob *>ctx
+    if forward_item(<const float *>NULL, J.L, J.C, item, J.training) != 0:
+        cgru_store(&J.failed, 1)
+
+
+cdef void forward_item_d(void *ctx, int item) noexcept nogil:
+    cdef LoopJob *J = <LoopJob *>ctx
+    if forward_item(<const double *>NULL, J.L, J.C, item, J.training) != 0:
+        cgru_store(&J.failed, 1)
+
+
+cdef void backward_item_f(void *ctx, int item) noexcept nogil:
+    cdef LoopJob *J = <LoopJob *>ctx
+    if backward_item(<const float *>NULL, J.L, J.C, item) != 0:
+        cgru_store(&J.failed, 1)
+
+
+cdef void backward_item_d(void *ctx, int item) noexcept nogil:
+    cdef LoopJob *J = <LoopJob *>ctx
+    if backward_item(<const double *>NULL, J.L, J.C, item) != 0:
+        cgru_store(&J.failed, 1)
+
+
+cdef run_items(item_fn fn, LoopJob *J, int num_threads, list errors, str what):
+    """Every (direction, batch chunk) work item of one layer on the pool."""
+    cdef int n_items = J.L.D * J.L.n_chunks
+    with nogil:
+        parallel_for(n_items, num_threads, fn, J, poll_while_waiting, J.L)
+    if errors:
+        raise errors[0]
+    if J.failed:
+        raise MemoryError(f"cgru: out of memory for the per-thread scratch of the {what} loop")
+
+
 def forward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, cell,
                   lengths, mask, y, list dirs, bint training):
     """Run the forward time loops of one layer.  ``dirs`` holds one dict of arrays per
@@ -773,24 +903,12 @@ def forward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, cel
     cdef int abort = 0
     cdef list errors = []
     cdef Layer L = make_layer(T, N, H, n_chunks, lengths, mask, y, None, dirs, &abort, errors)
-    cdef int n_items = L.D * n_chunks, item, failed = 0
-    cdef bint is_float = np.dtype(dtype) == np.float32
-    cdef const float *fs = NULL
-    cdef const double *ds = NULL
+    cdef LoopJob J
     if T == 0 or N == 0:
         return
-    num_threads = max(1, min(num_threads, n_items))  # no idle threads in the team
-    for item in prange(n_items, nogil=True, schedule="static", num_threads=num_threads):
-        if is_float:
-            if forward_item(fs, &L, &C, item, training) != 0:
-                failed += 1
-        else:
-            if forward_item(ds, &L, &C, item, training) != 0:
-                failed += 1
-    if errors:
-        raise errors[0]
-    if failed:
-        raise MemoryError("cgru: out of memory for the per-thread scratch of the forward loop")
+    J.L, J.C, J.training, J.failed = &L, &C, training, 0
+    run_items(forward_item_f if np.dtype(dtype) == np.float32 else forward_item_d, &J,
+              num_threads, errors, "forward")
 
 
 def backward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, cell,
@@ -800,24 +918,12 @@ def backward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, ce
     cdef int abort = 0
     cdef list errors = []
     cdef Layer L = make_layer(T, N, H, n_chunks, lengths, mask, None, dy, dirs, &abort, errors)
-    cdef int n_items = L.D * n_chunks, item, failed = 0
-    cdef bint is_float = np.dtype(dtype) == np.float32
-    cdef const float *fs = NULL
-    cdef const double *ds = NULL
+    cdef LoopJob J
     if T == 0 or N == 0:
         return
-    num_threads = max(1, min(num_threads, n_items))  # no idle threads in the team
-    for item in prange(n_items, nogil=True, schedule="static", num_threads=num_threads):
-        if is_float:
-            if backward_item(fs, &L, &C, item) != 0:
-                failed += 1
-        else:
-            if backward_item(ds, &L, &C, item) != 0:
-                failed += 1
-    if errors:
-        raise errors[0]
-    if failed:
-        raise MemoryError("cgru: out of memory for the per-thread scratch of the backward loop")
+    J.L, J.C, J.training, J.failed = &L, &C, False, 0
+    run_items(backward_item_f if np.dtype(dtype) == np.float32 else backward_item_d, &J,
+              num_threads, errors, "backward")
 
 
 def pack_rhs(B, bint trans):

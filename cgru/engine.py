@@ -15,11 +15,11 @@ Shapes: ``x`` ``[T, N, I]`` (``[N, T, I]`` with ``batch_major``); ``y`` ``[T, N,
 ``[N, T, D·H]``); ``h0``/``hy`` ``[L·D, N, H]`` at index ``l·D + d`` in both layouts.
 
 Per layer the engine does (kernel equations in ``_kernels.pyx``): the input projection of all
-steps as one GEMM per direction; the time loops of all directions in one OpenMP loop over
-(direction, batch chunk) work items, whose per-step products use cgru's packed-weight GEMM;
+steps as one GEMM per direction; the time loops of all directions as
+(direction, batch chunk) work items on cgru's thread pool, whose per-step products use cgru's packed-weight GEMM;
 and in the backward, after the loops, ``dW``, ``dR`` and ``dX`` as whole-sequence GEMMs and
 the bias gradients as column sums.  Every whole-sequence GEMM runs as fixed blocks of
-single-threaded BLAS on the OpenMP threads (``_gemm``).
+single-threaded BLAS on cgru's pool threads (``_gemm``).
 
 The reserve (training only) is one ``uint8`` array carved by ``_reserve_layout`` — the same
 function sizes it — into (each region 64-byte aligned)::
@@ -46,7 +46,7 @@ import threading
 import numpy as np
 
 from cgru import _blas, _kernels
-from cgru._openmp import resolve_num_threads
+from cgru._threads import blas_single_threaded, resolve_num_threads
 from cgru.cell import Cell
 from cgru.params import Params, Topology, _positive_int, as_dtype
 
@@ -89,51 +89,9 @@ def _loop_threads(nt, T, N, H, D):
     return nt if T * N * D * H * (3 * H + 16) >= _MIN_PARALLEL_WORK else 1
 
 
-# --- BLAS thread control -------------------------------------------------------------------
-_blas_libs = None
-_blas_lock = threading.Lock()
-_blas_state = {"depth": 0, "saved": []}
-
-
-class _blas_threads:
-    """Context manager: the BLAS libraries threadpoolctl finds use ``n`` threads inside.
-
-    Calls may overlap (several Python threads): the first one in saves the process's counts
-    and sets ``n``, the last one out restores them; a lock keeps the bookkeeping consistent.
-    cgru always asks for 1 (its GEMMs run as single-threaded blocks on its own threads)."""
-
-    def __init__(self, n):
-        global _blas_libs
-        if _blas_libs is None:
-            from threadpoolctl import ThreadpoolController
-            _blas_libs = ThreadpoolController().select(user_api="blas").lib_controllers
-        self.n = n
-
-    def __enter__(self):
-        with _blas_lock:
-            if _blas_state["depth"] == 0:
-                saved = []
-                for lib in _blas_libs:
-                    old = lib.get_num_threads()
-                    if old != self.n:
-                        lib.set_num_threads(self.n)
-                        saved.append((lib, old))
-                _blas_state["saved"] = saved
-            _blas_state["depth"] += 1
-        return self
-
-    def __exit__(self, *exc):
-        with _blas_lock:
-            _blas_state["depth"] -= 1
-            if _blas_state["depth"] == 0:
-                for lib, old in _blas_state["saved"]:
-                    lib.set_num_threads(old)
-                _blas_state["saved"] = []
-
-
 # Whole-sequence GEMMs are split into at most _MAX_GEMM_BLOCKS blocks (of C's rows, or of the
 # inner dimension for the weight gradients Aᵀ·B; at least _MIN_GEMM_ROWS rows each), one
-# single-threaded BLAS call per block on the OpenMP threads: BLAS's own pool stays asleep and
+# single-threaded BLAS call per block on cgru's pool threads: BLAS's own pool stays asleep and
 # cannot fight the time loops' threads for the cores.  The split is a function of the shape
 # only, so results do not depend on the thread count.
 _MAX_GEMM_BLOCKS = 4
@@ -567,7 +525,7 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
         training: keep the reserve for ``backward`` (and apply ``dropout``).
         dropout: inter-layer inverted dropout probability (training only), ``[0, 1)``.
         seed: int or ``(seed, seed2)`` for the dropout masks (see ``dropout_masks``).
-        num_threads: threads for OpenMP and BLAS (``None``: all usable cores, at most
+        num_threads: threads of cgru's pool (``None``: all usable cores, at most
             ``OMP_NUM_THREADS``).  Results are bitwise identical for every value.
 
     Returns:
@@ -599,7 +557,7 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
     masks = dropout_masks(topo, T, N, dropout=p, seed=(s1, s2), dtype=dtype) if p > 0 else None
     gx_buf = [_empty((T * N, 3 * H), dtype) for _ in range(D)]
 
-    with _blas_threads(1):  # BLAS runs single-threaded inside cgru's own OpenMP blocks
+    with blas_single_threaded():  # BLAS runs single-threaded inside cgru's own blocks
         for layer in range(L):
             last = layer == L - 1
             if last:
@@ -695,7 +653,7 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
     hm = [_empty((T * N, H), dtype) for _ in range(D)] if mask is not None else None
     d_out = dy  # gradient of the current layer's output, [T, N, D·H] time-major or None
 
-    with _blas_threads(1):  # BLAS runs single-threaded inside cgru's own OpenMP blocks
+    with blas_single_threaded():  # BLAS runs single-threaded inside cgru's own blocks
         for layer in reversed(range(L)):
             X = x_tm if layer == 0 else views[f"xin{layer}"].reshape(T * N, DH)
             dirs = []

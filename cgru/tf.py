@@ -27,7 +27,7 @@ linear, as TF's ``ToRNNInputMode``), ``direction`` ("unidirectional", "bidirecti
 float64); the sizes of V1/V3 calls come from the shapes, as in TF (``input_size`` = last axis
 of ``input``, ``num_units`` = last axis of ``input_h``, ``num_layers`` = its layer axis / D).
 The forward and backprop ops also take ``num_threads`` (cgru's, not a TF attribute: threads for
-OpenMP and BLAS, ``None`` = all usable cores; results are identical for every value).
+cgru's pool, ``None`` = all usable cores; results are identical for every value).
 
 The cell (cuDNN ``CUDNN_GRU``), gates r (reset), z (update), n (candidate)::
 

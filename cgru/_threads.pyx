@@ -1,0 +1,278 @@
+"""How cgru uses threads: its thread pool, the thread-count rule, and BLAS held at one thread.
+
+* **The pool** (``_pool.h``): the time loops and the whole-sequence GEMM blocks run as
+  independent work items on cgru's own pthread pool, the calling thread among them.  It
+  survives ``fork()``: a forked child (``multiprocessing``, process pools, DataLoader workers)
+  starts with no workers and makes fresh ones on its first call.  Results never depend on how
+  many threads run the items.
+* **The thread count** of a call: ``resolve_num_threads``.
+* **BLAS at one thread**: cgru's whole-sequence GEMMs run as blocks of single-threaded BLAS
+  calls on the pool's threads, so that BLAS's own threads neither fight the pool for the cores
+  nor split a product differently from one call to the next (which changes the last bits).
+  ``blas_single_threaded()`` holds the BLAS that ``scipy.linalg.cython_blas`` calls at one
+  thread for as long as any cgru call is inside it, from whichever thread, and then restores
+  the count it found.  For OpenBLAS (SciPy's wheels) cgru sets the library's process-wide
+  thread count itself, through the library's own ``openblas_set_num_threads``; for other BLAS
+  libraries it asks threadpoolctl (best effort: see ``blas_control()``).
+"""
+import os
+import threading
+
+from cpython.pycapsule cimport PyCapsule_GetName, PyCapsule_GetPointer
+
+cdef extern from "_pool.h" nogil:
+    ctypedef void (*cgru_item_fn)(void *ctx, int item)
+    ctypedef void (*cgru_poll_fn)(void *ctx)
+    int cgru_parallel_for(int n_items, int n_threads, cgru_item_fn fn, void *ctx,
+                          cgru_poll_fn poll, void *poll_ctx)
+    int cgru_pool_is_worker()
+    int cgru_pool_size()
+
+cdef extern from *:
+    """
+    #include <dlfcn.h>
+    #include <pthread.h>
+    #include <stdio.h>
+    #include <time.h>
+
+    static double cgru_wtime(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    }
+
+    /* ---- BLAS thread count, process-wide, reference-counted ---------------------------------
+     * cgru_blas_found: 1 when the library behind SciPy's cython_blas exports OpenBLAS's
+     * set/get pair (with SciPy's "scipy_" symbol prefix or none, and an optional 64_ suffix).
+     * The first cgru call in saves the count and sets 1; the last one out restores it.      */
+    typedef void (*cgru_set_threads_fn)(int);
+    typedef int (*cgru_get_threads_fn)(void);
+    static cgru_set_threads_fn cgru_blas_set;
+    static cgru_get_threads_fn cgru_blas_get;
+    static int cgru_blas_parallel = -1;        /* openblas_get_parallel(): 0 none, 1 pthreads, 2 OpenMP */
+    static char cgru_blas_path[4096];
+    static pthread_mutex_t cgru_blas_lock = PTHREAD_MUTEX_INITIALIZER;
+    static int cgru_blas_depth, cgru_blas_saved = -1, cgru_blas_child_restore = -1;
+
+    static void *cgru_blas_symbol(void *h, const char *base) {
+        static const char *prefixes[] = {"scipy_", ""};
+        static const char *suffixes[] = {"", "64_"};
+        char name[128];
+        for (int p = 0; p < 2; p++)
+            for (int s = 0; s < 2; s++) {
+                snprintf(name, sizeof name, "%s%s%s", prefixes[p], base, suffixes[s]);
+                void *f = dlsym(h, name);
+                if (f != NULL) return f;
+            }
+        return NULL;
+    }
+
+    static void cgru_blas_child(void) {
+        /* a fork inside another thread's cgru call: the child's count is the parent's 1 */
+        pthread_mutex_init(&cgru_blas_lock, NULL);
+        if (cgru_blas_depth > 0) cgru_blas_child_restore = cgru_blas_saved;
+        cgru_blas_depth = 0;
+    }
+
+    /* Find the library behind `sgemm` (the pointer SciPy's capsule gives: a function of
+     * cython_blas, whose dependencies dlsym searches too).  1 if it is OpenBLAS. */
+    static int cgru_blas_bind(void *sgemm) {
+        Dl_info info;
+        if (sgemm == NULL || dladdr(sgemm, &info) == 0 || info.dli_fname == NULL) return 0;
+        snprintf(cgru_blas_path, sizeof cgru_blas_path, "%s", info.dli_fname);
+        void *h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+        if (h == NULL) return 0;
+        cgru_set_threads_fn set = (cgru_set_threads_fn)cgru_blas_symbol(h, "openblas_set_num_threads");
+        cgru_get_threads_fn get = (cgru_get_threads_fn)cgru_blas_symbol(h, "openblas_get_num_threads");
+        cgru_get_threads_fn par = (cgru_get_threads_fn)cgru_blas_symbol(h, "openblas_get_parallel");
+        if (set == NULL || get == NULL) return 0;
+        if (dladdr((void *)set, &info) != 0 && info.dli_fname != NULL)   /* the BLAS itself */
+            snprintf(cgru_blas_path, sizeof cgru_blas_path, "%s", info.dli_fname);
+        cgru_blas_parallel = par ? par() : -1;
+        if (cgru_blas_parallel == 2) return 0;   /* OpenMP-threaded OpenBLAS: per-thread ICVs */
+        cgru_blas_set = set;
+        cgru_blas_get = get;
+        pthread_atfork(NULL, NULL, cgru_blas_child);
+        return 1;
+    }
+
+    static void cgru_blas_enter(void) {
+        if (cgru_blas_set == NULL) return;
+        pthread_mutex_lock(&cgru_blas_lock);
+        if (cgru_blas_depth++ == 0) {
+            int now = cgru_blas_get();
+            cgru_blas_saved = cgru_blas_child_restore >= 0 ? cgru_blas_child_restore : now;
+            cgru_blas_child_restore = -1;
+            if (now != 1) cgru_blas_set(1);
+        }
+        pthread_mutex_unlock(&cgru_blas_lock);
+    }
+
+    static void cgru_blas_exit(void) {
+        if (cgru_blas_set == NULL) return;
+        pthread_mutex_lock(&cgru_blas_lock);
+        if (--cgru_blas_depth == 0 && cgru_blas_saved != 1 && cgru_blas_saved > 0)
+            cgru_blas_set(cgru_blas_saved);
+        pthread_mutex_unlock(&cgru_blas_lock);
+    }
+
+    static int cgru_blas_threads_now(void) { return cgru_blas_get ? cgru_blas_get() : -1; }
+    """
+    double cgru_wtime() nogil
+    int cgru_blas_bind(void *sgemm)
+    void cgru_blas_enter() nogil
+    void cgru_blas_exit() nogil
+    int cgru_blas_threads_now() nogil
+    int cgru_blas_parallel
+    char cgru_blas_path[4096]
+
+
+# --- the pool --------------------------------------------------------------------------------
+cdef void parallel_for(int n_items, int n_threads, item_fn fn, void *ctx, poll_fn poll,
+                       void *poll_ctx) noexcept nogil:
+    cgru_parallel_for(n_items, n_threads, <cgru_item_fn>fn, ctx, <cgru_poll_fn>poll, poll_ctx)
+
+
+cdef bint is_worker() noexcept nogil:
+    return cgru_pool_is_worker() != 0
+
+
+cdef double wtime() noexcept nogil:
+    return cgru_wtime()
+
+
+def parallel_enabled():
+    """True: cgru runs its loops on several threads (its own pthread pool)."""
+    return True
+
+
+def openmp_enabled():
+    """Deprecated (cgru no longer uses OpenMP): ``parallel_enabled()``."""
+    import warnings
+    warnings.warn("cgru.openmp_enabled() is deprecated: cgru runs on its own thread pool; use "
+                  "cgru.parallel_enabled()", DeprecationWarning, stacklevel=2)
+    return True
+
+
+def pool_size():
+    """How many pool worker threads exist in this process now (0 in a fresh fork child)."""
+    return cgru_pool_size()
+
+
+# --- the thread-count rule -------------------------------------------------------------------
+# A call never asks for more threads than this (a larger request is an error, not a hang of
+# thread creation): far above any machine's core count.
+MAX_THREADS = 256
+
+
+def _usable_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _omp_num_threads():
+    """The first entry of ``OMP_NUM_THREADS`` as a positive int, or None."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    try:
+        n = int(value)
+    except ValueError:
+        return None
+    return n if n >= 1 else None
+
+
+def resolve_num_threads(num_threads=None):
+    """The thread count a call uses.
+
+    ``None`` means every usable core (the process's CPU affinity), capped by
+    ``OMP_NUM_THREADS`` when it is set; a positive int is taken as is (at most
+    ``MAX_THREADS``); a negative int ``-k`` means "all usable cores but k-1" (as in
+    scikit-learn).  ``0`` is an error.  The count changes only which threads do the work,
+    never the results.
+    """
+    if num_threads is None:
+        n = _usable_cores()
+        cap = _omp_num_threads()
+        return max(1, min(n, cap) if cap else n)
+    if isinstance(num_threads, bool) or not hasattr(num_threads, "__index__"):
+        raise TypeError(f"num_threads: expected an int or None, got "
+                        f"{type(num_threads).__name__} ({num_threads!r})")
+    n = num_threads.__index__()
+    if n == 0:
+        raise ValueError("num_threads: expected a non-zero int or None, got 0")
+    if n > MAX_THREADS or n < -MAX_THREADS:
+        raise ValueError(f"num_threads: expected at most {MAX_THREADS} threads (or -k for all "
+                         f"usable cores but k-1), got {n}")
+    if n < 0:
+        n = max(1, _usable_cores() + 1 + n)
+    return n
+
+
+# --- BLAS at one thread ----------------------------------------------------------------------
+_bind_lock = threading.Lock()
+_bound = None           # None: not yet looked up; then "openblas" or "threadpoolctl"
+_tpc_libs = None        # threadpoolctl controllers (fallback)
+_tpc_state = {"depth": 0, "saved": []}
+
+
+def _bind():
+    global _bound, _tpc_libs
+    with _bind_lock:
+        if _bound is not None:
+            return _bound
+        from scipy.linalg import cython_blas
+        cap = cython_blas.__pyx_capi__["sgemm"]
+        if cgru_blas_bind(PyCapsule_GetPointer(cap, PyCapsule_GetName(cap))):
+            _bound = "openblas"
+        else:
+            from threadpoolctl import ThreadpoolController
+            _tpc_libs = ThreadpoolController().select(user_api="blas").lib_controllers
+            _bound = "threadpoolctl"
+        return _bound
+
+
+class blas_single_threaded:
+    """Context manager: the BLAS cgru calls runs single-threaded inside (see module doc).
+
+    Re-entrant and safe from any number of threads at once: the first one in sets one thread,
+    the last one out restores the count it found."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        if _bound is None:
+            _bind()
+        if _bound == "openblas":
+            cgru_blas_enter()
+        else:
+            with _bind_lock:
+                if _tpc_state["depth"] == 0:
+                    saved = []
+                    for lib in _tpc_libs:
+                        old = lib.get_num_threads()
+                        if old != 1:
+                            lib.set_num_threads(1)
+                            saved.append((lib, old))
+                    _tpc_state["saved"] = saved
+                _tpc_state["depth"] += 1
+        return self
+
+    def __exit__(self, *exc):
+        if _bound == "openblas":
+            cgru_blas_exit()
+        else:
+            with _bind_lock:
+                _tpc_state["depth"] -= 1
+                if _tpc_state["depth"] == 0:
+                    for lib, old in _tpc_state["saved"]:
+                        lib.set_num_threads(old)
+                    _tpc_state["saved"] = []
+
+
+def blas_control():
+    """``(how, library path, current thread count)``: how cgru holds its BLAS at one thread —
+    ``"openblas"`` (directly, exact from every thread) or ``"threadpoolctl"`` (best effort)."""
+    how = _bind()
+    path = cgru_blas_path.decode(errors="replace") if how == "openblas" else ""
+    return how, path, cgru_blas_threads_now()
