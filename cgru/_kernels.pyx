@@ -220,7 +220,7 @@ cdef struct Dir:
     void *dgx                # [T·N, 3H]                        (OUT)
     void *dgh                # [T·N, 3H] (reset-after)          (OUT)
     void *rhm                # [T·N, H]  (reset-before: r⊙h⊙m)  (OUT)
-    void *hm                 # [T·N, H]  (mask: h⊙m)            (OUT)
+    void *hm                 # [T·N, H]  h⊙m (mask) or h (padding), 0 when inactive (OUT)
 
 
 cdef struct Layer:
@@ -684,17 +684,24 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
             dhr = dh + i * H
             dxr = dgx + row * H3
             mrow = mask + (<size_t>t * N + b) * DH + <size_t>d * H if mask != NULL else NULL
-            if hm != NULL:
-                for j in range(H):
-                    hm[row * H + j] = hp[i * H + j] * mrow[j]
             if t >= L.lengths[b]:
-                # inactive: the state passes through; no gate gradients
+                # inactive: the state passes through; no gate gradients, and zeros in every
+                # operand row of the weight-gradient GEMMs (padding never reaches dW, dR)
+                if hm != NULL:
+                    memset(hm + row * H, 0, H * sizeof(floating))
                 memset(dxr, 0, H3 * sizeof(floating))
                 if C.reset_after:
                     memset(dgh + row * H3, 0, H3 * sizeof(floating))
                 else:
                     memset(rhm + row * H, 0, H * sizeof(floating))
                 continue
+            if hm != NULL:
+                # h_prev as it entered the recurrent product: h ⊙ m (or h), for dR
+                if mrow != NULL:
+                    for j in range(H):
+                        hm[row * H + j] = hp[i * H + j] * mrow[j]
+                else:
+                    memcpy(hm + row * H, hp + i * H, H * sizeof(floating))
             if dy != NULL:
                 for j in range(H):
                     dhr[j] += dy[row * DH + d * H + j]
@@ -752,6 +759,8 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
                 gemm_packed(rows, H, 3 * H, dgh + (<size_t>t * N + b0) * H3, H3, Rb, False,
                             tmp, H)
                 for i in range(rows):
+                    if t >= L.lengths[b0 + i]:
+                        continue            # the mask of a padded step is never read
                     mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
                     for j in range(H):
                         dh[i * H + j] += mrow[j] * tmp[i * H + j]
@@ -785,6 +794,8 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
                 gemm_packed(rows, H, 2 * H, dgx + (<size_t>t * N + b0) * H3, H3, Rb, False,
                             tmp, H)
                 for i in range(rows):
+                    if t >= L.lengths[b0 + i]:
+                        continue            # the mask of a padded step is never read
                     mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
                     for j in range(H):
                         dh[i * H + j] += mrow[j] * tmp[i * H + j]

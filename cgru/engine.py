@@ -645,12 +645,18 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
     lengths = views["lengths"]
     masks = dropout_masks(topo, T, N, dropout=p, seed=(s1, s2), dtype=dtype) if p > 0 else None
 
-    x_tm = _time_major(x, batch_major).reshape(T * N, topo.input_size)
+    padded = bool((lengths < T).any())
+    x_tm = _time_major(x, batch_major)
+    if padded:
+        x_tm = _finite_padding(x_tm, lengths)
+    x_tm = x_tm.reshape(T * N, topo.input_size)
     dh0 = _empty((L * D, N, H), dtype)
     dgx = [_empty((T * N, 3 * H), dtype) for _ in range(D)]
     dgh = [_empty((T * N, 3 * H), dtype) for _ in range(D)] if cell.reset_after else dgx
     rhm = [_empty((T * N, H), dtype) for _ in range(D)] if not cell.reset_after else None
-    hm = [_empty((T * N, H), dtype) for _ in range(D)] if mask is not None else None
+    # h_prev rows for dR, written by the backward loop with zeros at padded steps (the saved
+    # states there may hold h0 of an empty sequence, NaN included)
+    hm = [_empty((T * N, H), dtype) for _ in range(D)] if mask is not None or padded else None
     d_out = dy  # gradient of the current layer's output, [T, N, D·H] time-major or None
 
     with blas_single_threaded():  # BLAS runs single-threaded inside cgru's own blocks
@@ -688,6 +694,18 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
                     b[...] = a
         dparams = user_dparams
     return Gradients(dx, dh0, dparams)
+
+
+def _finite_padding(x, lengths):
+    """``x`` [T, N, I] itself when its padded rows (t ≥ len[b]) are finite, else a copy with
+    those rows zeroed: the weight gradient ``dW = dgxᵀ·X`` multiplies them by exact zeros, and
+    0·NaN or 0·Inf would put NaN into a gradient every sequence shares."""
+    pad = np.arange(x.shape[0])[:, None] >= lengths[None, :]     # [T, N]
+    if np.isfinite(x[pad]).all():
+        return x
+    x = x.copy()
+    x[pad] = 0
+    return x
 
 
 def _layer_gradients(topo, cell, params, dparams, layer, X, views, dgx, dgh, rhm, hm, nt):
