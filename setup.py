@@ -31,25 +31,27 @@ directives = {
     "embedsignature": True,
 }
 
+KERNELS = "cgru/_kernels"
 extensions = [
     Extension(
-        f"cgru.{name}",
-        [f"cgru/{name}.pyx"],
-        include_dirs=[np.get_include(), "cgru"],
+        f"cgru._kernels.{name}",
+        [f"{KERNELS}/{name}.pyx"],
+        include_dirs=[np.get_include(), KERNELS],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
-        depends=["cgru/_simd.h", "cgru/_pool.h", "cgru/_threads.pxd", "cgru/_blas.pxd"],
+        depends=[f"{KERNELS}/{h}" for h in ("simd.h", "pool.h", "threads.pxd", "blas.pxd",
+                                            "loops.pxd")],
     )
-    for name in ("_threads", "_blas", "_kernels")
+    for name in ("threads", "blas", "loops", "gru")
 ]
 
 
 def _load_capi_build():
-    """cgru/_capi/build.py (libcgru, the C ABI library), loaded by path: the cgru package
+    """cgru/capi/build.py (libcgru, the C ABI library), loaded by path: the cgru package
     cannot be imported before its extensions exist."""
     import importlib.util
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cgru", "_capi", "build.py")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cgru", "capi", "build.py")
     spec = importlib.util.spec_from_file_location("cgru_capi_build", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

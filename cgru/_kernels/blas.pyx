@@ -5,7 +5,7 @@ matrix ``Cᵀ``.  So row-major ``C = op(A)·op(B)`` is computed as Fortran
 ``Cᵀ = op(B)ᵀ·op(A)ᵀ``: pass B first, then A, swap m and n, keep each operand's own flag.
 """
 from cython cimport floating
-from cgru._threads cimport item_fn, parallel_for
+from cgru._kernels.threads cimport item_fn, parallel_for
 import numpy as np
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 
@@ -185,7 +185,7 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     The split depends on ``n_blocks`` only (never on the thread count), so the result does not
     depend on ``num_threads``; and BLAS's own thread pool stays idle, so it cannot fight with
     the pool threads of the time loops.  BLAS must be held at one thread around this call
-    (``cgru._threads.blas_single_threaded``; the engine does it).
+    (``cgru._kernels.threads.blas_single_threaded``; the engine does it).
     """
     cdef GemmJob J
     J.m, J.n, J.k, J.lda, J.ldb, J.ldc = _operands("gemm_blocks", trans_a, trans_b, A, B, C,

@@ -1,6 +1,6 @@
-# The one place cgru decides how its work uses threads: its own thread pool (_pool.h), the
+# The one place cgru decides how its work uses threads: its own thread pool (pool.h), the
 # clock the time loops poll with, and the BLAS library held at one thread inside cgru's calls.
-# Other compiled modules cimport these; Python code uses the def functions of _threads.pyx.
+# Other compiled modules cimport these; Python code uses the def functions of threads.pyx.
 
 ctypedef void (*item_fn)(void *ctx, int item) noexcept nogil
 ctypedef void (*poll_fn)(void *ctx) noexcept nogil

@@ -32,52 +32,21 @@ Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
     dgh_nᵀ·(r ⊙ h ⊙ m), which the backward writes into ws_rhm), db_W = Σ dgx, db_R = Σ dgh,
     dX = dgx·W.
 
-Parallelism: the work items (direction, batch chunk) run on cgru's thread pool (_threads);
+Parallelism: the work items (direction, batch chunk) run on cgru's thread pool (threads.pyx);
 each item runs the whole time loop for its rows.  The chunking depends on N only, so
 results are bitwise identical for every thread count.
 """
 from cython cimport floating
-from libc.math cimport exp, expf, tanh, tanhf, log1p, log1pf, fabs
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
-
-import threading
 
 import numpy as np
 cimport numpy as cnp
 
-from cpython.exc cimport PyErr_CheckSignals
-from cpython.ref cimport PyObject
-from cgru._threads cimport is_worker, item_fn, parallel_for, wtime
+from cgru._kernels.loops cimport *
+from cgru._kernels.threads cimport item_fn, parallel_for
 
 cnp.import_array()
-
-# The calling thread runs Python's signal handlers this often while a
-# time loop runs, so that Ctrl-C stops a long layer; the other threads see the abort flag.
-cdef double POLL_SECONDS = 0.05
-
-cdef extern from "_simd.h" nogil:
-    size_t cgru_packed_size(int n, int k, int nr)
-    void cgru_pack_f32(int trans, int n, int k, const float *B, int ldb, float *Bp)
-    void cgru_pack_f64(int trans, int n, int k, const double *B, int ldb, double *Bp)
-    void cgru_gemm_packed_f32(int m, int n, int k, const float *A, int lda, const float *Bp,
-                              int beta1, float *C, int ldc)
-    void cgru_gemm_packed_f64(int m, int n, int k, const double *A, int lda, const double *Bp,
-                              int beta1, double *C, int ldc)
-    void cgru_sigmoid_f32(int n, const float *x, float *y)
-    void cgru_tanh_f32(int n, const float *x, float *y)
-    int CGRU_NR_F
-    int CGRU_NR_D
-    int cgru_isa()
-
-# --- activations -----------------------------------------------------------------------------
-
-
-cdef struct Act:
-    int code
-    double alpha
-    double beta
-
 
 cdef struct CellSpec:
     bint reset_after
@@ -88,112 +57,6 @@ cdef struct CellSpec:
     Act f_r
     Act f_z
     Act g
-
-
-cdef inline floating sigmoid(floating x) noexcept nogil:
-    if floating is float:
-        return 1.0 / (1.0 + expf(-x))
-    else:
-        return 1.0 / (1.0 + exp(-x))
-
-
-cdef inline floating tanh_(floating x) noexcept nogil:
-    if floating is float:
-        return tanhf(x)
-    else:
-        return tanh(x)
-
-
-cdef inline floating exp_(floating x) noexcept nogil:
-    if floating is float:
-        return expf(x)
-    else:
-        return exp(x)
-
-
-cdef inline floating clamp(floating x, bint has_clip, floating c) noexcept nogil:
-    if has_clip:
-        if x > c:
-            return c
-        if x < -c:
-            return -c
-    return x
-
-
-cdef inline floating activate(const Act *f, floating x) noexcept nogil:
-    cdef floating a = <floating>f.alpha
-    cdef floating b = <floating>f.beta
-    cdef floating v
-    cdef int code = f.code
-    if code == 0:
-        return sigmoid(x)
-    elif code == 1:
-        return tanh_(x)
-    elif code == 2:
-        return x if x > 0 else 0
-    elif code == 3:
-        return x
-    elif code == 4:
-        v = a * x + b
-        return 0 if v < 0 else (1 if v > 1 else v)
-    elif code == 5:
-        return a * x + b
-    elif code == 6:
-        return x if x >= 0 else a * x
-    elif code == 7:
-        return x if x > a else 0
-    elif code == 8:
-        return a * tanh_(b * x)
-    elif code == 9:
-        return x if x >= 0 else a * (exp_(x) - 1)
-    elif code == 10:
-        return x / (1 + fabs(x))
-    else:  # 11 softplus, stable: max(x, 0) + log1p(exp(-|x|))
-        if floating is float:
-            return (x if x > 0 else 0) + log1pf(expf(-fabs(x)))
-        else:
-            return (x if x > 0 else 0) + log1p(exp(-fabs(x)))
-
-
-cdef inline floating activate_grad(const Act *f, floating x, floating y) noexcept nogil:
-    """d activation / d x at pre-activation x with value y."""
-    cdef floating a = <floating>f.alpha
-    cdef floating b = <floating>f.beta
-    cdef floating v
-    cdef int code = f.code
-    if code == 0:
-        return y * (1 - y)
-    elif code == 1:
-        return 1 - y * y
-    elif code == 2:
-        return 1 if x > 0 else 0
-    elif code == 3:
-        return 1
-    elif code == 4:
-        v = a * x + b
-        return a if (v > 0 and v < 1) else 0
-    elif code == 5:
-        return a
-    elif code == 6:
-        return 1 if x >= 0 else a
-    elif code == 7:
-        return 1 if x > a else 0
-    elif code == 8:
-        v = tanh_(b * x)
-        return a * b * (1 - v * v)
-    elif code == 9:
-        return 1 if x >= 0 else a * exp_(x)
-    elif code == 10:
-        v = 1 + fabs(x)
-        return 1 / (v * v)
-    else:
-        return sigmoid(x)
-
-
-cdef inline floating clip_grad(floating x, bint has_clip, floating c) noexcept nogil:
-    if has_clip and (x > c or x < -c):
-        return 0
-    return 1
 
 
 # --- the arguments of one layer --------------------------------------------------------------
@@ -224,155 +87,11 @@ cdef struct Dir:
 
 
 cdef struct Layer:
-    int *abort                 # set when a signal handler raised: every work item stops
-    bint poll                  # the caller polls for signals (calls from the main thread only)
-    PyObject *errors           # list receiving the exception a signal handler raised
-    int T
-    int N
-    int H
-    int D
-    int n_chunks
-    const long long *lengths   # [N]
-    const void *mask           # [T, N, D·H] or NULL
-    void *y                    # [T, N, D·H] forward output      (OUT)
-    const void *dy             # [T, N, D·H] or NULL             (IN, backward)
+    Loop loop                  # what every kind's loop shares (loops.pxd)
     Dir dirs[2]
 
 
-cdef extern from *:
-    """
-    #include <signal.h>
-    static inline int cgru_load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-    static inline void cgru_store(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
-    static inline int cgru_add(int *p, int v) { return __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
-    """
-    int cgru_load(const int *p) noexcept nogil
-    void cgru_store(int *p, int v) noexcept nogil
-    int cgru_add(int *p, int v) noexcept nogil
-    int raise_signal "raise"(int sig) noexcept nogil
-    int SIGINT
-
-
-cdef void check_signals(const Layer *L) noexcept nogil:
-    """Run Python's signal handlers (the caller's thread, main-thread calls only); an exception
-    they raise (KeyboardInterrupt) is kept for the caller and stops every work item."""
-    with gil:
-        try:
-            PyErr_CheckSignals()
-        except BaseException as e:
-            (<list>L.errors).append(e)
-            cgru_store(L.abort, 1)
-
-
-cdef void poll_while_waiting(void *ctx) noexcept nogil:
-    # the pool calls this on the caller's thread while it waits for the workers
-    cdef const Layer *L = <const Layer *>ctx
-    if L.poll and not cgru_load(L.abort):
-        check_signals(L)
-
-
-cdef bint stop_requested(const Layer *L, double *next_poll) noexcept nogil:
-    """True when the loop must stop.  On the caller's thread of a main-thread call, every
-    POLL_SECONDS (or at once after a test probe fired), run Python's signal handlers."""
-    cdef double now
-    if cgru_load(L.abort):
-        return True
-    if L.poll and not is_worker():
-        now = wtime()
-        if now >= next_poll[0] or cgru_load(&probe.poll_now):
-            next_poll[0] = now + POLL_SECONDS
-            cgru_store(&probe.poll_now, 0)
-            check_signals(L)
-            return cgru_load(L.abort) != 0
-    return False
-
-
-# --- test probes ---------------------------------------------------------------------------
-# Deterministic hooks for the tests of signals, GIL release and concurrency (no test measures
-# a duration): at processing step `step` of work item 0 of every time loop, item 0
-#   action 1: raises SIGINT (as Ctrl-C would) and makes the caller poll at its next step;
-#   action 2: arrives at a rendezvous and waits (at most `timeout` s) until `needed` parties
-#             have arrived — other time loops' item 0 at the same step, or a Python thread
-#             calling probe_arrive().
-# `steps` counts the steps item 0 completed in the last loop.  Off (step −1) by default; the
-# check is one comparison per step.
-cdef struct Probe:
-    int step
-    int action
-    int needed
-    int arrived
-    int timed_out
-    int poll_now
-    int steps
-    double timeout
-
-cdef Probe probe
-probe.step = -1
-
-
-cdef void fire_probe() noexcept nogil:
-    cdef double until
-    if probe.action == 1:
-        raise_signal(SIGINT)
-        cgru_store(&probe.poll_now, 1)
-    elif probe.action == 2:
-        cgru_add(&probe.arrived, 1)
-        until = wtime() + probe.timeout
-        while cgru_load(&probe.arrived) < probe.needed:
-            if wtime() > until:
-                cgru_store(&probe.timed_out, 1)
-                break
-
-
-def set_probe(int step=-1, int action=0, int needed=2, double timeout=60.0):
-    """Arm the test probe (see above); ``step=-1`` disarms it.  Resets the counters."""
-    probe.step, probe.action, probe.needed, probe.timeout = step, action, needed, timeout
-    probe.arrived = probe.timed_out = probe.poll_now = probe.steps = 0
-
-
-def probe_state():
-    """``{"arrived", "timed_out", "steps"}`` of the test probe."""
-    return {"arrived": cgru_load(&probe.arrived), "timed_out": bool(probe.timed_out),
-            "steps": cgru_load(&probe.steps)}
-
-
-def probe_arrive():
-    """Arrive at the probe's rendezvous from Python (needs the GIL: proves the loop released it)."""
-    cgru_add(&probe.arrived, 1)
-
-
-cdef inline void *ptr(object a):
-    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
-
-
 # --- forward -------------------------------------------------------------------------------
-cdef inline void sigmoid_inplace(floating *v, int n) noexcept nogil:
-    cdef int j
-    if floating is float:
-        cgru_sigmoid_f32(n, v, v)
-    else:
-        for j in range(n):
-            v[j] = sigmoid(v[j])
-
-
-cdef inline void tanh_inplace(floating *v, int n) noexcept nogil:
-    cdef int j
-    if floating is float:
-        cgru_tanh_f32(n, v, v)
-    else:
-        for j in range(n):
-            v[j] = tanh_(v[j])
-
-
-cdef inline void gemm_packed(int m, int n, int k, const floating *A, int lda,
-                             const floating *Bp, bint beta1, floating *C, int ldc) noexcept nogil:
-    # C[m, n] (+)= A[m, k] · op(B), op(B) packed by pack_rhs
-    if floating is float:
-        cgru_gemm_packed_f32(m, n, k, A, lda, Bp, beta1, C, ldc)
-    else:
-        cgru_gemm_packed_f64(m, n, k, A, lda, Bp, beta1, C, ldc)
-
-
 cdef inline void blend(floating *hnew, const floating *hp, const floating *z,
                        const floating *n, int H, bint flip) noexcept nogil:
     # 5. h' = n + z ⊙ (h − n)   (flip_z: h' = h + z ⊙ (n − h))
@@ -412,10 +131,10 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
                       bint training) noexcept nogil:
     """Whole time loop for one (direction, batch chunk) work item.  Returns 0, or -1 if out of
     memory."""
-    cdef int T = L.T, N = L.N, H = L.H, D = L.D
-    cdef int d = item // L.n_chunks, c = item % L.n_chunks
-    cdef int b0 = <int>((<long long>c * N) // L.n_chunks)
-    cdef int b1 = <int>((<long long>(c + 1) * N) // L.n_chunks)
+    cdef const Loop *Lp = &L.loop
+    cdef int T = Lp.T, N = Lp.N, H = Lp.H, D = Lp.D
+    cdef int d, b0, b1
+    item_rows(Lp, item, &d, &b0, &b1)
     cdef int rows = b1 - b0
     cdef const Dir *P = &L.dirs[d]
     cdef const floating *gx = <const floating *>P.gx
@@ -423,8 +142,8 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
     cdef const floating *Rp_n = <const floating *>P.Rp_n
     cdef const floating *b_rzn = <const floating *>P.b_rzn
     cdef const floating *b_hn = <const floating *>P.b_hn
-    cdef const floating *mask = <const floating *>L.mask
-    cdef floating *y = <floating *>L.y
+    cdef const floating *mask = <const floating *>Lp.mask
+    cdef floating *y = <floating *>Lp.y
     cdef floating *states = <floating *>P.states
     cdef floating *ws_gates = <floating *>P.gates
     cdef floating *ws_pre = <floating *>P.pre
@@ -466,14 +185,10 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
         h_prev = h_a
     memcpy(h_prev, <const floating *>P.h0 + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
 
-    cdef double next_poll = wtime() + POLL_SECONDS
+    cdef double next_poll = first_poll()
     for s in range(T):
-        if stop_requested(L, &next_poll):
+        if loop_step(Lp, &next_poll, item, s):
             break
-        if item == 0:
-            cgru_store(&probe.steps, s + 1)
-            if s == probe.step:
-                fire_probe()
         t = T - 1 - s if P.reverse else s
         if training:
             h_next = states + (<size_t>(t if P.reverse else t + 1) * N + b0) * H
@@ -496,7 +211,7 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
                 row = <Py_ssize_t>t * N + b
                 hp = h_prev + i * H
                 g3 = (ws_gates + row * H3) if training else (g3s + i * H3)
-                if t >= L.lengths[b]:
+                if t >= Lp.lengths[b]:
                     memset(hm + i * H, 0, H * sizeof(floating))
                     continue
                 gxr = gx + row * ldgx
@@ -525,7 +240,7 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
             row = <Py_ssize_t>t * N + b
             hp = h_prev + i * H
             hnew = h_next + i * H
-            if t >= L.lengths[b]:
+            if t >= Lp.lengths[b]:
                 # inactive: the state passes through, the output is 0
                 memcpy(hnew, hp, H * sizeof(floating))
                 memset(y + row * DH + d * H, 0, H * sizeof(floating))
@@ -624,16 +339,16 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
                        int item) noexcept nogil:
     """Backward time loop for one (direction, batch chunk) work item (see the module
     docstring).  Returns 0, or -1 if out of memory."""
-    cdef int T = L.T, N = L.N, H = L.H, D = L.D
-    cdef int d = item // L.n_chunks, c = item % L.n_chunks
-    cdef int b0 = <int>((<long long>c * N) // L.n_chunks)
-    cdef int b1 = <int>((<long long>(c + 1) * N) // L.n_chunks)
+    cdef const Loop *Lp = &L.loop
+    cdef int T = Lp.T, N = Lp.N, H = Lp.H, D = Lp.D
+    cdef int d, b0, b1
+    item_rows(Lp, item, &d, &b0, &b1)
     cdef int rows = b1 - b0
     cdef const Dir *P = &L.dirs[d]
     cdef const floating *Rb = <const floating *>P.Rb
     cdef const floating *Rb_n = <const floating *>P.Rb_n
-    cdef const floating *mask = <const floating *>L.mask
-    cdef const floating *dy = <const floating *>L.dy
+    cdef const floating *mask = <const floating *>Lp.mask
+    cdef const floating *dy = <const floating *>Lp.dy
     cdef const floating *states = <const floating *>P.states
     cdef const floating *ws_gates = <const floating *>P.gates
     cdef const floating *ws_pre = <const floating *>P.pre
@@ -667,14 +382,10 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
     else:
         memset(dh, 0, <size_t>rows * H * sizeof(floating))
 
-    cdef double next_poll = wtime() + POLL_SECONDS
+    cdef double next_poll = first_poll()
     for s in range(T):
-        if stop_requested(L, &next_poll):
+        if loop_step(Lp, &next_poll, item, s):
             break
-        if item == 0:
-            cgru_store(&probe.steps, s + 1)
-            if s == probe.step:
-                fire_probe()
         t = s if P.reverse else T - 1 - s
         # h_prev of time t: slot t (forward) or t+1 (reversed)
         hp = states + (<size_t>(t + 1 if P.reverse else t) * N + b0) * H
@@ -684,7 +395,7 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
             dhr = dh + i * H
             dxr = dgx + row * H3
             mrow = mask + (<size_t>t * N + b) * DH + <size_t>d * H if mask != NULL else NULL
-            if t >= L.lengths[b]:
+            if t >= Lp.lengths[b]:
                 # inactive: the state passes through; no gate gradients, and zeros in every
                 # operand row of the weight-gradient GEMMs (padding never reaches dW, dR)
                 if hm != NULL:
@@ -759,7 +470,7 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
                 gemm_packed(rows, H, 3 * H, dgh + (<size_t>t * N + b0) * H3, H3, Rb, False,
                             tmp, H)
                 for i in range(rows):
-                    if t >= L.lengths[b0 + i]:
+                    if t >= Lp.lengths[b0 + i]:
                         continue            # the mask of a padded step is never read
                     mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
                     for j in range(H):
@@ -770,7 +481,7 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
                         tmp, H)
             for i in range(rows):
                 b = b0 + i
-                if t >= L.lengths[b]:
+                if t >= Lp.lengths[b]:
                     continue
                 row = <Py_ssize_t>t * N + b
                 g3 = ws_gates + row * H3
@@ -794,7 +505,7 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
                 gemm_packed(rows, H, 2 * H, dgx + (<size_t>t * N + b0) * H3, H3, Rb, False,
                             tmp, H)
                 for i in range(rows):
-                    if t >= L.lengths[b0 + i]:
+                    if t >= Lp.lengths[b0 + i]:
                         continue            # the mask of a padded step is never read
                     mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
                     for j in range(H):
@@ -824,42 +535,47 @@ cdef CellSpec make_cell(object cell):
     return C
 
 
+cdef class Direction:
+    """One direction's arrays for a layer call (the kernels' typed description of their
+    work; ``None`` for what the call does not use).  Every array is C-contiguous, of the call's
+    dtype, and of the size the field comment gives — the engine checks, the kernels trust."""
+    cdef readonly bint reverse
+    cdef readonly Py_ssize_t ldgx
+    cdef readonly object gx, Rp, Rp_n, Rb, Rb_n, b_rzn, b_hn, h0, hy
+    cdef readonly object gates, pre, hn, states, dhy, dh0, dgx, dgh, rhm, hm
+
+    def __init__(self, *, bint reverse, gx=None, Py_ssize_t ldgx=0, Rp=None, Rp_n=None,
+                 Rb=None, Rb_n=None, b_rzn=None, b_hn=None, h0=None, hy=None, gates=None,
+                 pre=None, hn=None, states=None, dhy=None, dh0=None, dgx=None, dgh=None,
+                 rhm=None, hm=None):
+        for a in (gx, Rp, Rp_n, Rb, Rb_n, b_rzn, b_hn, h0, hy, gates, pre, hn, states, dhy, dh0,
+                  dgx, dgh, rhm, hm):
+            if a is not None and not isinstance(a, np.ndarray):
+                raise TypeError(f"Direction: expected numpy arrays, got {type(a).__name__}")
+        self.reverse, self.ldgx = reverse, ldgx
+        self.gx, self.Rp, self.Rp_n, self.Rb, self.Rb_n = gx, Rp, Rp_n, Rb, Rb_n
+        self.b_rzn, self.b_hn, self.h0, self.hy = b_rzn, b_hn, h0, hy
+        self.gates, self.pre, self.hn, self.states = gates, pre, hn, states
+        self.dhy, self.dh0, self.dgx, self.dgh, self.rhm, self.hm = dhy, dh0, dgx, dgh, rhm, hm
+
+
 cdef Layer make_layer(int T, int N, int H, int n_chunks, object lengths, object mask,
                       object y, object dy, list dirs, int *abort, list errors):
     cdef Layer L
     cdef Dir *P
+    cdef Direction a
     memset(&L, 0, sizeof(Layer))
-    L.abort = abort
-    L.errors = <PyObject *>errors
-    L.poll = threading.current_thread() is threading.main_thread()
-    L.T, L.N, L.H, L.D, L.n_chunks = T, N, H, len(dirs), n_chunks
-    L.lengths = <const long long *>ptr(lengths)
-    L.mask = ptr(mask)
-    L.y = ptr(y)
-    L.dy = ptr(dy)
-    for d, a in enumerate(dirs):
+    L.loop = make_loop(T, N, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors)
+    for d in range(len(dirs)):
+        a = <Direction?>dirs[d]
         P = &L.dirs[d]
-        P.reverse = a["reverse"]
-        P.gx = ptr(a.get("gx"))
-        P.ldgx = a.get("ldgx", 3 * H)
-        P.Rp = ptr(a.get("Rp"))
-        P.Rp_n = ptr(a.get("Rp_n"))
-        P.Rb = ptr(a.get("Rb"))
-        P.Rb_n = ptr(a.get("Rb_n"))
-        P.b_rzn = ptr(a.get("b_rzn"))
-        P.b_hn = ptr(a.get("b_hn"))
-        P.h0 = ptr(a.get("h0"))
-        P.hy = ptr(a.get("hy"))
-        P.gates = ptr(a.get("gates"))
-        P.pre = ptr(a.get("pre"))
-        P.hn = ptr(a.get("hn"))
-        P.states = ptr(a.get("states"))
-        P.dhy = ptr(a.get("dhy"))
-        P.dh0 = ptr(a.get("dh0"))
-        P.dgx = ptr(a.get("dgx"))
-        P.dgh = ptr(a.get("dgh"))
-        P.rhm = ptr(a.get("rhm"))
-        P.hm = ptr(a.get("hm"))
+        P.reverse = a.reverse
+        P.gx, P.ldgx = ptr(a.gx), a.ldgx if a.ldgx else 3 * H
+        P.Rp, P.Rp_n, P.Rb, P.Rb_n = ptr(a.Rp), ptr(a.Rp_n), ptr(a.Rb), ptr(a.Rb_n)
+        P.b_rzn, P.b_hn, P.h0, P.hy = ptr(a.b_rzn), ptr(a.b_hn), ptr(a.h0), ptr(a.hy)
+        P.gates, P.pre, P.hn, P.states = ptr(a.gates), ptr(a.pre), ptr(a.hn), ptr(a.states)
+        P.dhy, P.dh0, P.dgx, P.dgh = ptr(a.dhy), ptr(a.dh0), ptr(a.dgx), ptr(a.dgh)
+        P.rhm, P.hm = ptr(a.rhm), ptr(a.hm)
     return L
 
 
@@ -873,32 +589,32 @@ cdef struct LoopJob:
 cdef void forward_item_f(void *ctx, int item) noexcept nogil:
     cdef LoopJob *J = <LoopJob *>ctx
     if forward_item(<const float *>NULL, J.L, J.C, item, J.training) != 0:
-        cgru_store(&J.failed, 1)
+        set_flag(&J.failed)
 
 
 cdef void forward_item_d(void *ctx, int item) noexcept nogil:
     cdef LoopJob *J = <LoopJob *>ctx
     if forward_item(<const double *>NULL, J.L, J.C, item, J.training) != 0:
-        cgru_store(&J.failed, 1)
+        set_flag(&J.failed)
 
 
 cdef void backward_item_f(void *ctx, int item) noexcept nogil:
     cdef LoopJob *J = <LoopJob *>ctx
     if backward_item(<const float *>NULL, J.L, J.C, item) != 0:
-        cgru_store(&J.failed, 1)
+        set_flag(&J.failed)
 
 
 cdef void backward_item_d(void *ctx, int item) noexcept nogil:
     cdef LoopJob *J = <LoopJob *>ctx
     if backward_item(<const double *>NULL, J.L, J.C, item) != 0:
-        cgru_store(&J.failed, 1)
+        set_flag(&J.failed)
 
 
 cdef run_items(item_fn fn, LoopJob *J, int num_threads, list errors, str what):
     """Every (direction, batch chunk) work item of one layer on the pool."""
-    cdef int n_items = J.L.D * J.L.n_chunks
+    cdef int n_items = J.L.loop.D * J.L.loop.n_chunks
     with nogil:
-        parallel_for(n_items, num_threads, fn, J, poll_while_waiting, J.L)
+        parallel_for(n_items, num_threads, fn, J, poll_while_waiting, &J.L.loop)
     if errors:
         raise errors[0]
     if J.failed:
@@ -907,9 +623,8 @@ cdef run_items(item_fn fn, LoopJob *J, int num_threads, list errors, str what):
 
 def forward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, cell,
                   lengths, mask, y, list dirs, bint training):
-    """Run the forward time loops of one layer.  ``dirs`` holds one dict of arrays per
-    direction (keys as in the ``Dir`` struct); every array is C-contiguous, of ``dtype``, and
-    of the documented size — the engine checks, this function trusts."""
+    """Run the forward time loops of one layer.  ``dirs`` holds one ``Direction`` per
+    direction."""
     cdef CellSpec C = make_cell(cell)
     cdef int abort = 0
     cdef list errors = []
@@ -937,56 +652,4 @@ def backward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, ce
               num_threads, errors, "backward")
 
 
-def pack_rhs(B, bint trans):
-    """Pack ``op(B)`` (``[k, n]``; ``B`` is ``[k, n]``, or ``[n, k]`` when ``trans``) for the
-    time loop's GEMMs.  ``B`` is a C-contiguous 2-D float32/float64 array."""
-    cdef cnp.ndarray arr = B
-    cdef int n = B.shape[0] if trans else B.shape[1]
-    cdef int k = B.shape[1] if trans else B.shape[0]
-    cdef int ldb = B.shape[1]
-    cdef cnp.ndarray out
-    if B.dtype == np.float32:
-        out = np.empty(cgru_packed_size(n, k, CGRU_NR_F), np.float32)
-        cgru_pack_f32(trans, n, k, <const float *>cnp.PyArray_DATA(arr), ldb,
-                      <float *>cnp.PyArray_DATA(out))
-    else:
-        out = np.empty(cgru_packed_size(n, k, CGRU_NR_D), np.float64)
-        cgru_pack_f64(trans, n, k, <const double *>cnp.PyArray_DATA(arr), ldb,
-                      <double *>cnp.PyArray_DATA(out))
-    return out
-
-
-def gemm_packed_rm(A, Bp, int n, C, bint beta1):
-    """``C[m, n] (+)= A[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs`` (for tests)."""
-    cdef cnp.ndarray a = A, bp = Bp, c = C
-    cdef int m = A.shape[0], k = A.shape[1]
-    if A.dtype == np.float32:
-        cgru_gemm_packed_f32(m, n, k, <const float *>cnp.PyArray_DATA(a), k,
-                             <const float *>cnp.PyArray_DATA(bp), beta1,
-                             <float *>cnp.PyArray_DATA(c), n)
-    else:
-        cgru_gemm_packed_f64(m, n, k, <const double *>cnp.PyArray_DATA(a), k,
-                             <const double *>cnp.PyArray_DATA(bp), beta1,
-                             <double *>cnp.PyArray_DATA(c), n)
-
-
-def vector_math_f32(name, x):
-    """``sigmoid`` or ``tanh`` of a C-contiguous float32 array through the kernels' vector
-    code (for tests)."""
-    cdef cnp.ndarray a = np.ascontiguousarray(x, np.float32)
-    cdef cnp.ndarray out = np.empty_like(a)
-    if name == "sigmoid":
-        cgru_sigmoid_f32(a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
-    elif name == "tanh":
-        cgru_tanh_f32(a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
-    else:
-        raise ValueError(f"name: expected 'sigmoid' or 'tanh', got {name!r}")
-    return out
-
-
 cgru_isa()  # decide the ISA once, at import, before any thread can ask
-
-
-def simd_isa():
-    """The vector code the time loops' GEMM runs: "AVX-512", "AVX2+FMA" or "baseline"."""
-    return {4: "AVX-512", 3: "AVX2+FMA"}.get(cgru_isa(), "baseline")

@@ -1,6 +1,6 @@
 """How cgru uses threads: its thread pool, the thread-count rule, and BLAS held at one thread.
 
-* **The pool** (``_pool.h``): the time loops and the whole-sequence GEMM blocks run as
+* **The pool** (``pool.h``): the time loops and the whole-sequence GEMM blocks run as
   independent work items on cgru's own pthread pool, the calling thread among them.  It
   survives ``fork()``: a forked child (``multiprocessing``, process pools, DataLoader workers)
   starts with no workers and makes fresh ones on its first call.  Results never depend on how
@@ -20,7 +20,7 @@ import threading
 
 from cpython.pycapsule cimport PyCapsule_GetName, PyCapsule_GetPointer
 
-cdef extern from "_pool.h" nogil:
+cdef extern from "pool.h" nogil:
     ctypedef void (*cgru_item_fn)(void *ctx, int item)
     ctypedef void (*cgru_poll_fn)(void *ctx)
     int cgru_parallel_for(int n_items, int n_threads, cgru_item_fn fn, void *ctx,

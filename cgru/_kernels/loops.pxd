@@ -1,0 +1,198 @@
+# What every cell kind's time loops share (cgru/_kernels/gru.pyx, lstm.pyx, rnn.pyx):
+# the vector kernels of simd.h, the activations, the loop description, signal polling and the
+# test probes.  Inline functions are compiled into each module that cimports them; the others
+# live in loops.pyx (one copy, so that the probe is one).
+from cython cimport floating
+from libc.math cimport exp, expf, tanh, tanhf, log1p, log1pf, fabs
+from cpython.ref cimport PyObject
+
+cdef extern from "simd.h" nogil:
+    size_t cgru_packed_size(int n, int k, int nr)
+    void cgru_pack_f32(int trans, int n, int k, const float *B, int ldb, float *Bp)
+    void cgru_pack_f64(int trans, int n, int k, const double *B, int ldb, double *Bp)
+    void cgru_gemm_packed_f32(int m, int n, int k, const float *A, int lda, const float *Bp,
+                              int beta1, float *C, int ldc)
+    void cgru_gemm_packed_f64(int m, int n, int k, const double *A, int lda, const double *Bp,
+                              int beta1, double *C, int ldc)
+    void cgru_sigmoid_f32(int n, const float *x, float *y)
+    void cgru_tanh_f32(int n, const float *x, float *y)
+    int CGRU_NR_F
+    int CGRU_NR_D
+    int cgru_isa()
+
+
+
+cdef struct Act:
+    int code
+    double alpha
+    double beta
+
+
+cdef struct Loop:
+    # what every time loop of one layer shares; each kind's Layer struct starts with one
+    int *abort                 # set when a signal handler raised: every work item stops
+    bint poll                  # the caller polls for signals (calls from the main thread only)
+    PyObject *errors           # list receiving the exception a signal handler raised
+    int T
+    int N
+    int H
+    int D
+    int n_chunks
+    const long long *lengths   # [N]
+    const void *mask           # [T, N, D·H] or NULL
+    void *y                    # [T, N, D·H] forward output      (OUT)
+    const void *dy             # [T, N, D·H] or NULL             (IN, backward)
+
+
+# --- activations -----------------------------------------------------------------------------
+cdef inline floating sigmoid(floating x) noexcept nogil:
+    if floating is float:
+        return 1.0 / (1.0 + expf(-x))
+    else:
+        return 1.0 / (1.0 + exp(-x))
+
+
+cdef inline floating tanh_(floating x) noexcept nogil:
+    if floating is float:
+        return tanhf(x)
+    else:
+        return tanh(x)
+
+
+cdef inline floating exp_(floating x) noexcept nogil:
+    if floating is float:
+        return expf(x)
+    else:
+        return exp(x)
+
+
+cdef inline floating clamp(floating x, bint has_clip, floating c) noexcept nogil:
+    if has_clip:
+        if x > c:
+            return c
+        if x < -c:
+            return -c
+    return x
+
+
+cdef inline floating activate(const Act *f, floating x) noexcept nogil:
+    cdef floating a = <floating>f.alpha
+    cdef floating b = <floating>f.beta
+    cdef floating v
+    cdef int code = f.code
+    if code == 0:
+        return sigmoid(x)
+    elif code == 1:
+        return tanh_(x)
+    elif code == 2:
+        return x if x > 0 else 0
+    elif code == 3:
+        return x
+    elif code == 4:
+        v = a * x + b
+        return 0 if v < 0 else (1 if v > 1 else v)
+    elif code == 5:
+        return a * x + b
+    elif code == 6:
+        return x if x >= 0 else a * x
+    elif code == 7:
+        return x if x > a else 0
+    elif code == 8:
+        return a * tanh_(b * x)
+    elif code == 9:
+        return x if x >= 0 else a * (exp_(x) - 1)
+    elif code == 10:
+        return x / (1 + fabs(x))
+    else:  # 11 softplus, stable: max(x, 0) + log1p(exp(-|x|))
+        if floating is float:
+            return (x if x > 0 else 0) + log1pf(expf(-fabs(x)))
+        else:
+            return (x if x > 0 else 0) + log1p(exp(-fabs(x)))
+
+
+cdef inline floating activate_grad(const Act *f, floating x, floating y) noexcept nogil:
+    """d activation / d x at pre-activation x with value y."""
+    cdef floating a = <floating>f.alpha
+    cdef floating b = <floating>f.beta
+    cdef floating v
+    cdef int code = f.code
+    if code == 0:
+        return y * (1 - y)
+    elif code == 1:
+        return 1 - y * y
+    elif code == 2:
+        return 1 if x > 0 else 0
+    elif code == 3:
+        return 1
+    elif code == 4:
+        v = a * x + b
+        return a if (v > 0 and v < 1) else 0
+    elif code == 5:
+        return a
+    elif code == 6:
+        return 1 if x >= 0 else a
+    elif code == 7:
+        return 1 if x > a else 0
+    elif code == 8:
+        v = tanh_(b * x)
+        return a * b * (1 - v * v)
+    elif code == 9:
+        return 1 if x >= 0 else a * exp_(x)
+    elif code == 10:
+        v = 1 + fabs(x)
+        return 1 / (v * v)
+    else:
+        return sigmoid(x)
+
+
+cdef inline floating clip_grad(floating x, bint has_clip, floating c) noexcept nogil:
+    if has_clip and (x > c or x < -c):
+        return 0
+    return 1
+
+
+# --- vector helpers --------------------------------------------------------------------------
+cdef inline void sigmoid_inplace(floating *v, int n) noexcept nogil:
+    cdef int j
+    if floating is float:
+        cgru_sigmoid_f32(n, v, v)
+    else:
+        for j in range(n):
+            v[j] = sigmoid(v[j])
+
+
+cdef inline void tanh_inplace(floating *v, int n) noexcept nogil:
+    cdef int j
+    if floating is float:
+        cgru_tanh_f32(n, v, v)
+    else:
+        for j in range(n):
+            v[j] = tanh_(v[j])
+
+
+cdef inline void gemm_packed(int m, int n, int k, const floating *A, int lda,
+                             const floating *Bp, bint beta1, floating *C, int ldc) noexcept nogil:
+    # C[m, n] (+)= A[m, k] · op(B), op(B) packed by pack_rhs
+    if floating is float:
+        cgru_gemm_packed_f32(m, n, k, A, lda, Bp, beta1, C, ldc)
+    else:
+        cgru_gemm_packed_f64(m, n, k, A, lda, Bp, beta1, C, ldc)
+
+
+# --- the loop (loops.pyx) --------------------------------------------------------------------
+# The rows [b0, b1) and the direction d of work item `item` (direction-major, chunks of N).
+cdef void item_rows(const Loop *L, int item, int *d, int *b0, int *b1) noexcept nogil
+# Start of processing step s of work item `item`: True when the loop must stop (a signal
+# handler raised, on any thread).  Polls signals on the caller's thread; fires the test probe.
+cdef bint loop_step(const Loop *L, double *next_poll, int item, int s) noexcept nogil
+# The first poll time of a loop.
+cdef double first_poll() noexcept nogil
+# For the pool: poll signals while the caller waits for the workers.
+cdef void poll_while_waiting(void *ctx) noexcept nogil
+# Set (atomically) *flag = 1.
+cdef void set_flag(int *flag) noexcept nogil
+# A loop description for one layer call (arrays as given, NULL for None).
+cdef Loop make_loop(int T, int N, int H, int D, int n_chunks, object lengths, object mask,
+                    object y, object dy, int *abort, list errors)
+# The data pointer of an ndarray, or NULL for None.
+cdef void *ptr(object a)

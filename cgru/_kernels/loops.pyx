@@ -1,0 +1,274 @@
+"""The time loops' shared machinery: signal polling, the test probes, packing, digests.
+
+Every cell kind's kernels (``gru.pyx``, …) run their time loops as independent work items
+(direction, batch chunk) on cgru's thread pool.  A loop calls ``loop_step`` at the start of
+every step: it stops all items once a signal handler has raised (Ctrl-C), runs Python's signal
+handlers on the caller's thread every ``POLL_SECONDS`` (main-thread calls only), and fires the
+test probe.  Also here: packing of the recurrent weights for the kernels' GEMM, the vector
+math entry points for tests, the vector ISA in use, and ``digest``, the fast hash that binds a
+reserve to its call.
+"""
+import threading
+
+import numpy as np
+cimport numpy as cnp
+
+from cpython.exc cimport PyErr_CheckSignals
+from cpython.ref cimport PyObject
+from libc.stdint cimport uint64_t
+from cgru._kernels.threads cimport is_worker, wtime
+
+cnp.import_array()
+
+# The calling thread runs Python's signal handlers this often while a time loop runs, so that
+# Ctrl-C stops a long layer; the other threads see the abort flag.
+cdef double POLL_SECONDS = 0.05
+
+cdef extern from *:
+    """
+    #include <signal.h>
+    #include <string.h>
+    static inline int cgru_load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+    static inline void cgru_store(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+    static inline int cgru_add(int *p, int v) { return __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
+
+    /* A fast 64-bit hash of a byte string (four independent multiply-rotate lanes over 8-byte
+     * words, then a final avalanche): memory-bound, deterministic across runs and machines of
+     * one byte order.  It identifies a call's inputs; it is not cryptographic. */
+    static inline uint64_t cgru_rotl(uint64_t v, int r) { return (v << r) | (v >> (64 - r)); }
+    static uint64_t cgru_hash(const unsigned char *p, size_t n, uint64_t seed) {
+        const uint64_t K1 = 0x9E3779B185EBCA87ULL, K2 = 0xC2B2AE3D27D4EB4FULL,
+                       K3 = 0x165667B19E3779F9ULL;
+        uint64_t a = seed + K1 + K2, b = seed + K2, c = seed, d = seed - K1;
+        size_t i = 0;
+        for (; i + 32 <= n; i += 32) {
+            uint64_t w[4];
+            memcpy(w, p + i, 32);
+            a = cgru_rotl(a + w[0] * K2, 31) * K1;
+            b = cgru_rotl(b + w[1] * K2, 31) * K1;
+            c = cgru_rotl(c + w[2] * K2, 31) * K1;
+            d = cgru_rotl(d + w[3] * K2, 31) * K1;
+        }
+        uint64_t h = cgru_rotl(a, 1) + cgru_rotl(b, 7) + cgru_rotl(c, 12) + cgru_rotl(d, 18);
+        h += (uint64_t)n;
+        for (; i + 8 <= n; i += 8) {
+            uint64_t w;
+            memcpy(&w, p + i, 8);
+            h ^= cgru_rotl(w * K2, 31) * K1;
+            h = cgru_rotl(h, 27) * K1 + K3;
+        }
+        for (; i < n; i++) {
+            h ^= (uint64_t)p[i] * K3;
+            h = cgru_rotl(h, 11) * K1;
+        }
+        h ^= h >> 33; h *= K2; h ^= h >> 29; h *= K3; h ^= h >> 32;
+        return h;
+    }
+    """
+    int cgru_load(const int *p) noexcept nogil
+    void cgru_store(int *p, int v) noexcept nogil
+    int cgru_add(int *p, int v) noexcept nogil
+    uint64_t cgru_hash(const unsigned char *p, size_t n, uint64_t seed) noexcept nogil
+    int raise_signal "raise"(int sig) noexcept nogil
+    int SIGINT
+
+
+cdef void set_flag(int *flag) noexcept nogil:
+    cgru_store(flag, 1)
+
+
+cdef void *ptr(object a):
+    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+cdef Loop make_loop(int T, int N, int H, int D, int n_chunks, object lengths, object mask,
+                    object y, object dy, int *abort, list errors):
+    cdef Loop L
+    L.abort = abort
+    L.errors = <PyObject *>errors
+    L.poll = threading.current_thread() is threading.main_thread()
+    L.T, L.N, L.H, L.D, L.n_chunks = T, N, H, D, n_chunks
+    L.lengths = <const long long *>ptr(lengths)
+    L.mask = ptr(mask)
+    L.y = ptr(y)
+    L.dy = ptr(dy)
+    return L
+
+
+cdef void item_rows(const Loop *L, int item, int *d, int *b0, int *b1) noexcept nogil:
+    cdef int c = item % L.n_chunks
+    d[0] = item // L.n_chunks
+    b0[0] = <int>((<long long>c * L.N) // L.n_chunks)
+    b1[0] = <int>((<long long>(c + 1) * L.N) // L.n_chunks)
+
+
+cdef void check_signals(const Loop *L) noexcept nogil:
+    """Run Python's signal handlers (the caller's thread, main-thread calls only); an exception
+    they raise (KeyboardInterrupt) is kept for the caller and stops every work item."""
+    with gil:
+        try:
+            PyErr_CheckSignals()
+        except BaseException as e:
+            (<list>L.errors).append(e)
+            cgru_store(L.abort, 1)
+
+
+cdef void poll_while_waiting(void *ctx) noexcept nogil:
+    # the pool calls this on the caller's thread while it waits for the workers
+    cdef const Loop *L = <const Loop *>ctx
+    if L.poll and not cgru_load(L.abort):
+        check_signals(L)
+
+
+cdef double first_poll() noexcept nogil:
+    return wtime() + POLL_SECONDS
+
+
+cdef bint loop_step(const Loop *L, double *next_poll, int item, int s) noexcept nogil:
+    """True when the loop must stop before step ``s``.  On the caller's thread of a
+    main-thread call, every POLL_SECONDS (or at once after a test probe fired), run Python's
+    signal handlers.  Work item 0 counts its steps and fires the test probe."""
+    cdef double now
+    if cgru_load(L.abort):
+        return True
+    if L.poll and not is_worker():
+        now = wtime()
+        if now >= next_poll[0] or cgru_load(&probe.poll_now):
+            next_poll[0] = now + POLL_SECONDS
+            cgru_store(&probe.poll_now, 0)
+            check_signals(L)
+            if cgru_load(L.abort):
+                return True
+    if item == 0:
+        cgru_store(&probe.steps, s + 1)
+        if s == probe.step:
+            fire_probe()
+    return False
+
+
+# --- test probes ---------------------------------------------------------------------------
+# Deterministic hooks for the tests of signals, GIL release and concurrency (no test measures
+# a duration): at processing step `step` of work item 0 of every time loop, item 0
+#   action 1: raises SIGINT (as Ctrl-C would) and makes the caller poll at its next step;
+#   action 2: arrives at a rendezvous and waits (at most `timeout` s) until `needed` parties
+#             have arrived — other time loops' item 0 at the same step, or a Python thread
+#             calling probe_arrive().
+# `steps` counts the steps item 0 completed in the last loop.  Off (step −1) by default; the
+# check is one comparison per step.
+cdef struct Probe:
+    int step
+    int action
+    int needed
+    int arrived
+    int timed_out
+    int poll_now
+    int steps
+    double timeout
+
+cdef Probe probe
+probe.step = -1
+
+
+cdef void fire_probe() noexcept nogil:
+    cdef double until
+    if probe.action == 1:
+        raise_signal(SIGINT)
+        cgru_store(&probe.poll_now, 1)
+    elif probe.action == 2:
+        cgru_add(&probe.arrived, 1)
+        until = wtime() + probe.timeout
+        while cgru_load(&probe.arrived) < probe.needed:
+            if wtime() > until:
+                cgru_store(&probe.timed_out, 1)
+                break
+
+
+def set_probe(int step=-1, int action=0, int needed=2, double timeout=60.0):
+    """Arm the test probe (see above); ``step=-1`` disarms it.  Resets the counters."""
+    probe.step, probe.action, probe.needed, probe.timeout = step, action, needed, timeout
+    probe.arrived = probe.timed_out = probe.poll_now = probe.steps = 0
+
+
+def probe_state():
+    """``{"arrived", "timed_out", "steps"}`` of the test probe."""
+    return {"arrived": cgru_load(&probe.arrived), "timed_out": bool(probe.timed_out),
+            "steps": cgru_load(&probe.steps)}
+
+
+def probe_arrive():
+    """Arrive at the probe's rendezvous from Python (needs the GIL: proves the loop released it)."""
+    cgru_add(&probe.arrived, 1)
+
+
+def pack_rhs(B, bint trans):
+    """Pack ``op(B)`` (``[k, n]``; ``B`` is ``[k, n]``, or ``[n, k]`` when ``trans``) for the
+    time loop's GEMMs.  ``B`` is a C-contiguous 2-D float32/float64 array."""
+    cdef cnp.ndarray arr = B
+    cdef int n = B.shape[0] if trans else B.shape[1]
+    cdef int k = B.shape[1] if trans else B.shape[0]
+    cdef int ldb = B.shape[1]
+    cdef cnp.ndarray out
+    if B.dtype == np.float32:
+        out = np.empty(cgru_packed_size(n, k, CGRU_NR_F), np.float32)
+        cgru_pack_f32(trans, n, k, <const float *>cnp.PyArray_DATA(arr), ldb,
+                      <float *>cnp.PyArray_DATA(out))
+    else:
+        out = np.empty(cgru_packed_size(n, k, CGRU_NR_D), np.float64)
+        cgru_pack_f64(trans, n, k, <const double *>cnp.PyArray_DATA(arr), ldb,
+                      <double *>cnp.PyArray_DATA(out))
+    return out
+
+
+def gemm_packed_rm(A, Bp, int n, C, bint beta1):
+    """``C[m, n] (+)= A[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs`` (for tests)."""
+    cdef cnp.ndarray a = A, bp = Bp, c = C
+    cdef int m = A.shape[0], k = A.shape[1]
+    if A.dtype == np.float32:
+        cgru_gemm_packed_f32(m, n, k, <const float *>cnp.PyArray_DATA(a), k,
+                             <const float *>cnp.PyArray_DATA(bp), beta1,
+                             <float *>cnp.PyArray_DATA(c), n)
+    else:
+        cgru_gemm_packed_f64(m, n, k, <const double *>cnp.PyArray_DATA(a), k,
+                             <const double *>cnp.PyArray_DATA(bp), beta1,
+                             <double *>cnp.PyArray_DATA(c), n)
+
+
+def vector_math_f32(name, x):
+    """``sigmoid`` or ``tanh`` of a C-contiguous float32 array through the kernels' vector
+    code (for tests)."""
+    cdef cnp.ndarray a = np.ascontiguousarray(x, np.float32)
+    cdef cnp.ndarray out = np.empty_like(a)
+    if name == "sigmoid":
+        cgru_sigmoid_f32(a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
+    elif name == "tanh":
+        cgru_tanh_f32(a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
+    else:
+        raise ValueError(f"name: expected 'sigmoid' or 'tanh', got {name!r}")
+    return out
+
+
+cgru_isa()  # decide the ISA once, at import, before any thread can ask
+
+
+def simd_isa():
+    """The vector code the time loops' GEMM runs: "AVX-512", "AVX2+FMA" or "baseline"."""
+    return {4: "AVX-512", 3: "AVX2+FMA"}.get(cgru_isa(), "baseline")
+
+
+def digest(*arrays):
+    """A 63-bit digest of the arrays' dtypes, shapes and bytes, in order (non-contiguous
+    arrays are hashed as their C-ordered contents).  Equal contents give equal digests on
+    every call; it identifies a call's inputs, it is not cryptographic."""
+    cdef uint64_t h = 0x63677275
+    cdef cnp.ndarray a
+    cdef const unsigned char *p
+    cdef size_t n
+    for arr in arrays:
+        a = np.ascontiguousarray(arr)
+        key = f"{(<object>a).dtype.str}{(<object>a).shape}".encode()
+        h = cgru_hash(<const unsigned char *>key, len(key), h)
+        p = <const unsigned char *>cnp.PyArray_DATA(a)
+        n = <size_t>a.nbytes
+        with nogil:
+            h = cgru_hash(p, n, h)
+    return <long long>(h >> 1)
