@@ -1,6 +1,6 @@
 """The Python half of cgru's C ABI (``include/cgru.h``): libcgru's entry points call these.
 
-libcgru (``cgru/_capi/*.c``) runs on the embedded Python runtime of the environment where cgru
+libcgru (``cgru/capi/*.c``) runs on the embedded Python runtime of the environment where cgru
 is installed.  Each of its entry points checks the descriptor pointer, then calls the function
 of the same name here with every C argument as a Python number (pointers as integer addresses,
 0 for NULL; the descriptor as the tuple ``_model`` unpacks).  These functions validate the
@@ -29,9 +29,9 @@ import math
 
 import numpy as np
 
-from cgru.cell import Cell
-from cgru.engine import backward, forward, reserve_nbytes
-from cgru.params import LayerParams, Params, Topology
+from cgru.core.cells import Cell
+from cgru.core.engine import backward, forward, reserve_nbytes
+from cgru.core.network import LayerParams, Params, Topology
 
 # cgru_status_t (include/cgru.h)
 SUCCESS = 0

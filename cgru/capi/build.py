@@ -3,7 +3,7 @@
 ``setup.py`` loads this file by path (it must not import the ``cgru`` package, which needs its
 compiled extensions) and uses:
 
-* ``extensions()``: ``[a setuptools Extension]`` named ``cgru.libcgru`` from ``cgru/_capi/*.c``,
+* ``extensions()``: ``[a setuptools Extension]`` named ``cgru.libcgru`` from ``cgru/capi/*.c``,
   compiled against the building Python's headers (for ``PyConfig``) but not linked to libpython
   (libcgru loads it at run time), exporting only the ``CGRU_API`` symbols.  It records the
   building Python (``sys.executable``) and its libpython, the fallbacks libcgru uses to find the
@@ -24,7 +24,7 @@ from setuptools import Extension
 NAME = "cgru.libcgru"
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-SOURCES = ["cgru/_capi/capi.c", "cgru/_capi/runtime.c"]
+SOURCES = ["cgru/capi/capi.c", "cgru/capi/runtime.c"]
 HEADER = os.path.join("include", "cgru.h")
 
 
@@ -71,7 +71,7 @@ def extensions():
         ],
         extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra"],
         libraries=["dl", "pthread"] if sys.platform.startswith("linux") else [],
-        depends=["include/cgru.h", "cgru/_capi/runtime.h"],
+        depends=["include/cgru.h", "cgru/capi/runtime.h"],
     )]
 
 

@@ -9,7 +9,8 @@ with nothing else set up (libcgru then starts the Python runtime of this environ
 import os
 import sys
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# libcgru and the installed header live in the cgru package directory (one level up)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def get_include():
