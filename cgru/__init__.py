@@ -1,12 +1,35 @@
-"""cgru — exact CPU GRU operators (cuDNN/TF, MPSGraph, ONNX, Arraymancer), forward and backward."""
-from cgru.cell import Activation, Cell, ACTIVATION_NAMES
-from cgru.params import LayerParams, Params, Topology
-from cgru.engine import Forward, Gradients, backward, dropout_masks, forward, reserve_nbytes
-from cgru._threads import openmp_enabled, parallel_enabled
-from cgru._capi_info import get_include
+"""cgru — exact CPU recurrent operators (cuDNN/TF, MPSGraph, ONNX, Arraymancer), forward and backward.
 
-__version__ = "0.1.0"
+The names that need the compiled kernels (``forward``, ``backward``, …) are loaded on first
+use, so that the pure-Python parts (``cgru.core.reference``, the cells and networks) import
+even where the extensions are not built.
+"""
+from cgru.core.cells import Activation, ACTIVATION_NAMES, Cell, GRUCell
+from cgru.core.network import LayerParams, Network, Params, Topology
 
-__all__ = ["Activation", "Cell", "ACTIVATION_NAMES", "LayerParams", "Params", "Topology",
-           "Forward", "Gradients", "forward", "backward", "reserve_nbytes", "dropout_masks",
-           "parallel_enabled", "openmp_enabled", "get_include", "__version__"]
+__version__ = "0.2.0"
+
+_COMPILED = {
+    "Forward": "cgru.core.engine", "Gradients": "cgru.core.engine",
+    "forward": "cgru.core.engine", "backward": "cgru.core.engine",
+    "reserve_nbytes": "cgru.core.engine", "dropout_masks": "cgru.core.engine",
+    "parallel_enabled": "cgru._kernels.threads", "openmp_enabled": "cgru._kernels.threads",
+    "get_include": "cgru.capi.info",
+}
+
+__all__ = ["Activation", "ACTIVATION_NAMES", "Cell", "GRUCell", "LayerParams", "Network",
+           "Params", "Topology", *_COMPILED, "__version__"]
+
+
+def __getattr__(name):
+    module = _COMPILED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cgru' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

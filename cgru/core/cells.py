@@ -1,6 +1,11 @@
-"""The GRU cell variant: one frozen description of which function "GRU" means.
+"""The cell kinds and their variants: one frozen description of which function a cell computes.
 
-Gates in canonical order r (reset), z (update), n (candidate); ``x·Wᵀ`` with ``W`` stored
+A cell value says what one step of a recurrent layer computes: its kind (``kind``), how many
+gate blocks its weight matrices hold (``gates``: every ``W`` is ``[gates·H, in]``, every ``R``
+``[gates·H, H]``), whether it carries a cell state besides ``h`` (``has_cell_state``), and the
+kind's variant options.  ``GRUCell`` (also ``Cell``) is the GRU.
+
+GRU: gates in canonical order r (reset), z (update), n (candidate); ``x·Wᵀ`` with ``W`` stored
 ``[H, in]``::
 
     r = f_r(clip(x·W_rᵀ + b_Wr + h·R_rᵀ + b_Rr))
@@ -15,6 +20,9 @@ clamp.  With a state mask ``m`` every ``h`` that enters a recurrent product is `
 """
 from dataclasses import dataclass, field
 import math
+from typing import ClassVar
+
+__all__ = ["Activation", "ACTIVATION_NAMES", "Cell", "GRUCell", "CELL_KINDS", "is_cell"]
 
 # name -> (kernel code, default alpha, default beta).  The alpha/beta defaults are those of
 # the matching ONNX operators; hard_sigmoid's are MPSGraph's / Keras' (0.2, 0.5).
@@ -93,14 +101,27 @@ def _as_activation(value, what):
                     f"(name, alpha, beta) tuple, got {value!r}")
 
 
+def _check_clip(cell):
+    if cell.clip is not None:
+        c = cell.clip
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not (c > 0) or math.isnan(c):
+            raise ValueError(f"{type(cell).__name__}.clip: expected None or a positive number, "
+                             f"got {c!r}")
+        object.__setattr__(cell, "clip", float(c))
+
+
 @dataclass(frozen=True)
-class Cell:
+class GRUCell:
     """Which GRU: candidate form, interpolation direction, activations and clip.
 
     The default is the cuDNN / PyTorch / TF cell: reset after the recurrent product,
     ``h' = (1 − z)·n + z·h``, sigmoid gates, tanh candidate, no clip.
     Activations may be given as names, ``Activation`` objects or ``(name, alpha, beta)``.
     """
+    kind: ClassVar[str] = "gru"
+    gates: ClassVar[int] = 3
+    has_cell_state: ClassVar[bool] = False
+
     reset_after: bool = True
     flip_z: bool = False
     f_r: Activation = field(default="sigmoid")
@@ -116,14 +137,19 @@ class Cell:
             object.__setattr__(self, name, bool(v))
         for name in ("f_r", "f_z", "g"):
             object.__setattr__(self, name, _as_activation(getattr(self, name), f"Cell.{name}"))
-        if self.clip is not None:
-            c = self.clip
-            if isinstance(c, bool) or not isinstance(c, (int, float)) or not (c > 0) or math.isnan(c):
-                raise ValueError(f"Cell.clip: expected None or a positive number, got {c!r}")
-            object.__setattr__(self, "clip", float(c))
+        _check_clip(self)
 
     @property
     def is_fast(self):
         """True for the sigmoid/sigmoid/tanh cell without clip: the kernels' fast path."""
         return (self.f_r.name == "sigmoid" and self.f_z.name == "sigmoid"
                 and self.g.name == "tanh" and self.clip is None)
+
+
+Cell = GRUCell      # the name cgru has always used for the GRU cell
+CELL_KINDS = (GRUCell,)
+
+
+def is_cell(value):
+    """True for a value of one of cgru's cell kinds."""
+    return isinstance(value, CELL_KINDS)

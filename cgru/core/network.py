@@ -1,57 +1,49 @@
-"""Canonical GRU parameters, their shapes, and cgru's opaque (flat) layout.
+"""The network: one value holding a stack's cell, its sizes and its weights.
 
 A stack of ``L`` layers and ``D`` directions has ``L·D`` *layer-directions* ("pseudo-layers"
-in cuDNN's words), indexed ``l·D + d``.  Each holds, gates in canonical order r, z, n::
+in cuDNN's words), indexed ``l·D + d``.  Each holds, with ``G = cell.gates`` gate blocks in
+the cell's canonical order (GRU: r, z, n)::
 
-    W    [3H, in]   input weights   (in = input_size for l = 0, D·H above; 0 when the layer-0
-                                      input projection is absent: input_mode skip / projected)
-    R    [3H, H]    recurrent weights
-    b_W  [3H]       input biases
-    b_R  [3H]       recurrent biases
+    W    [G·H, in]   input weights   (in = input_size for l = 0, D·H above; 0 when the layer-0
+                                       input projection is absent: input_mode skip / projected)
+    R    [G·H, H]    recurrent weights
+    b_W  [G·H]       input biases
+    b_R  [G·H]       recurrent biases
 
 Opaque layout (TF ``CudnnRNN`` ``params``, the C ABI weight space): all matrices of
-layer-direction 0 in cuDNN linLayerID order (0 W_r, 1 W_z, 2 W_n, 3 R_r, 4 R_z, 5 R_n, each
-``[H, width]`` row-major), then those of layer-direction 1, …; then all biases in the same
+layer-direction 0 in cuDNN linLayerID order (GRU: 0 W_r, 1 W_z, 2 W_n, 3 R_r, 4 R_z, 5 R_n,
+each ``[H, width]`` row-major), then those of layer-direction 1, …; then all biases in the same
 order.  Layer-0 input matrices are not stored in skip / projected mode.
+
+``Network`` keeps the arrays it is given (no copies): change them in place and the next call
+computes with the new values; a gradient ``Network`` that ``backward`` fills is written in
+place too.  Arrays of any memory layout are accepted.
 """
 from dataclasses import dataclass
+import warnings
 
 import numpy as np
 
+from cgru.core import validate
+from cgru.core.cells import GRUCell, is_cell
+
+__all__ = ["Topology", "LayerParams", "Network", "Params", "DIRECTIONS", "INPUT_MODES", "DTYPES", "as_dtype"]
+
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 INPUT_MODES = ("linear", "skip", "projected")
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _positive_int(value, what, allow_zero=False):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what}: expected an int, got {type(value).__name__} ({value!r})")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{what}: expected a {'non-negative' if allow_zero else 'positive'} "
-                         f"int, got {value}")
-    return int(value)
-
-
-def as_dtype(dtype, what="dtype"):
-    """float32 or float64 as a NumPy dtype; anything else is a ``TypeError``."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{what}: expected float32 or float64, got {dtype!r}") from None
-    if dt not in DTYPES:
-        raise TypeError(f"{what}: expected float32 or float64, got {dt}")
-    return dt
+DTYPES = validate.DTYPES
+as_dtype = validate.as_dtype
 
 
 @dataclass(frozen=True)
 class Topology:
-    """The sizes of a GRU stack.
+    """The sizes of a stack.
 
     ``input_size`` is the feature width of the input ``x`` in every mode: the layer-0 input
     width for ``input_mode="linear"``; it must equal ``hidden_size`` for ``"skip"`` (cuDNN
-    ``CUDNN_SKIP_INPUT``: ``W_r = W_z = W_n = I``, input biases still apply); and it must equal
-    ``D·3H`` for ``"projected"`` (MPSGraph without ``inputWeight``: ``x`` already holds each
-    direction's three input pre-activations, ``[r, z, n]`` per direction, forward first).
+    ``CUDNN_SKIP_INPUT``: every input matrix is the identity, input biases still apply); and it
+    must equal ``D·G·H`` for ``"projected"`` (MPSGraph without ``inputWeight``: ``x`` already
+    holds each direction's ``G`` input pre-activations, forward first; GRU: ``G = 3``).
     """
     input_size: int
     hidden_size: int
@@ -60,20 +52,25 @@ class Topology:
     input_mode: str = "linear"
 
     def __post_init__(self):
-        _positive_int(self.input_size, "input_size")
-        _positive_int(self.hidden_size, "hidden_size")
-        _positive_int(self.num_layers, "num_layers")
-        if self.direction not in DIRECTIONS:
+        validate.positive_int(self.input_size, "input_size")
+        validate.positive_int(self.hidden_size, "hidden_size")
+        validate.positive_int(self.num_layers, "num_layers")
+        if not isinstance(self.direction, str) or self.direction not in DIRECTIONS:
             raise ValueError(f"direction: expected one of {DIRECTIONS}, got {self.direction!r}")
-        if self.input_mode not in INPUT_MODES:
+        if not isinstance(self.input_mode, str) or self.input_mode not in INPUT_MODES:
             raise ValueError(f"input_mode: expected one of {INPUT_MODES}, got {self.input_mode!r}")
+        for name in ("input_size", "hidden_size", "num_layers"):
+            object.__setattr__(self, name, int(getattr(self, name)))
         H, D = self.hidden_size, self.num_directions
         if self.input_mode == "skip" and self.input_size != H:
             raise ValueError(f"input_mode='skip' needs input_size == hidden_size, got "
                              f"input_size={self.input_size}, hidden_size={H}")
-        if self.input_mode == "projected" and self.input_size != D * 3 * H:
-            raise ValueError(f"input_mode='projected' needs input_size == D·3H = {D * 3 * H} "
-                             f"(D={D}, H={H}), got input_size={self.input_size}")
+        if self.input_mode == "projected" and self.input_size not in (D * H, 3 * D * H,
+                                                                      4 * D * H):
+            raise ValueError(f"input_mode='projected' needs input_size == D·G·H (D={D}, H={H}): "
+                             f"{3 * D * H} for a GRU (G=3), {4 * D * H} for an LSTM (G=4), "
+                             f"{D * H} for a vanilla RNN (G=1); got input_size="
+                             f"{self.input_size}")
 
     @property
     def num_directions(self):
@@ -83,6 +80,10 @@ class Topology:
     def output_size(self):
         """Feature width of the output: D·H."""
         return self.num_directions * self.hidden_size
+
+    @property
+    def num_layer_directions(self):
+        return self.num_layers * self.num_directions
 
     def reversed_direction(self, d):
         """True when direction index ``d`` runs from the end of the sequence to its start."""
@@ -94,28 +95,24 @@ class Topology:
             return 0 if self.input_mode != "linear" else self.input_size
         return self.output_size
 
-    def shapes(self, index):
-        """``{name: shape}`` of layer-direction ``index = l·D + d``."""
-        H = self.hidden_size
+    def shapes(self, index, gates=3):
+        """``{name: shape}`` of layer-direction ``index = l·D + d`` (``gates``: the cell's)."""
+        GH = gates * self.hidden_size
         width = self.layer_input_size(index // self.num_directions)
-        return {"W": (3 * H, width), "R": (3 * H, H), "b_W": (3 * H,), "b_R": (3 * H,)}
+        return {"W": (GH, width), "R": (GH, self.hidden_size), "b_W": (GH,), "b_R": (GH,)}
 
-    @property
-    def num_layer_directions(self):
-        return self.num_layers * self.num_directions
-
-    def flat_size(self):
-        """Number of elements in the opaque layout (TF ``params_size`` in elements)."""
-        n = 0
-        for i in range(self.num_layer_directions):
-            s = self.shapes(i)
-            n += s["W"][0] * s["W"][1] + s["R"][0] * s["R"][1] + 6 * self.hidden_size
-        return n
+    def flat_size(self, gates=3):
+        """Number of elements in the opaque layout (TF ``params_size`` in elements), in closed
+        form: per layer-direction ``G·H·width + G·H·H + 2·G·H``."""
+        H, D, L = self.hidden_size, self.num_directions, self.num_layers
+        GH = gates * H
+        widths = self.layer_input_size(0) + (L - 1) * self.output_size      # summed over l
+        return D * (GH * widths + L * (GH * H + 2 * GH))
 
 
 @dataclass(frozen=True)
 class LayerParams:
-    """One layer-direction's weights, gates in order r, z, n (see the module docstring)."""
+    """One layer-direction's weights, gates in the cell's order (see the module docstring)."""
     W: np.ndarray
     R: np.ndarray
     b_W: np.ndarray
@@ -125,22 +122,40 @@ class LayerParams:
         return {"W": self.W, "R": self.R, "b_W": self.b_W, "b_R": self.b_R}
 
 
-class Params:
-    """All canonical parameters of a GRU stack: ``params[l, d]`` or ``params[l·D + d]``.
+_DEFAULT_CELL = GRUCell()
 
-    Build with ``Params(topology, [LayerParams, ...])``, ``Params.random``, ``Params.zeros`` or
-    ``Params.from_flat``.  The arrays are validated (shapes, one dtype) and stored as given
-    when already C-contiguous; cgru never writes into them.
+
+class Network:
+    """A recurrent stack: its cell, its topology and its weights, ``net[l, d]`` or
+    ``net[l·D + d]`` (a ``LayerParams``).
+
+    ``Network(topology, layers, cell=None)``; or ``Network.random``, ``Network.zeros``,
+    ``Network.from_flat``; every ``cgru.convert.from_*`` returns one.  ``cell`` is the cell the
+    weights belong to (a ``cgru.GRUCell``; ``None``: cuDNN's GRU cell).  ``forward`` and
+    ``backward`` compute with it, and a ``cell=`` argument that contradicts it is an error.
+    The arrays are validated (shapes, one float dtype) and kept as given: no copies.
+    ``cgru.Params`` is the same class (its old name).
     """
 
-    def __init__(self, topology, layers):
+    def __init__(self, topology, layers, cell=None):
         if not isinstance(topology, Topology):
             raise TypeError(f"topology: expected a cgru.Topology, got {type(topology).__name__}")
+        if cell is not None and not is_cell(cell):
+            raise TypeError(f"cell: expected a cgru.Cell (or another cgru cell kind) or None, "
+                            f"got {type(cell).__name__}")
         layers = list(layers)
         n = topology.num_layer_directions
         if len(layers) != n:
             raise ValueError(f"params: expected {n} layer-directions (L={topology.num_layers} × "
                              f"D={topology.num_directions}), got {len(layers)}")
+        self._cell_given = cell is not None
+        self.cell = _DEFAULT_CELL if cell is None else cell
+        if topology.input_mode == "projected" and \
+                topology.input_size != topology.num_directions * self.cell.gates * \
+                topology.hidden_size:
+            raise ValueError(f"input_mode='projected' needs input_size == D·G·H = "
+                             f"{topology.num_directions * self.cell.gates * topology.hidden_size}"
+                             f" for a {self.cell.kind} cell, got {topology.input_size}")
         dtype = None
         checked = []
         for i, lp in enumerate(layers):
@@ -152,12 +167,10 @@ class Params:
                                     f"b_W, b_R, got keys {sorted(lp)}") from None
             if not isinstance(lp, LayerParams):
                 raise TypeError(f"params[{i}]: expected a LayerParams, got {type(lp).__name__}")
-            out = {}
-            for name, shape in topology.shapes(i).items():
+            for name, shape in topology.shapes(i, self.cell.gates).items():
                 a = getattr(lp, name)
                 what = f"params[{i}].{name}"
-                if not isinstance(a, np.ndarray):
-                    raise TypeError(f"{what}: expected a numpy array, got {type(a).__name__}")
+                validate.plain_array(a, what)
                 dt = as_dtype(a.dtype, what + ".dtype")
                 if dtype is None:
                     dtype = dt
@@ -165,12 +178,44 @@ class Params:
                     raise TypeError(f"{what}: expected dtype {dtype} like params[0].W, got {dt}")
                 if a.shape != shape:
                     raise ValueError(f"{what}: expected shape {shape}, got {a.shape}")
-                out[name] = np.ascontiguousarray(a)
-            checked.append(LayerParams(**out))
+            checked.append(lp)
         self.topology = topology
         self.layers = tuple(checked)
         self.dtype = dtype
 
+    # --- the cell a call computes ---------------------------------------------------------
+    def resolve_cell(self, cell):
+        """The cell a call with ``cell=`` (``None``: not given) computes: the network's own.
+
+        A network built without a cell accepts any ``cell`` (the old call form; deprecated); a
+        network with a cell refuses a different one and warns about a redundant one."""
+        if cell is None:
+            return self.cell
+        if not is_cell(cell):
+            raise TypeError(f"cell: expected a cgru.Cell (or another cgru cell kind), got "
+                            f"{type(cell).__name__}")
+        if not self._cell_given:
+            warnings.warn("cell=: passing the cell to forward/backward is deprecated; build the "
+                          "network with it (cgru.Network(topology, layers, cell=...), "
+                          "Network.random(..., cell=...)) — cgru.convert.from_* already do",
+                          DeprecationWarning, stacklevel=3)
+            if cell.gates != self.cell.gates:
+                raise ValueError(f"cell: a {cell.kind} cell ({cell.gates} gates) cannot run "
+                                 f"weights shaped for {self.cell.gates} gates")
+            return cell
+        if cell != self.cell:
+            raise ValueError(f"cell: {cell} contradicts the network's own cell {self.cell}; "
+                             f"the network carries its cell — drop the cell= argument (or "
+                             f"build the network with the cell you mean)")
+        warnings.warn("cell=: redundant, the network carries its cell; drop the argument",
+                      DeprecationWarning, stacklevel=3)
+        return cell
+
+    def with_cell(self, cell):
+        """The same weights (the same arrays) as a network of ``cell``."""
+        return Network(self.topology, self.layers, cell)
+
+    # --- access ---------------------------------------------------------------------------
     def __getitem__(self, key):
         if isinstance(key, tuple):
             l, d = key
@@ -187,54 +232,62 @@ class Params:
         return iter(self.layers)
 
     def __repr__(self):
-        return f"Params({self.topology}, dtype={self.dtype})"
+        return f"Network({self.topology}, cell={self.cell}, dtype={self.dtype})"
 
-    # --- constructors -------------------------------------------------------------------
+    def shapes(self, index):
+        """``{name: shape}`` of layer-direction ``index``."""
+        return self.topology.shapes(index, self.cell.gates)
+
+    def flat_size(self):
+        """Number of elements of the opaque layout."""
+        return self.topology.flat_size(self.cell.gates)
+
+    # --- constructors ---------------------------------------------------------------------
     @classmethod
-    def zeros(cls, topology, dtype=np.float32):
+    def zeros(cls, topology, dtype=np.float32, *, cell=None):
         dt = as_dtype(dtype)
+        gates = (cell or _DEFAULT_CELL).gates
         return cls(topology, [LayerParams(**{k: np.zeros(s, dt) for k, s in
-                                             topology.shapes(i).items()})
-                              for i in range(topology.num_layer_directions)])
+                                             topology.shapes(i, gates).items()})
+                              for i in range(topology.num_layer_directions)], cell)
 
     @classmethod
-    def random(cls, topology, dtype=np.float32, seed=0, scale=None):
+    def random(cls, topology, dtype=np.float32, seed=0, scale=None, *, cell=None):
         """Uniform in ``[-scale, scale]``, ``scale = 1/sqrt(H)`` by default (PyTorch's init)."""
         dt = as_dtype(dtype)
+        gates = (cell or _DEFAULT_CELL).gates
         rng = np.random.default_rng(seed)
         s = 1.0 / np.sqrt(topology.hidden_size) if scale is None else float(scale)
         return cls(topology, [LayerParams(**{k: rng.uniform(-s, s, shp).astype(dt) for k, shp in
-                                             topology.shapes(i).items()})
-                              for i in range(topology.num_layer_directions)])
+                                             topology.shapes(i, gates).items()})
+                              for i in range(topology.num_layer_directions)], cell)
+
+    def _like(self, layers):
+        return Network(self.topology, layers, self.cell if self._cell_given else None)
 
     def copy(self):
-        return Params(self.topology, [LayerParams(**{k: v.copy() for k, v in lp.arrays().items()})
-                                      for lp in self.layers])
+        return self.map(np.copy)
 
     def map(self, fn):
-        """A new Params with ``fn(array)`` applied to every array."""
-        return Params(self.topology, [LayerParams(**{k: fn(v) for k, v in lp.arrays().items()})
-                                      for lp in self.layers])
+        """A new network (same cell) with ``fn(array)`` applied to every array."""
+        return self._like([LayerParams(**{k: fn(v) for k, v in lp.arrays().items()})
+                           for lp in self.layers])
 
     def astype(self, dtype):
         dt = as_dtype(dtype)
         return self.map(lambda a: a.astype(dt))
 
-    # --- opaque layout ------------------------------------------------------------------
+    # --- opaque layout --------------------------------------------------------------------
     def _pieces(self):
-        """Arrays in opaque order: all matrices (per layer-direction, linLayerID 0..5), then
+        """Arrays in opaque order: all matrices (per layer-direction, in linLayerID order), then
         all biases in the same order."""
-        H = self.topology.hidden_size
+        H, G = self.topology.hidden_size, self.cell.gates
         mats, biases = [], []
         for lp in self.layers:
-            for g in range(3):
-                mats.append(lp.W[g * H:(g + 1) * H])
-            for g in range(3):
-                mats.append(lp.R[g * H:(g + 1) * H])
-            for g in range(3):
-                biases.append(lp.b_W[g * H:(g + 1) * H])
-            for g in range(3):
-                biases.append(lp.b_R[g * H:(g + 1) * H])
+            for M in (lp.W, lp.R):
+                mats += [M[g * H:(g + 1) * H] for g in range(G)]
+            for b in (lp.b_W, lp.b_R):
+                biases += [b[g * H:(g + 1) * H] for g in range(G)]
         return mats + biases
 
     def flat(self):
@@ -242,19 +295,22 @@ class Params:
         return np.concatenate([p.ravel() for p in self._pieces()])
 
     @classmethod
-    def from_flat(cls, topology, flat):
-        """Inverse of ``flat()``: copies out of a 1-D array of ``topology.flat_size()``."""
+    def from_flat(cls, topology, flat, *, cell=None):
+        """Inverse of ``flat()``: copies out of a 1-D array of ``flat_size()`` elements."""
         if not isinstance(topology, Topology):
             raise TypeError(f"topology: expected a cgru.Topology, got {type(topology).__name__}")
-        if not isinstance(flat, np.ndarray):
-            raise TypeError(f"flat: expected a numpy array, got {type(flat).__name__}")
+        validate.plain_array(flat, "flat")
         dt = as_dtype(flat.dtype, "flat.dtype")
-        if flat.ndim != 1 or flat.size != topology.flat_size():
-            raise ValueError(f"flat: expected a 1-D array of {topology.flat_size()} elements, "
-                             f"got shape {flat.shape}")
-        out = cls.zeros(topology, dt)
+        n = topology.flat_size((cell or _DEFAULT_CELL).gates)
+        if flat.ndim != 1 or flat.size != n:
+            raise ValueError(f"flat: expected a 1-D array of {n} elements, got shape "
+                             f"{flat.shape}")
+        out = cls.zeros(topology, dt, cell=cell)
         pos = 0
         for piece in out._pieces():
             piece[...] = flat[pos:pos + piece.size].reshape(piece.shape)
             pos += piece.size
         return out
+
+
+Params = Network    # the old name

@@ -1,0 +1,82 @@
+"""The plan of a call: how its work is split, and every buffer it needs, sized and allocated once.
+
+* **Work split** (a function of the shapes only, never of the thread count, so results never
+  depend on it): the time loop's batch chunks (``n_chunks``), when a loop is worth a second
+  thread (``loop_threads``), and the whole-sequence GEMMs as blocks of single-threaded BLAS
+  on the pool (``gemm``).
+* **Buffers**: ``Workspace`` sizes a call's temporaries (input projections, gate gradients,
+  intermediate layers) and allocates them as one block, carved into views — as oneDNN's
+  ``set_offsets`` and llm.c's ``fill_in_*`` do.  Outputs (``y``, ``hy``, ``dx``, ``dh0``,
+  the reserve) are allocated on their own: they outlive the call.
+
+Every buffer cgru allocates comes from ``empty`` (the tests poison it with NaN to see that
+every element is written).
+"""
+import math
+
+import numpy as np
+
+from cgru._kernels import blas
+
+# Batch chunks of the time loop: a function of N only.  Two chunks from N = 16 (so two threads
+# have work), more only while each keeps at least 16 rows (fewer rows per call make the
+# per-step GEMM stream R once per 8 rows).
+_MAX_CHUNKS = 4
+# Below this many multiply-adds per time loop, waking a second thread costs more than it saves
+# (and much more on a busy machine).  Only the thread count changes, never the results.
+_MIN_PARALLEL_WORK = 1 << 21
+# Whole-sequence GEMMs are split into at most _MAX_GEMM_BLOCKS blocks (of C's rows, or of the
+# inner dimension for the weight gradients Aᵀ·B; at least _MIN_GEMM_ROWS rows each), one
+# single-threaded BLAS call per block on the pool: BLAS's own threads stay asleep and cannot
+# fight the time loops' threads for the cores.
+_MAX_GEMM_BLOCKS = 4
+_MIN_GEMM_ROWS = 128
+_ALIGN = 64
+
+
+def empty(shape, dtype):
+    """The one allocation function of cgru's buffers (outputs, reserve, workspaces)."""
+    return np.empty(shape, dtype)
+
+
+def n_chunks(N):
+    """Batch chunks of every time loop for a batch of ``N``."""
+    if N < 16:
+        return 1
+    return max(2, min(_MAX_CHUNKS, N // 16))
+
+
+def loop_threads(nt, T, N, H, D, gates):
+    """Threads for one layer's time loops: ``nt``, or 1 when the work is too small."""
+    return nt if T * N * D * H * (gates * H + 16) >= _MIN_PARALLEL_WORK else 1
+
+
+def gemm(ta, tb, A, B, C, beta=0.0, nt=1):
+    """``C = op(A)·op(B) + beta·C`` for row-major 2-D arrays (views with unit inner stride), as
+    blocks of single-threaded BLAS on up to ``nt`` pool threads."""
+    split = A.shape[0] if ta else C.shape[0]   # the inner dimension k, or C's rows
+    blocks = max(1, min(_MAX_GEMM_BLOCKS, split // (4 * _MIN_GEMM_ROWS if ta else _MIN_GEMM_ROWS)))
+    blas.gemm_blocks(ta, tb, 1.0, A, B, beta, C, blocks, nt)
+
+
+class Workspace:
+    """A call's temporaries: ``add`` each buffer (name, shape), then ``allocate`` them all as
+    one block of 64-byte aligned views."""
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+        self._shapes = {}
+        self.nbytes = 0
+
+    def add(self, name, shape):
+        self._shapes[name] = (self.nbytes, tuple(shape))
+        self.nbytes += -(-math.prod(shape) * self.dtype.itemsize // _ALIGN) * _ALIGN
+        return self
+
+    def allocate(self):
+        """``{name: view}``; every element uninitialised (each buffer is fully written by the
+        step that owns it)."""
+        block = empty(self.nbytes, np.uint8)
+        item = self.dtype.itemsize
+        return {name: block[off:off + math.prod(shape) * item].view(self.dtype).reshape(shape)
+                for name, (off, shape) in self._shapes.items()}

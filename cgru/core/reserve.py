@@ -1,0 +1,289 @@
+"""The reserve: what a training forward saves for its backward, in one ``uint8`` buffer.
+
+One mechanism for every caller: the core's ``forward``/``backward``, ``cgru.tf`` (its
+``reserve_space`` *is* this buffer), the C ABI (which keeps it inside its reserve space) and
+``cgru.mps`` (which rebuilds it from MPSGraph's ``zState``, ``from_gates``).
+
+``create`` makes one (the forward), ``read`` checks one and returns its views (the backward).
+
+Layout (every region 64-byte aligned), sized and carved by ``Layout`` — the same object::
+
+    header   int64[16]     see below
+    lengths  int64[N]      the sequence lengths
+    per layer-direction i = l·D + d, the cell's saved tensors (time-major, row t·N + b):
+        GRU:  gates  [T, N, 3H]    r, z, n after activation          (0 on padded steps)
+              states [T+1, N, H]   h0 and the state after every step (see the kernels)
+              hn     [T, N, H]     h·R_nᵀ + b_Rn                     (reset-after only)
+              pre    [T, N, 3H]    pre-activations                   (cells other than
+                                                                      sigmoid/tanh without clip)
+    per layer l ≥ 1:
+        xin_l  [T, N, D·H]   that layer's input (the layer below's output after dropout)
+
+so ``nbytes = 128 + ⌈8N⌉ + L·D·Σ⌈region⌉ + (L − 1)·⌈T·N·D·H·itemsize⌉`` (``⌈·⌉``: rounded up
+to 64 bytes), computed in closed form.  Inference saves nothing (no reserve).
+
+Header (``int64[16]``)::
+
+    0 magic   1 version   2 T   3 N   4 itemsize
+    5 digest of the model: topology, cell, T, N, dtype, layout (time- or batch-major)
+    6 dropout probability (float64 bits)   7 seed   8 seed2
+    9 digest of x    10 digest of the weights    11 digest of h0    12 digest of the state mask
+    13 flags (bit 0: batch-major)            14, 15 zero
+
+The backward recomputes the digests of what it is given and refuses a reserve written by a
+forward with a different model, layout, ``x``, weights or state mask (``ValueError`` naming
+which); frontends that receive ``h0`` again (TF's backprop ops) check it too.  The digests are
+a fast 64-bit hash of the arrays' bytes, shapes and dtypes (``cgru._kernels.loops.digest``):
+one pass over each array, memory-bound.
+"""
+import hashlib
+import math
+
+import numpy as np
+
+from cgru.core import plan
+from cgru._kernels.loops import digest
+
+MAGIC = 0x63677275  # "cgru"
+VERSION = 2
+HEADER = 16  # int64 slots
+ALIGN = 64
+_FLAG_BATCH_MAJOR = 1
+_SLOTS = {"x": 9, "params": 10, "h0": 11, "state_mask": 12}
+
+
+def _up(nbytes):
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def saved_regions(cell, H):
+    """``[(name, shape as a function of (T, N))]`` a layer-direction of ``cell`` saves."""
+    G = cell.gates
+    regions = [("gates", lambda T, N: (T, N, G * H)), ("states", lambda T, N: (T + 1, N, H))]
+    if cell.reset_after:
+        regions.append(("hn", lambda T, N: (T, N, H)))
+    if not cell.is_fast:
+        regions.append(("pre", lambda T, N: (T, N, G * H)))
+    return regions
+
+
+class Layout:
+    """Offsets and shapes of the reserve of one call (see the module docstring)."""
+
+    def __init__(self, topology, cell, T, N, dtype):
+        self.topology, self.cell, self.T, self.N = topology, cell, T, N
+        self.dtype = np.dtype(dtype)
+        item = self.dtype.itemsize
+        H, D, L = topology.hidden_size, topology.num_directions, topology.num_layers
+        self.per_ld = []                      # [(name, shape, offset within the block)]
+        pos = 0
+        for name, shape_of in saved_regions(cell, H):
+            shape = shape_of(T, N)
+            self.per_ld.append((name, shape, pos))
+            pos += _up(math.prod(shape) * item)
+        self.ld_bytes = pos
+        self.xin_shape = (T, N, D * H)
+        self.xin_bytes = _up(math.prod(self.xin_shape) * item)
+        self.lengths_offset = _up(HEADER * 8)
+        self.ld_offset = self.lengths_offset + _up(8 * N)
+        self.xin_offset = self.ld_offset + L * D * self.ld_bytes
+        self.nbytes = self.xin_offset + (L - 1) * self.xin_bytes
+
+    def carve(self, reserve):
+        """Views of ``reserve``: ``(header, lengths, [per layer-direction {name: view}],
+        {l: xin_l})``."""
+        buf = reserve
+        header = buf[:HEADER * 8].view(np.int64)
+        lengths = buf[self.lengths_offset:self.lengths_offset + 8 * self.N].view(np.int64)
+        item = self.dtype.itemsize
+        lds = []
+        for i in range(self.topology.num_layer_directions):
+            base = self.ld_offset + i * self.ld_bytes
+            views = {}
+            for name, shape, off in self.per_ld:
+                n = math.prod(shape) * item
+                views[name] = buf[base + off:base + off + n].view(self.dtype).reshape(shape)
+            lds.append(views)
+        xin = {}
+        n = math.prod(self.xin_shape) * item
+        for layer in range(1, self.topology.num_layers):
+            base = self.xin_offset + (layer - 1) * self.xin_bytes
+            xin[layer] = buf[base:base + n].view(self.dtype).reshape(self.xin_shape)
+        return header, lengths, lds, xin
+
+    def zero_gaps(self, reserve):
+        """Zero the alignment padding between regions, so that equal calls give equal bytes."""
+        item = self.dtype.itemsize
+        spans = [(0, HEADER * 8), (self.lengths_offset, self.lengths_offset + 8 * self.N)]
+        for i in range(self.topology.num_layer_directions):
+            base = self.ld_offset + i * self.ld_bytes
+            spans += [(base + off, base + off + math.prod(shape) * item)
+                      for _, shape, off in self.per_ld]
+        for layer in range(1, self.topology.num_layers):
+            base = self.xin_offset + (layer - 1) * self.xin_bytes
+            spans.append((base, base + math.prod(self.xin_shape) * item))
+        ends = [end for _, end in spans]
+        starts = [start for start, _ in spans[1:]] + [self.nbytes]
+        for end, nxt in zip(ends, starts):
+            if nxt > end:
+                reserve[end:nxt] = 0
+
+
+def model_digest(topology, cell, T, N, dtype, batch_major):
+    key = repr((topology, cell, T, N, np.dtype(dtype).str, bool(batch_major))).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=7).digest(), "little")
+
+
+def weights_digest(net):
+    """One digest of every weight array of ``net``, in order."""
+    return digest(*[a for lp in net.layers for a in lp.arrays().values()])
+
+
+def data_digest(a):
+    """The digest of one array (0 for ``None``)."""
+    return 0 if a is None else digest(a)
+
+
+def create(layout, *, lengths, dropout, seed, seed2, batch_major, x, weights, h0, state_mask):
+    """A reserve with its header and lengths written; the rest for the forward to fill.
+    ``x``, ``h0``, ``state_mask`` are digests (``data_digest``), ``weights`` one too."""
+    reserve = plan.empty(layout.nbytes, np.uint8)
+    layout.zero_gaps(reserve)
+    header, lens, lds, xin = layout.carve(reserve)
+    header[:] = 0
+    header[:6] = [MAGIC, VERSION, layout.T, layout.N, layout.dtype.itemsize,
+                  model_digest(layout.topology, layout.cell, layout.T, layout.N, layout.dtype,
+                               batch_major)]
+    header[6] = np.float64(dropout).view(np.int64)
+    header[7], header[8] = seed, seed2
+    header[9], header[10], header[11], header[12] = x, weights, h0, state_mask
+    header[13] = _FLAG_BATCH_MAJOR if batch_major else 0
+    lens[:] = lengths
+    return reserve, (header, lens, lds, xin)
+
+
+class Opened:
+    """A checked reserve: its views and what its header records."""
+
+    def __init__(self, views, header):
+        self.header, self.lengths, self.lds, self.xin = views
+        self.dropout = float(np.int64(header[6]).view(np.float64))
+        self.seed, self.seed2 = int(header[7]), int(header[8])
+        self.batch_major = bool(header[13] & _FLAG_BATCH_MAJOR)
+
+    def check(self, what, value_digest, words=None):
+        """Refuse when ``what`` (``"x"``, ``"params"``, ``"h0"``, ``"state_mask"``) differs from
+        the forward's; ``words`` names it in the caller's vocabulary."""
+        if int(self.header[_SLOTS[what]]) != value_digest:
+            raise ValueError(f"reserve: written by a forward with a different {words or what} "
+                             f"than this backward's (the reserve belongs to one forward call)")
+
+
+def read(reserve, layout, *, batch_major, what="reserve", inference_hint=None):
+    """The checked views (an ``Opened``) of a reserve a training forward with this layout wrote.
+
+    Refuses (``TypeError``/``ValueError``) anything else: not a uint8 array, empty (an
+    inference forward's), another size, a damaged header, another model or layout."""
+    if not isinstance(reserve, np.ndarray) or isinstance(reserve, np.ma.MaskedArray):
+        raise TypeError(f"{what}: expected the numpy array a training forward returned, got "
+                        f"{type(reserve).__name__}")
+    if reserve.dtype != np.uint8 or reserve.ndim != 1:
+        raise TypeError(f"{what}: expected a 1-D uint8 array, got {reserve.dtype} with shape "
+                        f"{list(reserve.shape)}")
+    if reserve.size == 0:
+        raise ValueError(inference_hint or
+                         f"{what}: empty; backward needs the reserve of a training forward "
+                         f"(training=True), an inference forward saves nothing")
+    if reserve.size != layout.nbytes:
+        raise ValueError(f"{what}: expected {layout.nbytes} bytes for this topology, cell, "
+                         f"T={layout.T}, N={layout.N} and dtype {layout.dtype}, got "
+                         f"{reserve.size} (from a different call?)")
+    if reserve.ctypes.data % 8 or not reserve.flags.c_contiguous:
+        reserve = reserve.copy()  # read-only use: a C-contiguous aligned copy
+    views = layout.carve(reserve)
+    head = views[0]
+    if head[0] != MAGIC or head[1] != VERSION:
+        raise ValueError(f"{what}: not a cgru reserve (bad header); pass the reserve of the "
+                         f"matching training forward")
+    if head[5] != model_digest(layout.topology, layout.cell, layout.T, layout.N, layout.dtype,
+                               batch_major):
+        if bool(head[13] & _FLAG_BATCH_MAJOR) != bool(batch_major):
+            raise ValueError(f"{what}: written by a forward with batch_major="
+                             f"{bool(head[13] & _FLAG_BATCH_MAJOR)}, this backward has "
+                             f"batch_major={bool(batch_major)}")
+        raise ValueError(f"{what}: written by a forward with a different topology, cell, "
+                         f"sizes or dtype than this backward")
+    lengths = views[1]
+    if ((lengths < 0) | (lengths > layout.T)).any():
+        raise ValueError(f"{what}: corrupt sequence lengths")
+    opened = Opened(views, head)
+    if not (0.0 <= opened.dropout < 1.0):
+        raise ValueError(f"{what}: corrupt header (dropout field); pass the reserve of the "
+                         f"matching training forward")
+    return opened
+
+
+def read_header(reserve):
+    """``{"dropout", "seed", "seed2", "batch_major", "T", "N"}`` of a reserve's header, for
+    frontends that check their own attributes against the forward's (after ``read``)."""
+    head = np.frombuffer(reserve[:HEADER * 8].tobytes(), np.int64)
+    return {"T": int(head[2]), "N": int(head[3]),
+            "dropout": float(np.int64(head[6]).view(np.float64)),
+            "seed": int(head[7]), "seed2": int(head[8]),
+            "batch_major": bool(head[13] & _FLAG_BATCH_MAJOR)}
+
+
+# --- rebuilding a reserve from saved gates (MPSGraph's zState) -----------------------------
+# Activations whose derivative the backward can take from a stand-in pre-activation rebuilt
+# from the activation's output (see reserve_from_gates): name -> out ↦ stand-in.
+_STAND_IN_PRE = {
+    "sigmoid": lambda act, out: out,                           # derivative uses out only
+    "tanh": lambda act, out: out,
+    "identity": lambda act, out: out,
+    "relu": lambda act, out: out,                              # out > 0  ⇔  x > 0
+    "hard_sigmoid": lambda act, out: _hard_sigmoid_stand_in(act, out),
+}
+
+
+def _hard_sigmoid_stand_in(act, out):
+    """x with αx + β strictly inside (0, 1) exactly where ``out`` is, far outside elsewhere."""
+    if act.alpha == 0:
+        return np.zeros_like(out)
+    inside = (out - act.beta) / act.alpha
+    return np.where(out <= 0, (-1 - act.beta) / act.alpha,
+                    np.where(out >= 1, (2 - act.beta) / act.alpha, inside)).astype(out.dtype)
+
+
+def fill_from_gates(lds, params, cell, gates, y, h0, mask):
+    """Fill a fresh one-layer GRU reserve's views ``lds`` from each direction's activated
+    gates ``[T, N, 3H]`` and the forward's output ``y`` ``[T, N, D·H]`` (full-length sequences,
+    time-major): the states from ``y`` and ``h0``, the recurrent candidate term
+    ``h·R_nᵀ + b_Rn`` as one GEMM over all steps, and stand-in pre-activations for the kinds
+    whose derivative needs one (see ``_STAND_IN_PRE``)."""
+    topo = params.topology
+    T, N = y.shape[:2]
+    H = topo.hidden_size
+    for d in range(topo.num_directions):
+        views = lds[d]
+        states = views["states"]
+        rev = topo.reversed_direction(d)
+        # forward: slot 0 = h0, slot t+1 = y[t];  reversed: slot T = h0, slot t = y[t]
+        if rev:
+            states[:T], states[T] = y[:, :, d * H:(d + 1) * H], h0[d]
+        else:
+            states[0], states[1:] = h0[d], y[:, :, d * H:(d + 1) * H]
+        views["gates"][...] = gates[d]
+        if cell.reset_after:
+            h_in = states[1:] if rev else states[:T]
+            if mask is not None:
+                h_in = h_in * mask[:, :, d * H:(d + 1) * H]
+            hn = views["hn"].reshape(T * N, H)
+            # hn[T·N, H] = (h ⊙ m)[T·N, H] · R_n[H, H]ᵀ + b_Rn
+            plan.gemm(False, True, np.ascontiguousarray(h_in).reshape(T * N, H),
+                      np.ascontiguousarray(params[d].R[2 * H:]), hn)
+            hn += params[d].b_R[2 * H:]
+        if not cell.is_fast:
+            pre = views["pre"]
+            for k, act in enumerate((cell.f_r, cell.f_z, cell.g)):
+                pre[:, :, k * H:(k + 1) * H] = _STAND_IN_PRE[act.name](
+                    act, gates[d][:, :, k * H:(k + 1) * H])
