@@ -1,7 +1,7 @@
 """Shared test fixtures: buffer poisoning for the engine, and torch.nn.GRU built from cgru.Params.
 
 * ``poison``: every buffer ``cgru.engine`` allocates (outputs, reserve, workspaces — all go
-  through ``cgru.engine._empty``) starts as NaN (float arrays) or 0xFF bytes (the uint8
+  through ``cgru.core.plan.empty``) starts as NaN (float arrays) or 0xFF bytes (the uint8
   reserve; 0xFF…FF read as a float is a NaN), so an element the engine forgets to write shows up
   as a NaN in a result.
 * ``torch_gru_from_params``: ``build(params, batch_first=False) -> torch.nn.GRU`` with cgru's
@@ -29,9 +29,9 @@ def _poisoned_empty(shape, dtype):
 
 @pytest.fixture
 def poison(monkeypatch):
-    """Make ``cgru.engine._empty`` return NaN-filled (float) / 0xFF-filled (other) arrays."""
-    from cgru import engine
-    monkeypatch.setattr(engine, "_empty", _poisoned_empty)
+    """Make ``cgru.core.plan.empty`` return NaN-filled (float) / 0xFF-filled (other) arrays."""
+    from cgru.core import plan
+    monkeypatch.setattr(plan, "empty", _poisoned_empty)
     return _poisoned_empty
 
 

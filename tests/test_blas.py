@@ -1,4 +1,4 @@
-"""The row-major BLAS shim (``cgru._blas.gemm_rm``) against NumPy, over its whole flag matrix.
+"""The row-major BLAS shim (``cgru._kernels.blas.gemm_rm``) against NumPy, over its whole flag matrix.
 
 ``gemm_rm(trans_a, trans_b, alpha, A, B, beta, C)`` computes ``C = alpha·op(A)·op(B) + beta·C``
 on row-major arrays.  Checked for float32/float64 × trans_a × trans_b × alpha, beta ∈
@@ -12,7 +12,7 @@ finite — the engine relies on this for its uninitialised (``np.empty``) buffer
 import numpy as np
 import pytest
 
-_blas = pytest.importorskip("cgru._blas")
+_blas = pytest.importorskip("cgru._kernels.blas")
 gemm_rm = _blas.gemm_rm
 
 DTYPES = [np.float32, np.float64]
@@ -228,7 +228,7 @@ def test_zero_row_stride_is_handled_or_refused():
 def test_gemm_blocks_does_not_depend_on_the_thread_count(dtype, trans_a, trans_b, blocks):
     # For a given block count the result is bitwise the same for any thread count, and equal
     # to one call up to rounding (OpenBLAS's edge tiles may round differently per block shape).
-    from cgru._blas import gemm_blocks
+    from cgru._kernels.blas import gemm_blocks
     rng = np.random.default_rng(blocks)
     m, n, k = 37, 29, 41
     A = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)

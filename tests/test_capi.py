@@ -21,7 +21,7 @@ import pytest
 
 import cgru
 from cgru import capi, tf
-from cgru._capi_info import library_path
+from cgru.capi.info import library_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 C_DIR = os.path.join(ROOT, "tests", "c")

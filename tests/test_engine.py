@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 import cgru
-from cgru import Activation, Cell, Params, Topology, engine, reference
+from cgru import Activation, Cell, Params, Topology
+from cgru.core import engine, reference
+from cgru.core import plan
 from conftest import ACTIVATION_AB, ACTIVATION_KINDS, activation_cell
 
 pytestmark = pytest.mark.usefixtures("poison")
@@ -46,10 +48,10 @@ def _assert_params_close(got, want, tol, what):
 
 def test_poison_fixture_is_active():
     """The fixture really poisons the engine's allocation hook (so the other tests can fail)."""
-    assert np.isnan(engine._empty((3, 2), np.float32)).all()
-    assert np.isnan(engine._empty(4, np.float64)).all()
-    assert (engine._empty(16, np.uint8) == 0xFF).all()
-    assert np.isnan(engine._empty(16, np.uint8).view(np.float64)).all()
+    assert np.isnan(plan.empty((3, 2), np.float32)).all()
+    assert np.isnan(plan.empty(4, np.float64)).all()
+    assert (plan.empty(16, np.uint8) == 0xFF).all()
+    assert np.isnan(plan.empty(16, np.uint8).view(np.float64)).all()
 
 
 # --- 1. against torch.nn.GRU ---------------------------------------------------------------------
@@ -332,9 +334,9 @@ def test_thread_count_does_not_change_results(dtype, cell, monkeypatch):
     """num_threads=1 and 2 give bitwise identical y, hy, reserve and gradients (N = 40: 2
     batch chunks per direction), also with lengths, mask and dropout; and run to run."""
     T, N, I, H = 6, 40, 5, 8
-    assert engine._n_chunks(N) > 1           # the time loop really is split into batch chunks
-    monkeypatch.setattr(engine, "_MIN_PARALLEL_WORK", 0)   # and small work still gets threads
-    assert engine._loop_threads(2, T, N, H, 2) == 2
+    assert plan.n_chunks(N) > 1           # the time loop really is split into batch chunks
+    monkeypatch.setattr(plan, "_MIN_PARALLEL_WORK", 0)   # and small work still gets threads
+    assert plan.loop_threads(2, T, N, H, 2, 3) == 2
     topo = Topology(I, H, 2, "bidirectional")
     params = Params.random(topo, dtype, seed=13)
     rng = _rng(13)

@@ -7,24 +7,26 @@ caller owns is exactly as it was before the call: the inputs, the reserve, and `
 loop that catches the exception and carries on must not double-count a layer), and the
 process state the engine touches (the BLAS thread count) is restored.  A later call then
 gives bitwise the results of an undisturbed one.  Faults are injected deterministically at
-the second layer of a multi-layer call by wrapping ``engine._kernels`` (or the per-layer
-gradient step); the real-signal tests use ``signal.setitimer``.
+the second layer of a multi-layer call by wrapping ``engine._KERNELS["gru"]`` (or the per-layer
+gradient step); the real-signal tests raise SIGINT from inside a time loop at a chosen step
+(the kernels' test probe) and count steps and kernel calls — nothing here depends on the
+machine's speed.
 
 A ``KeyboardInterrupt`` arriving while a time loop runs (in C, without the GIL) is noticed by
 the loop itself: the calling thread runs Python's signal handlers every 50 ms and stops every
-work item.  ``test_interrupt_between_kernel_calls`` bounds the latency between kernel calls,
-``test_interrupt_inside_one_long_time_loop`` inside one.
+work item.  ``test_interrupt_between_kernel_calls`` shows that the next kernel call never
+starts, ``test_interrupt_inside_one_long_time_loop`` that a loop stops right after the step.
 """
 import hashlib
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
 
 import cgru
-from cgru import Cell, Params, Topology, engine
+from cgru import Cell, Params, Topology
+from cgru.core import engine, plan
 
 threadpoolctl = pytest.importorskip("threadpoolctl")
 
@@ -54,7 +56,7 @@ def _problem(cell=Cell(), mask=False):
 
 
 class _Faulty:
-    """Stands in for ``engine._kernels``: the ``n``-th call of ``name`` raises ``exc``."""
+    """Stands in for ``engine._KERNELS["gru"]``: the ``n``-th call of ``name`` raises ``exc``."""
 
     def __init__(self, real, name, n, exc):
         self.real, self.name, self.n, self.exc, self.calls = real, name, n, exc, 0
@@ -96,14 +98,14 @@ def test_forward_fault_leaves_no_trace(monkeypatch, blas_three, exc, cell):
     want = cgru.forward(params, x, h0, **fkw)
     inputs = [x, h0] + [a for lp in params for a in lp.arrays().values()]
     before = [_digest(a) for a in inputs]
-    faulty = _Faulty(engine._kernels, "forward_layer", 2, exc)
-    monkeypatch.setattr(engine, "_kernels", faulty)
+    faulty = _Faulty(engine._KERNELS["gru"], "forward_layer", 2, exc)
+    monkeypatch.setitem(engine._KERNELS, "gru", faulty)
     with pytest.raises(exc, match="injected fault"):
         cgru.forward(params, x, h0, **fkw, num_threads=1)
     assert faulty.calls == 2
     assert _blas_counts() == blas_three
     assert [_digest(a) for a in inputs] == before
-    monkeypatch.setattr(engine, "_kernels", faulty.real)
+    monkeypatch.setitem(engine._KERNELS, "gru", faulty.real)
     got = cgru.forward(params, x, h0, **fkw, num_threads=1)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
@@ -113,8 +115,8 @@ def _backward_fault(monkeypatch, where, exc):
     """Make the second layer of a backward raise ``exc``: in its time loop
     (``_kernels.backward_layer``) or after it, in its weight-gradient step."""
     if where == "time_loop":
-        faulty = _Faulty(engine._kernels, "backward_layer", 2, exc)
-        monkeypatch.setattr(engine, "_kernels", faulty)
+        faulty = _Faulty(engine._KERNELS["gru"], "backward_layer", 2, exc)
+        monkeypatch.setitem(engine._KERNELS, "gru", faulty)
         return faulty
     real = engine._layer_gradients
     calls = []
@@ -189,88 +191,90 @@ def test_backward_with_accumulate_adds_exactly_once_without_faults():
 
 
 # --- real signals -------------------------------------------------------------------------------
-class _Timer:
-    """Stands in for ``engine._kernels``: records every kernel call's duration."""
+# The kernels' test probe (cgru._kernels.loops.set_probe) raises a real SIGINT from inside the
+# time loop at a given step, so these tests count steps and kernel calls instead of timing.
+class _Counter:
+    """Stands in for ``engine._KERNELS["gru"]``: counts the calls of each time-loop kernel."""
 
     def __init__(self, real):
-        self.real, self.durations = real, []
+        self.real, self.calls = real, []
 
     def __getattr__(self, attr):
         fn = getattr(self.real, attr)
         if attr not in ("forward_layer", "backward_layer"):
             return fn
 
-        def timed(*args, **kw):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kw)
-            finally:
-                self.durations.append(time.perf_counter() - t0)
-        return timed
+        def counted(*args, **kw):
+            self.calls.append(attr)
+            return fn(*args, **kw)
+        return counted
 
 
-def _interrupt_after(seconds, call):
-    """Run ``call`` with SIGALRM → KeyboardInterrupt after ``seconds``: ``(interrupted,
-    latency)`` — latency from the alarm to the moment control is back here."""
+@pytest.fixture
+def interrupt_at():
+    """``interrupt_at(step)``: the next time loops raise SIGINT at processing step ``step``
+    (work item 0); Python's default SIGINT handler (KeyboardInterrupt) is in place."""
+    from cgru._kernels import loops
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals are delivered to the main thread only")
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-    old = signal.signal(signal.SIGALRM, handler)
-    try:
-        t0 = time.perf_counter()
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-        try:
-            call()
-            interrupted = False
-        except KeyboardInterrupt:
-            interrupted = True
-        latency = time.perf_counter() - (t0 + seconds)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-    return interrupted, latency
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield lambda step: loops.set_probe(step, action=1)
+    loops.set_probe(-1)
+    signal.signal(signal.SIGINT, old)
 
 
-def _long_problem(layers, T_long):
-    """A problem whose every time loop takes ~0.2–0.5 s on one thread (H = 1024, N = 1)."""
-    topo = Topology(16, 1024, layers)
+def _steps_done():
+    from cgru._kernels import loops
+    return loops.probe_state()["steps"]
+
+
+T_LONG = 400
+
+
+def _long_problem(layers, N=1, H=16):
+    topo = Topology(8, H, layers)
     params = Params.random(topo, np.float32, seed=1)
-    x = np.random.default_rng(2).standard_normal((T_long, 1, 16)).astype(np.float32)
+    x = np.random.default_rng(2).standard_normal((T_LONG, N, 8)).astype(np.float32)
     return params, x
 
 
-@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
-def test_interrupt_between_kernel_calls(monkeypatch, blas_three):
-    """A KeyboardInterrupt during a two-layer forward returns control no later than the end
-    of the kernel call it arrived in; afterwards everything works as before."""
-    params, x = _long_problem(2, 300)
+def test_interrupt_between_kernel_calls(monkeypatch, blas_three, interrupt_at):
+    """A KeyboardInterrupt arriving in the first layer of a two-layer forward stops that
+    layer's time loop at the next step and never starts the second layer; afterwards
+    everything works as before."""
+    params, x = _long_problem(2)
     small = Params.random(Topology(3, 2), np.float64, seed=5)
     xs = np.random.default_rng(6).standard_normal((4, 2, 3))
     want = cgru.forward(small, xs, training=True)
-    timer = _Timer(engine._kernels)
-    monkeypatch.setattr(engine, "_kernels", timer)
-    cgru.forward(params, x, num_threads=1)                  # how long one time loop takes
-    longest = max(timer.durations)
-    assert longest > 0.05, "the problem is too small to interrupt"
-    interrupted, latency = _interrupt_after(
-        0.5 * longest, lambda: cgru.forward(params, x, num_threads=1))
-    assert interrupted
-    assert latency <= 1.5 * longest + 0.25, (latency, longest)
+    counter = _Counter(engine._KERNELS["gru"])
+    monkeypatch.setitem(engine._KERNELS, "gru", counter)
+    interrupt_at(10)
+    with pytest.raises(KeyboardInterrupt):
+        cgru.forward(params, x, num_threads=1)
+    assert counter.calls == ["forward_layer"]           # the second layer never ran
+    assert _steps_done() == 11                          # stopped at the step after the signal
     assert _blas_counts() == blas_three
     got = cgru.forward(small, xs, training=True)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
-def test_interrupt_inside_one_long_time_loop(monkeypatch):
-    params, x = _long_problem(1, 1500)
-    timer = _Timer(engine._kernels)
-    monkeypatch.setattr(engine, "_kernels", timer)
-    interrupted, latency = _interrupt_after(0.05, lambda: cgru.forward(params, x,
-                                                                       num_threads=1))
-    assert interrupted
-    # the loop polls every 50 ms; without polling this took 0.5-2 s (the whole loop)
-    assert latency < 0.3, f"control came back {latency:.2f} s after the interrupt"
+@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.mark.parametrize("fn", ["forward", "backward"])
+def test_interrupt_inside_one_long_time_loop(monkeypatch, interrupt_at, fn, num_threads):
+    """A KeyboardInterrupt in the middle of one layer's time loop stops every work item of it
+    (on one thread: at exactly the next step), forward and backward."""
+    params, x = _long_problem(1, N=32)                  # 2 batch chunks: 2 work items
+    monkeypatch.setattr(plan, "_MIN_PARALLEL_WORK", 0)  # a second thread even for this size
+    f = cgru.forward(params, x, training=True)
+    interrupt_at(T_LONG // 4)
+    with pytest.raises(KeyboardInterrupt):
+        if fn == "forward":
+            cgru.forward(params, x, num_threads=num_threads)
+        else:
+            cgru.backward(params, x, f.reserve, np.ones_like(f.y), num_threads=num_threads)
+    steps = _steps_done()
+    if num_threads == 1:
+        assert steps == T_LONG // 4 + 1, steps
+    else:
+        assert T_LONG // 4 < steps < T_LONG, steps     # the other item polls it, then stops

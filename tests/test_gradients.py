@@ -19,6 +19,7 @@ import pytest
 
 import cgru
 from cgru import Activation, Cell, Params, Topology
+from cgru.core import gradcheck
 from conftest import ACTIVATION_AB, ACTIVATION_KINDS, activation_cell
 
 pytestmark = pytest.mark.usefixtures("poison")
@@ -129,30 +130,16 @@ def _differentiable(params, x, h0):
 
 
 def _fd_gradients(params, x, h0, dy, dhy, fkw):
-    """``{name: (d Σ y·dy, d Σ hy·dhy)}`` by central differences, perturbing each element in
-    place (and restoring it exactly).  The many tiny forwards run single-threaded: results do
-    not depend on the thread count (test_engine checks it), and an OpenMP region per tiny call
-    is slow on a busy machine."""
+    """``{name: (d Σ y·dy, d Σ hy·dhy)}`` by central differences (``cgru.core.gradcheck``).
+    The many tiny forwards run single-threaded: results do not depend on the thread count
+    (test_engine checks it), and waking a thread per tiny call is slow on a busy machine."""
     def losses():
         f = cgru.forward(params, x, h0, **fkw, num_threads=1)
         return math.fsum((f.y * dy).ravel()), math.fsum((f.hy * dhy).ravel())
 
-    out = {}
-    for name, a in _differentiable(params, x, h0):
-        gy, gh = np.zeros(a.shape), np.zeros(a.shape)
-        flat = a.reshape(-1)
-        assert a.size == 0 or np.shares_memory(flat, a)
-        for j in range(a.size):
-            v = flat[j]
-            flat[j] = v + EPS
-            plus, up = losses(), flat[j]
-            flat[j] = v - EPS
-            minus, down = losses(), flat[j]
-            flat[j] = v
-            gy.flat[j] = (plus[0] - minus[0]) / (up - down)
-            gh.flat[j] = (plus[1] - minus[1]) / (up - down)
-        out[name] = (gy, gh)
-    return out
+    items = _differentiable(params, x, h0)
+    grads = gradcheck.central_differences(losses, [a for _, a in items], EPS)
+    return {name: g for (name, _), g in zip(items, grads)}
 
 
 @functools.lru_cache(maxsize=None)

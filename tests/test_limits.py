@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 import cgru
-from cgru import Cell, Params, Topology, engine
+from cgru import Cell, Params, Topology
+from cgru.core import engine
 
 INT_MAX = 2 ** 31 - 1
 # T·N just above the limit: 32769 · 65536 = 2³¹ + 2¹⁶.
@@ -81,6 +82,60 @@ def test_widths_beyond_int32_are_refused(what, topo, width):
     x = np.broadcast_to(np.zeros((1, 1, 1), np.float32), (2, 2, width))
     with pytest.raises(ValueError, match=f"^x: {what} = \\d+ exceeds the 32-bit BLAS limit"):
         engine._check_x(x, topo, np.dtype(np.float32), False)
+
+
+# --- size queries: closed form, the same bounds as the calls --------------------------------------
+_SIZE_CHILD = textwrap.dedent(r"""
+    import json
+    import numpy as np
+    import cgru
+    from cgru import tf
+    out = {}
+    def record(name, fn):
+        try:
+            out[name] = ["ok", str(fn())]
+        except Exception as e:
+            out[name] = [type(e).__name__, str(e)]
+    record("params_size_2**70", lambda: tf.params_size(2 ** 70, 6, 5))
+    record("reserve_nbytes_1e6_layers", lambda: cgru.reserve_nbytes(
+        cgru.Topology(4, 4, 10 ** 6, "bidirectional"), 5, 3))
+    record("flat_size_int_max_layers", lambda: cgru.Topology(5, 6, 2 ** 31 - 1).flat_size())
+    record("reserve_nbytes_rows", lambda: cgru.reserve_nbytes(cgru.Topology(2, 3), 32769, 65536))
+    record("reserve_nbytes_3H", lambda: cgru.reserve_nbytes(cgru.Topology(2, 2 ** 30), 1, 1))
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def size_queries():
+    """Every size query, in a child process with a timeout (a per-layer loop over 10⁶ or 2⁷⁰
+    layers used to run for minutes or forever: that would fail here, not hang the suite)."""
+    proc = subprocess.run([sys.executable, "-c", _SIZE_CHILD], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_size_queries_are_closed_form(size_queries):
+    H, I, L = 4, 4, 10 ** 6
+    kind, value = size_queries["reserve_nbytes_1e6_layers"]
+    assert kind == "ok", value
+    T, N, D = 5, 3, 2
+    up = lambda n: -(-n // 64) * 64
+    per_ld = up(T * N * 3 * H * 4) + up((T + 1) * N * H * 4) + up(T * N * H * 4)
+    assert int(value) == up(128) + up(8 * N) + L * D * per_ld + (L - 1) * up(T * N * D * H * 4)
+    kind, value = size_queries["flat_size_int_max_layers"]
+    L, H, I = 2 ** 31 - 1, 6, 5
+    assert kind == "ok" and int(value) == 3 * H * I + 3 * H * H * L + 3 * H * H * (L - 1) + 6 * H * L
+
+
+def test_size_queries_apply_the_calls_bounds(size_queries):
+    kind, msg = size_queries["params_size_2**70"]
+    assert kind == "ValueError" and "2^62" in msg, (kind, msg)
+    kind, msg = size_queries["reserve_nbytes_rows"]
+    assert kind == "ValueError" and msg.startswith("reserve_nbytes: T·N") and str(INT_MAX) in msg
+    kind, msg = size_queries["reserve_nbytes_3H"]
+    assert kind == "ValueError" and msg.startswith("reserve_nbytes: 3H") and str(INT_MAX) in msg
 
 
 _CHILD = textwrap.dedent(r"""

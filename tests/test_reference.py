@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-import cgru.reference as ref
-from cgru.cell import _KINDS, Activation, Cell
-from cgru.params import LayerParams, Params, Topology
+import cgru.core.reference as ref
+from cgru.core.cells import _KINDS, Activation, Cell
+from cgru.core.network import LayerParams, Params, Topology
 
 torch = pytest.importorskip("torch")
 

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 import cgru
-from cgru import engine
-from cgru.cell import Cell
-from cgru.params import Params, Topology
+from cgru.core import engine
+from cgru.core.cells import Cell
+from cgru.core.network import Params, Topology
 
 CELLS = {
     "default": Cell(),

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from cgru import _kernels as K
+from cgru._kernels import loops as K
 
 TOL = {np.float32: 2e-5, np.float64: 1e-12}
 

@@ -18,7 +18,7 @@ import pytest
 cgru = pytest.importorskip("cgru")
 from cgru import (Activation, Cell, LayerParams, Params, Topology, backward,  # noqa: E402
                   dropout_masks, forward, reserve_nbytes)
-from cgru import reference  # noqa: E402
+from cgru.core import reference  # noqa: E402
 
 # One small bidirectional two-layer stack; every size differs from the others so that a
 # message quoting a shape is unambiguous: T=5, N=2, I=7, H=3, L·D=4, D·H=6.
@@ -853,3 +853,103 @@ def test_nan_in_x_of_a_bidirectional_stack(poison):
     np.testing.assert_array_equal(fw.y[:, 1], clean.y[:, 1])
     g = backward(params, xb, fw.reserve, np.ones((T, N, DH)))
     assert np.isfinite(g.dx[:, 1]).all()
+
+
+# --- 4. flags, thread counts, masked arrays, activation parameters ----------------------------
+@pytest.mark.parametrize("kw", [dict(training="no"), dict(batch_major=[]), dict(training=1),
+                                dict(batch_major=np.array([True]))], ids=str)
+def test_forward_flags_must_be_bools(kw):
+    """A flag is never read by truthiness: ``training="no"`` is a TypeError, not True."""
+    params, x, _ = _f64()
+    name = next(iter(kw))
+    with _raises(TypeError, f"{name}:", "bool"):
+        forward(params, x, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(accumulate="yes"), dict(batch_major=None)], ids=str)
+def test_backward_flags_must_be_bools(kw):
+    params, x, reserve = _f64()
+    name = next(iter(kw))
+    with _raises(TypeError, f"{name}:", "bool"):
+        backward(params, x, reserve, **kw)
+
+
+@BOTH
+@pytest.mark.parametrize("value", [2 ** 31, 10 ** 6, -10 ** 6])
+def test_num_threads_beyond_any_machine_is_a_value_error(fn, value):
+    """Not an OverflowError from deep inside: a ValueError naming the argument."""
+    params, x, _ = _f64()
+    with _raises(ValueError, "num_threads:", "at most"):
+        _call(fn, x, num_threads=value)
+
+
+@pytest.mark.parametrize("arg", ["x", "h0", "state_mask", "weight"])
+def test_masked_arrays_are_refused(arg):
+    """cgru would ignore a masked array's mask: refused, never silently unmasked."""
+    params, x, _ = _f64()
+    kw = {}
+    if arg == "x":
+        x = np.ma.masked_array(x, mask=x > 1)
+    elif arg == "h0":
+        kw["h0"] = np.ma.masked_array(np.zeros((LD, N, H)))
+    elif arg == "state_mask":
+        kw["state_mask"] = np.ma.masked_array(np.ones((T, N, DH)))
+    else:
+        lp = params[0]
+        with _raises(TypeError, "params[0].W:", "masked array"):
+            Params(TOPO, [LayerParams(np.ma.masked_array(lp.W), lp.R, lp.b_W, lp.b_R)]
+                   + list(params)[1:])
+        return
+    with _raises(TypeError, f"{arg}:", "masked array"):
+        forward(params, x, **kw)
+
+
+@pytest.mark.parametrize("act", [("scaled_tanh", 1e300, 1e300), ("affine", 1e39, 0.0),
+                                 ("leaky_relu", -1e40, 0.0)], ids=str)
+def test_activation_parameters_beyond_float32(act):
+    """In float32 such an alpha/beta would overflow to inf (all-NaN results): refused for a
+    float32 network, accepted in float64."""
+    cell = Cell(g=act)
+    p32 = _case(np.float32)[0]
+    x32 = np.zeros((T, N, I), np.float32)
+    with _raises(ValueError, "cell.g:", "float32"):
+        forward(p32, x32, cell=cell)
+    p64, x64, _ = _f64()
+    forward(p64, x64, cell=cell)
+
+
+# --- 5. no silent copies: a network keeps the caller's arrays ------------------------------------
+def test_network_keeps_the_callers_arrays_in_any_layout():
+    """Weights in Fortran order, transposed views, strided views: kept as given, so that an
+    update in place is what the next call computes with (no stale copy)."""
+    topo = Topology(I, H)
+    rng = np.random.default_rng(7)
+    W = np.asfortranarray(rng.standard_normal((3 * H, I)))
+    R = rng.standard_normal((H, 3 * H)).T                # a transposed view
+    b_W = rng.standard_normal(6 * H)[::2]                # a strided view
+    b_R = rng.standard_normal(3 * H)
+    net = Params(topo, [LayerParams(W, R, b_W, b_R)])
+    assert net[0].W is W and net[0].R is R and net[0].b_W is b_W
+    x = rng.standard_normal((T, N, I))
+    y1 = forward(net, x).y
+    np.testing.assert_allclose(y1, reference.forward(net, x)[0], rtol=1e-12, atol=1e-13)
+    R *= 0.5                                             # the caller updates in place
+    y2 = forward(net, x).y
+    assert not np.allclose(y1, y2)
+    np.testing.assert_allclose(y2, reference.forward(net, x)[0], rtol=1e-12, atol=1e-13)
+
+
+def test_dparams_of_any_layout_receive_the_gradients_in_place():
+    params, x, reserve = _f64()
+    want = backward(params, x, reserve).dparams
+    layers = [LayerParams(*(np.asfortranarray(np.ones_like(a)) if a.ndim == 2 else
+                            np.ones(2 * a.size)[::2] for a in lp.arrays().values()))
+              for lp in want]
+    dparams = Params(TOPO, layers)
+    held = [a for lp in dparams for a in lp.arrays().values()]
+    got = backward(params, x, reserve, dparams=dparams, accumulate=True).dparams
+    assert got is dparams
+    for w, g in zip(want, got):
+        for name in ("W", "R", "b_W", "b_R"):
+            np.testing.assert_allclose(getattr(g, name), getattr(w, name) + 1, rtol=1e-13)
+    assert all(a is b for a, b in zip([a for lp in got for a in lp.arrays().values()], held))

@@ -1,0 +1,129 @@
+"""Forked children: a child process of a parent that has used cgru's threads works.
+
+Fork is how ``multiprocessing`` (Linux default before Python 3.14), ``ProcessPoolExecutor``,
+PyTorch's DataLoader workers, joblib and Dask start workers.  An OpenMP runtime's thread pool
+does not survive a fork (a child entering a parallel region hangs forever); cgru's own pool
+registers fork handlers, so the child starts with no workers and makes fresh ones.
+
+Each scenario runs in a separate Python process under a timeout, so that a regression fails
+(with the scenario's output) instead of hanging the test run.  The child's results must be
+bitwise the parent's.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 120     # seconds: only a hang gets anywhere near this
+
+PRELUDE = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import cgru
+    from cgru._kernels import threads
+
+    def problem():
+        topo = cgru.Topology(16, 64, 2, "bidirectional")
+        net = cgru.Network.random(topo, np.float32, seed=1)
+        x = np.random.default_rng(2).standard_normal((50, 32, 16)).astype(np.float32)
+        return net, x
+
+    def call(num_threads=2):
+        net, x = problem()
+        f = cgru.forward(net, x, training=True, num_threads=num_threads)
+        g = cgru.backward(net, x, f.reserve, np.ones_like(f.y), num_threads=num_threads)
+        return [f.y, f.hy, g.dx, g.dparams.flat()]
+
+    def same(a, b):
+        return all(np.array_equal(u, v) for u, v in zip(a, b))
+
+    want = call()                           # the parent uses 2 threads: a live pool
+    assert threads.pool_size() >= 1, threads.pool_size()
+""")
+
+
+def _run(body):
+    """Run PRELUDE + body in a fresh interpreter; it must print OK and exit 0 in time."""
+    code = PRELUDE + textwrap.dedent(body)
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=TIMEOUT, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the scenario hung (killed after {TIMEOUT} s); output so far:\n"
+                    f"{e.stdout}\n{e.stderr}")
+    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), \
+        f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+
+
+def test_os_fork_child_computes_the_parents_bits():
+    _run("""
+        pid = os.fork()
+        if pid == 0:
+            fresh = threads.pool_size()            # the parent's workers do not exist here
+            got = call()                           # parallel again: a fresh pool
+            os._exit(0 if fresh == 0 and threads.pool_size() >= 1 and same(got, want) else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert same(call(), want)                  # the parent's pool still works
+        print("OK")
+    """)
+
+
+def test_multiprocessing_fork_pool():
+    _run("""
+        import multiprocessing as mp
+
+        def work(nt):
+            return call(nt)
+
+        with mp.get_context("fork").Pool(2) as pool:
+            results = pool.map(work, [2, 1, 2, None])
+        assert all(same(r, want) for r in results)
+        print("OK")
+    """)
+
+
+def test_process_pool_executor_with_fork():
+    _run("""
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        def work(nt):
+            return call(nt)
+
+        with ProcessPoolExecutor(2, mp_context=mp.get_context("fork")) as ex:
+            results = list(ex.map(work, [2, 2, 1, None]))
+        assert all(same(r, want) for r in results)
+        print("OK")
+    """)
+
+
+def test_fork_while_another_thread_is_inside_a_call():
+    """A thread of the parent is inside a parallel cgru call when another thread forks: the
+    child (which has only the forking thread) still works."""
+    _run("""
+        import threading
+        stop = threading.Event()
+
+        def busy():
+            while not stop.is_set():
+                call()
+        t = threading.Thread(target=busy)
+        t.start()
+        pids = []
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0 if same(call(), want) else 3)
+            pids.append(pid)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+        stop.set()
+        t.join()
+        assert codes == [0, 0, 0], codes
+        print("OK")
+    """)
