@@ -43,7 +43,7 @@ extensions = [
         depends=[f"{KERNELS}/{h}" for h in ("simd.h", "pool.h", "threads.pxd", "blas.pxd",
                                             "loops.pxd")],
     )
-    for name in ("threads", "blas", "loops", "gru")
+    for name in ("threads", "blas", "loops", "gru", "lstm", "rnn")
 ]
 
 

@@ -4,7 +4,7 @@ The names that need the compiled kernels (``forward``, ``backward``, …) are lo
 use, so that the pure-Python parts (``cgru.core.reference``, the cells and networks) import
 even where the extensions are not built.
 """
-from cgru.core.cells import Activation, ACTIVATION_NAMES, Cell, GRUCell
+from cgru.core.cells import Activation, ACTIVATION_NAMES, Cell, GRUCell, LSTMCell, RNNCell
 from cgru.core.network import LayerParams, Network, Params, Topology
 
 __version__ = "0.2.0"
@@ -17,7 +17,8 @@ _COMPILED = {
     "get_include": "cgru.capi.info",
 }
 
-__all__ = ["Activation", "ACTIVATION_NAMES", "Cell", "GRUCell", "LayerParams", "Network",
+__all__ = ["Activation", "ACTIVATION_NAMES", "Cell", "GRUCell", "LSTMCell", "RNNCell",
+           "LayerParams", "Network",
            "Params", "Topology", *_COMPILED, "__version__"]
 
 

@@ -44,7 +44,6 @@ import numpy as np
 cimport numpy as cnp
 
 from cgru._kernels.loops cimport *
-from cgru._kernels.threads cimport item_fn, parallel_for
 
 cnp.import_array()
 
@@ -579,77 +578,59 @@ cdef Layer make_layer(int T, int N, int H, int n_chunks, object lengths, object 
     return L
 
 
-cdef struct LoopJob:
-    Layer *L
-    CellSpec *C
-    bint training
-    int failed              # set (atomically) when a work item ran out of memory
-
-
 cdef void forward_item_f(void *ctx, int item) noexcept nogil:
-    cdef LoopJob *J = <LoopJob *>ctx
-    if forward_item(<const float *>NULL, J.L, J.C, item, J.training) != 0:
+    cdef Job *J = <Job *>ctx
+    if forward_item(<const float *>NULL, <Layer *>J.layer, <const CellSpec *>J.cell, item,
+                    J.training) != 0:
         set_flag(&J.failed)
 
 
 cdef void forward_item_d(void *ctx, int item) noexcept nogil:
-    cdef LoopJob *J = <LoopJob *>ctx
-    if forward_item(<const double *>NULL, J.L, J.C, item, J.training) != 0:
+    cdef Job *J = <Job *>ctx
+    if forward_item(<const double *>NULL, <Layer *>J.layer, <const CellSpec *>J.cell, item,
+                    J.training) != 0:
         set_flag(&J.failed)
 
 
 cdef void backward_item_f(void *ctx, int item) noexcept nogil:
-    cdef LoopJob *J = <LoopJob *>ctx
-    if backward_item(<const float *>NULL, J.L, J.C, item) != 0:
+    cdef Job *J = <Job *>ctx
+    if backward_item(<const float *>NULL, <Layer *>J.layer, <const CellSpec *>J.cell,
+                     item) != 0:
         set_flag(&J.failed)
 
 
 cdef void backward_item_d(void *ctx, int item) noexcept nogil:
-    cdef LoopJob *J = <LoopJob *>ctx
-    if backward_item(<const double *>NULL, J.L, J.C, item) != 0:
+    cdef Job *J = <Job *>ctx
+    if backward_item(<const double *>NULL, <Layer *>J.layer, <const CellSpec *>J.cell,
+                     item) != 0:
         set_flag(&J.failed)
 
 
-cdef run_items(item_fn fn, LoopJob *J, int num_threads, list errors, str what):
-    """Every (direction, batch chunk) work item of one layer on the pool."""
-    cdef int n_items = J.L.loop.D * J.L.loop.n_chunks
-    with nogil:
-        parallel_for(n_items, num_threads, fn, J, poll_while_waiting, &J.L.loop)
-    if errors:
-        raise errors[0]
-    if J.failed:
-        raise MemoryError(f"cgru: out of memory for the per-thread scratch of the {what} loop")
-
-
-def forward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, cell,
+def forward_layer(dtype, int T, int N, int H, int S, int n_chunks, int num_threads, cell,
                   lengths, mask, y, list dirs, bint training):
     """Run the forward time loops of one layer.  ``dirs`` holds one ``Direction`` per
     direction."""
-    cdef CellSpec C = make_cell(cell)
+    cdef CellSpec C = make_cell(cell)          # (S, the state width, is H for this kind)
     cdef int abort = 0
     cdef list errors = []
     cdef Layer L = make_layer(T, N, H, n_chunks, lengths, mask, y, None, dirs, &abort, errors)
-    cdef LoopJob J
-    if T == 0 or N == 0:
-        return
-    J.L, J.C, J.training, J.failed = &L, &C, training, 0
-    run_items(forward_item_f if np.dtype(dtype) == np.float32 else forward_item_d, &J,
-              num_threads, errors, "forward")
+    cdef Job J
+    J.layer, J.cell, J.loop, J.training, J.failed = &L, &C, &L.loop, training, 0
+    run_job(forward_item_f if np.dtype(dtype) == np.float32 else forward_item_d, &J,
+            num_threads, errors, "forward")
 
 
-def backward_layer(dtype, int T, int N, int H, int n_chunks, int num_threads, cell,
+def backward_layer(dtype, int T, int N, int H, int S, int n_chunks, int num_threads, cell,
                    lengths, mask, dy, list dirs):
     """Run the backward time loops of one layer (see ``forward_layer``)."""
-    cdef CellSpec C = make_cell(cell)
+    cdef CellSpec C = make_cell(cell)          # (S, the state width, is H for this kind)
     cdef int abort = 0
     cdef list errors = []
     cdef Layer L = make_layer(T, N, H, n_chunks, lengths, mask, None, dy, dirs, &abort, errors)
-    cdef LoopJob J
-    if T == 0 or N == 0:
-        return
-    J.L, J.C, J.training, J.failed = &L, &C, False, 0
-    run_items(backward_item_f if np.dtype(dtype) == np.float32 else backward_item_d, &J,
-              num_threads, errors, "backward")
+    cdef Job J
+    J.layer, J.cell, J.loop, J.training, J.failed = &L, &C, &L.loop, False, 0
+    run_job(backward_item_f if np.dtype(dtype) == np.float32 else backward_item_d, &J,
+            num_threads, errors, "backward")
 
 
 cgru_isa()  # decide the ISA once, at import, before any thread can ask

@@ -5,6 +5,7 @@
 from cython cimport floating
 from libc.math cimport exp, expf, tanh, tanhf, log1p, log1pf, fabs
 from cpython.ref cimport PyObject
+from cgru._kernels.threads cimport item_fn
 
 cdef extern from "simd.h" nogil:
     size_t cgru_packed_size(int n, int k, int nr)
@@ -196,3 +197,16 @@ cdef Loop make_loop(int T, int N, int H, int D, int n_chunks, object lengths, ob
                     object y, object dy, int *abort, list errors)
 # The data pointer of an ndarray, or NULL for None.
 cdef void *ptr(object a)
+
+
+cdef struct Job:
+    # one layer's time loops as pool work items (direction-major, chunks of the batch)
+    void *layer                # the cell kind's Layer struct (it starts with a Loop)
+    const void *cell           # the cell kind's CellSpec
+    Loop *loop                 # &layer.loop
+    bint training
+    int failed                 # set (atomically) when a work item ran out of memory
+
+# Run fn(job, item) for every work item of J's layer on up to num_threads pool threads;
+# raise the signal handler's exception, or MemoryError, afterwards.
+cdef run_job(item_fn fn, Job *J, int num_threads, list errors, str what)

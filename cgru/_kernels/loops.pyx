@@ -16,7 +16,7 @@ cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport PyObject
 from libc.stdint cimport uint64_t
-from cgru._kernels.threads cimport is_worker, wtime
+from cgru._kernels.threads cimport is_worker, item_fn, parallel_for, wtime
 
 cnp.import_array()
 
@@ -95,6 +95,16 @@ cdef Loop make_loop(int T, int N, int H, int D, int n_chunks, object lengths, ob
     return L
 
 
+cdef run_job(item_fn fn, Job *J, int num_threads, list errors, str what):
+    cdef int n_items = J.loop.D * J.loop.n_chunks
+    with nogil:
+        parallel_for(n_items, num_threads, fn, J, poll_while_waiting, J.loop)
+    if errors:
+        raise errors[0]
+    if J.failed:
+        raise MemoryError(f"cgru: out of memory for the per-thread scratch of the {what} loop")
+
+
 cdef void item_rows(const Loop *L, int item, int *d, int *b0, int *b1) noexcept nogil:
     cdef int c = item % L.n_chunks
     d[0] = item // L.n_chunks
@@ -142,14 +152,16 @@ cdef bint loop_step(const Loop *L, double *next_poll, int item, int s) noexcept 
     if item == 0:
         cgru_store(&probe.steps, s + 1)
         if s == probe.step:
-            fire_probe()
+            fire_probe(L)
     return False
 
 
 # --- test probes ---------------------------------------------------------------------------
 # Deterministic hooks for the tests of signals, GIL release and concurrency (no test measures
 # a duration): at processing step `step` of work item 0 of every time loop, item 0
-#   action 1: raises SIGINT (as Ctrl-C would) and makes the caller poll at its next step;
+#   action 1: raises SIGINT (as Ctrl-C would) and has the caller poll for it: at once when
+#             item 0 runs on the caller's thread, else item 0 waits until the caller's next
+#             poll has set the abort flag (so the loop stops right after this step);
 #   action 2: arrives at a rendezvous and waits (at most `timeout` s) until `needed` parties
 #             have arrived — other time loops' item 0 at the same step, or a Python thread
 #             calling probe_arrive().
@@ -169,11 +181,23 @@ cdef Probe probe
 probe.step = -1
 
 
-cdef void fire_probe() noexcept nogil:
+cdef void fire_probe(const Loop *L) noexcept nogil:
     cdef double until
     if probe.action == 1:
+        # as Ctrl-C would: the signal, then the poll that notices it — at once on the caller's
+        # thread; on a worker, wait (bounded) until the caller has polled and set the abort
+        # flag, so that the step at which the loop stops does not depend on scheduling
         raise_signal(SIGINT)
-        cgru_store(&probe.poll_now, 1)
+        if not is_worker():
+            if L.poll:
+                check_signals(L)
+        else:
+            cgru_store(&probe.poll_now, 1)
+            until = wtime() + probe.timeout
+            while not cgru_load(L.abort):
+                if wtime() > until:
+                    cgru_store(&probe.timed_out, 1)
+                    break
     elif probe.action == 2:
         cgru_add(&probe.arrived, 1)
         until = wtime() + probe.timeout

@@ -3,7 +3,8 @@
 A cell value says what one step of a recurrent layer computes: its kind (``kind``), how many
 gate blocks its weight matrices hold (``gates``: every ``W`` is ``[gates·H, in]``, every ``R``
 ``[gates·H, H]``), whether it carries a cell state besides ``h`` (``has_cell_state``), and the
-kind's variant options.  ``GRUCell`` (also ``Cell``) is the GRU.
+kind's variant options.  ``GRUCell`` (also ``Cell``) is the GRU, ``LSTMCell`` the LSTM,
+``RNNCell`` the vanilla RNN.
 
 GRU: gates in canonical order r (reset), z (update), n (candidate); ``x·Wᵀ`` with ``W`` stored
 ``[H, in]``::
@@ -22,7 +23,8 @@ from dataclasses import dataclass, field
 import math
 from typing import ClassVar
 
-__all__ = ["Activation", "ACTIVATION_NAMES", "Cell", "GRUCell", "CELL_KINDS", "is_cell"]
+__all__ = ["Activation", "ACTIVATION_NAMES", "Cell", "GRUCell", "LSTMCell", "RNNCell",
+           "CELL_KINDS", "is_cell"]
 
 # name -> (kernel code, default alpha, default beta).  The alpha/beta defaults are those of
 # the matching ONNX operators; hard_sigmoid's are MPSGraph's / Keras' (0.2, 0.5).
@@ -146,8 +148,77 @@ class GRUCell:
                 and self.g.name == "tanh" and self.clip is None)
 
 
+@dataclass(frozen=True)
+class LSTMCell:
+    """An LSTM cell: cuDNN's ``CUDNN_LSTM`` (= PyTorch's ``nn.LSTM``) by default.
+
+    Gates in canonical order i (input), f (forget), g (cell input; cuDNN's "new memory"),
+    o (output) — cuDNN's linLayerIDs 0–3 (input matrices) and 4–7 (recurrent), PyTorch's
+    order; ``x·Wᵀ`` with ``W`` ``[4H, in]``::
+
+        i = f_i(clip(x·W_iᵀ + b_Wi + h·R_iᵀ + b_Ri))      likewise f (f_f), o (f_o)
+        g = g(clip(x·W_gᵀ + b_Wg + h·R_gᵀ + b_Rg))
+        c' = f ⊙ c + i ⊙ g
+        h' = o ⊙ h(c')                  (with a projection: h' = W_p·(o ⊙ h(c')), W_p [P, H])
+
+    The defaults are cuDNN's: sigmoid gates, tanh for g and h, no clip.  ``clip`` (ONNX)
+    clamps the four gate pre-activations (biases included) to ``[−clip, clip]``; the cell
+    state is not clipped (as onnxruntime does).
+    """
+    kind: ClassVar[str] = "lstm"
+    gates: ClassVar[int] = 4
+    has_cell_state: ClassVar[bool] = True
+
+    f_i: Activation = field(default="sigmoid")
+    f_f: Activation = field(default="sigmoid")
+    f_o: Activation = field(default="sigmoid")
+    g: Activation = field(default="tanh")
+    h: Activation = field(default="tanh")
+    clip: float = None
+
+    def __post_init__(self):
+        for name in ("f_i", "f_f", "f_o", "g", "h"):
+            object.__setattr__(self, name, _as_activation(getattr(self, name),
+                                                          f"LSTMCell.{name}"))
+        _check_clip(self)
+
+    @property
+    def is_fast(self):
+        """True for cuDNN's cell (sigmoid gates, tanh, no clip): the kernels' fast path."""
+        return ((self.f_i.name, self.f_f.name, self.f_o.name, self.g.name, self.h.name)
+                == ("sigmoid", "sigmoid", "sigmoid", "tanh", "tanh") and self.clip is None)
+
+
+@dataclass(frozen=True)
+class RNNCell:
+    """A vanilla (Elman) RNN cell: cuDNN's ``CUDNN_RNN_TANH`` / ``CUDNN_RNN_RELU``, PyTorch's
+    ``nn.RNN(nonlinearity=...)``, ONNX's ``RNN``::
+
+        h' = activation(clip(x·Wᵀ + b_W + h·Rᵀ + b_R))      W [H, in] (linLayerID 0), R [H, H] (1)
+
+    ``RNNCell("relu")`` is cuDNN's ``rnn_relu``; any of cgru's activations may be given (ONNX
+    names them per direction), with ``clip`` as for the other kinds.
+    """
+    kind: ClassVar[str] = "rnn"
+    gates: ClassVar[int] = 1
+    has_cell_state: ClassVar[bool] = False
+
+    activation: Activation = field(default="tanh")
+    clip: float = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "activation", _as_activation(self.activation,
+                                                              "RNNCell.activation"))
+        _check_clip(self)
+
+    @property
+    def is_fast(self):
+        """True for tanh or relu without clip: the kernels' fast path."""
+        return self.activation.name in ("tanh", "relu") and self.clip is None
+
+
 Cell = GRUCell      # the name cgru has always used for the GRU cell
-CELL_KINDS = (GRUCell,)
+CELL_KINDS = (GRUCell, LSTMCell, RNNCell)
 
 
 def is_cell(value):

@@ -2,26 +2,29 @@
 
 Public API (re-exported by ``cgru``)::
 
-    forward(net, x, h0=None, *, lengths=None, batch_major=False, state_mask=None,
+    forward(net, x, h0=None, *, c0=None, lengths=None, batch_major=False, state_mask=None,
             training=False, dropout=0.0, seed=0, num_threads=None)
-        -> Forward(y, hy, reserve)
-    backward(net, x, reserve, dy=None, dhy=None, *, state_mask=None, batch_major=False,
-             dparams=None, accumulate=False, num_threads=None)
-        -> Gradients(dx, dh0, dparams)
+        -> Forward(y, hy, reserve)          (.cy: the LSTM's final cell states)
+    backward(net, x, reserve, dy=None, dhy=None, *, dcy=None, state_mask=None,
+             batch_major=False, dparams=None, accumulate=False, num_threads=None)
+        -> Gradients(dx, dh0, dparams)      (.dc0: the LSTM's initial cell-state gradient)
     reserve_nbytes(net_or_topology, T, N, *, cell=None, dtype=np.float32) -> int
     dropout_masks(topology, T, N, *, dropout, seed=0, dtype=np.float32) -> list of L−1 arrays
 
-``net`` is a ``cgru.Network`` (its cell, topology and weights); the old ``cell=`` keyword still
-works for one release (``Network.resolve_cell``).  Shapes: ``x`` ``[T, N, I]`` (``[N, T, I]``
-with ``batch_major``); ``y`` ``[T, N, D·H]`` (or ``[N, T, D·H]``); ``h0``/``hy`` ``[L·D, N, H]``
-at index ``l·D + d`` in both layouts.
+``net`` is a ``cgru.Network`` (its cell — GRU, LSTM or vanilla RNN —, topology and weights);
+the old ``cell=`` keyword still works for one release (``Network.resolve_cell``).  Shapes (S:
+the state width, the projection size P of an LSTM with one, else H): ``x`` ``[T, N, I]``
+(``[N, T, I]`` with ``batch_major``); ``y`` ``[T, N, D·S]`` (or ``[N, T, D·S]``);
+``h0``/``hy`` ``[L·D, N, S]`` and the LSTM's ``c0``/``cy`` ``[L·D, N, H]``, at index
+``l·D + d`` in both layouts.
 
 A call follows the data: **validate** every argument (``validate``), **plan** the work split
 and the buffers (``plan``), then **run** layer by layer: per layer the input projection of all
 steps as one GEMM per direction, the time loops of all directions as (direction, batch chunk)
-work items on cgru's thread pool (the kernels of the cell's kind), and in the backward, after
-the loops, ``dW``, ``dR`` and ``dX`` as whole-sequence GEMMs and the bias gradients as column
-sums.  A training forward saves what the backward needs in the reserve (``reserve``).
+work items on cgru's thread pool (the kernels of the cell's kind: ``_KERNELS``), and in the
+backward, after the loops, ``dW``, ``dR`` (and the LSTM's ``dW_p``) and ``dX`` as
+whole-sequence GEMMs and the bias gradients as column sums.  A training forward saves what
+the backward needs in the reserve (``reserve``).
 """
 from collections import namedtuple
 
@@ -29,20 +32,44 @@ import numpy as np
 
 from cgru.core import plan, reserve as reserve_mod, validate
 from cgru.core.network import Network, Topology
-from cgru._kernels import gru as _gru_kernels
+from cgru._kernels import gru as _gru_kernels, lstm as _lstm_kernels, rnn as _rnn_kernels
+from cgru._kernels.loops import pack_rhs
 from cgru._kernels.threads import blas_single_threaded, resolve_num_threads
 
-__all__ = ["Forward", "Gradients", "forward", "backward", "reserve_nbytes", "dropout_masks", "reserve_gates", "reserve_from_gates"]
+__all__ = ["Forward", "Gradients", "forward", "backward", "reserve_nbytes", "dropout_masks",
+           "reserve_gates", "reserve_from_gates"]
 
-Forward = namedtuple("Forward", "y hy reserve")
-Forward.__doc__ = """Result of ``forward``: output ``y``, final states ``hy`` ``[L·D, N, H]``,
-and the ``reserve`` (``None`` unless ``training``)."""
-Gradients = namedtuple("Gradients", "dx dh0 dparams")
-Gradients.__doc__ = """Result of ``backward``: ``dx`` (shaped like ``x``), ``dh0``
-``[L·D, N, H]`` and ``dparams`` (a ``Network`` of gradients)."""
+
+class Forward(namedtuple("Forward", "y hy reserve")):
+    """Result of ``forward``: output ``y``, final states ``hy`` ``[L·D, N, S]``, and the
+    ``reserve`` (``None`` unless ``training``); ``cy`` (an attribute, not unpacked) holds an
+    LSTM's final cell states ``[L·D, N, H]`` (``None`` for the other kinds)."""
+
+    def __new__(cls, y, hy, reserve, cy=None):
+        self = super().__new__(cls, y, hy, reserve)
+        self.cy = cy
+        return self
+
+    def __getnewargs__(self):
+        return (*self, self.cy)
+
+
+class Gradients(namedtuple("Gradients", "dx dh0 dparams")):
+    """Result of ``backward``: ``dx`` (shaped like ``x``), ``dh0`` ``[L·D, N, S]`` and
+    ``dparams`` (a ``Network`` of gradients); ``dc0`` (an attribute, not unpacked) holds an
+    LSTM's initial cell-state gradient ``[L·D, N, H]`` (``None`` for the other kinds)."""
+
+    def __new__(cls, dx, dh0, dparams, dc0=None):
+        self = super().__new__(cls, dx, dh0, dparams)
+        self.dc0 = dc0
+        return self
+
+    def __getnewargs__(self):
+        return (*self, self.dc0)
+
 
 # The time-loop kernels of each cell kind.
-_KERNELS = {"gru": _gru_kernels}
+_KERNELS = {"gru": _gru_kernels, "lstm": _lstm_kernels, "rnn": _rnn_kernels}
 
 
 # --- validation of a call ------------------------------------------------------------------
@@ -71,14 +98,29 @@ def _check_x(x, topo, dtype, batch_major, gates=3, what="x"):
     return T, N
 
 
-def _check_h(h, what, topo, dtype, N):
+def _check_h(h, what, topo, dtype, N, width=None):
+    """A state ``[L·D, N, width]`` (``width``: the state width S by default; the LSTM's cell
+    state has H), C-contiguous, or None."""
     if h is None:
         return None
-    LD, H = topo.num_layer_directions, topo.hidden_size
+    LD = topo.num_layer_directions
+    W = topo.state_size if width is None else width
     validate.array(h, what, dtype)
-    if h.shape != (LD, N, H):
-        raise ValueError(f"{what}: expected shape [L·D={LD}, N={N}, H={H}], got {list(h.shape)}")
+    label = "H" if W == topo.hidden_size else "P"
+    if h.shape != (LD, N, W):
+        raise ValueError(f"{what}: expected shape [L·D={LD}, N={N}, {label}={W}], got "
+                         f"{list(h.shape)}")
     return np.ascontiguousarray(h)
+
+
+def _check_c(c, what, net, dtype, N):
+    """The LSTM's cell state ``[L·D, N, H]``; refused for kinds without one."""
+    if c is None:
+        return None
+    if not net.cell.has_cell_state:
+        raise ValueError(f"{what}: only LSTM cells have a cell state; this network's cell is "
+                         f"a {net.cell.kind} cell")
+    return _check_h(c, what, net.topology, dtype, N, net.topology.hidden_size)
 
 
 def _check_state_mask(state_mask, topo, dtype, T, N, batch_major):
@@ -172,67 +214,79 @@ def reserve_nbytes(topology, T, N, *, cell=None, dtype=np.float32):
 
 # --- forward -------------------------------------------------------------------------------
 def _gate_biases(lp, cell, H):
-    """``b_rzn`` [3H] and ``b_hn`` [H] as the kernels add them (step 3/4)."""
-    b_rzn = lp.b_W + lp.b_R
+    """The biases as the kernels add them: GRU ``(b_rzn [3H], b_hn [H])`` (steps 3/4 of its
+    kernel), the other kinds ``b_W + b_R``."""
+    b = lp.b_W + lp.b_R
+    if cell.kind != "gru":
+        return b
     if cell.reset_after:
-        b_rzn[2 * H:] = lp.b_W[2 * H:]
-    return b_rzn, np.ascontiguousarray(lp.b_R[2 * H:])
+        b[2 * H:] = lp.b_W[2 * H:]
+    return b, np.ascontiguousarray(lp.b_R[2 * H:])
 
 
-def _packed_forward(R, cell, H):
-    """R packed for the forward time loop: ``gh = h·Rᵀ`` (reset-after), or ``h·R_rzᵀ`` and
-    ``(r ⊙ h)·R_nᵀ`` (reset-before)."""
-    pack = _kernels_pack()
-    R = np.ascontiguousarray(R)
-    if cell.reset_after:
-        return {"Rp": pack(R, True)}
-    return {"Rp": pack(R[:2 * H], True), "Rp_n": pack(R[2 * H:], True)}
+def _packed(lp, cell, H, forward):
+    """The recurrent weights packed for the time loop's GEMMs.
+
+    forward: ``gh = h·Rᵀ`` (GRU reset-before: ``h·R_rzᵀ`` and ``(r ⊙ h)·R_nᵀ``), and the LSTM
+    projection ``hf·W_pᵀ``; backward: ``da·R`` (GRU reset-before: the r, z and n blocks
+    apart) and ``dh·W_p``."""
+    R = np.ascontiguousarray(lp.R)
+    tag = "Rp" if forward else "Rb"
+    if cell.kind == "gru" and not cell.reset_after:
+        return {tag: pack_rhs(R[:2 * H], forward), tag + "_n": pack_rhs(R[2 * H:], forward)}
+    out = {tag: pack_rhs(R, forward)}
+    if lp.W_p is not None:
+        out["Wpp" if forward else "Wpb"] = pack_rhs(np.ascontiguousarray(lp.W_p), forward)
+    return out
 
 
-def _packed_backward(R, cell, H):
-    """R packed for the backward time loop: ``dh += dgh·R`` (reset-after), or ``dgh_rz·R_rz`` and
-    ``dgh_n·R_n`` (reset-before)."""
-    pack = _kernels_pack()
-    R = np.ascontiguousarray(R)
-    if cell.reset_after:
-        return {"Rb": pack(R, False)}
-    return {"Rb": pack(R[:2 * H], False), "Rb_n": pack(R[2 * H:], False)}
-
-
-def _kernels_pack():
-    from cgru._kernels.loops import pack_rhs
-    return pack_rhs
-
-
-def _input_projection(topo, layer, d, lp, X, out, nt):
-    """(gx, ldgx) of direction d: ``gx = X·Wᵀ`` [T·N, 3H] — or x itself in skip/projected mode."""
+def _input_projection(topo, G, layer, d, lp, X, out, nt):
+    """(gx, ldgx) of direction d: ``gx = X·Wᵀ`` [T·N, G·H] — or x itself in skip / projected
+    mode (skip: every gate block is x; projected: x holds each direction's G blocks)."""
     H = topo.hidden_size
     if layer == 0 and topo.input_mode == "projected":
-        return X[:, d * 3 * H:], topo.input_size
+        return X[:, d * G * H:], topo.input_size
     if layer == 0 and topo.input_mode == "skip":
-        out[:, :H] = X
-        out[:, H:2 * H] = X
-        out[:, 2 * H:] = X
-        return out, 3 * H
-    # gx[T·N, 3H] = X[T·N, in] · W[3H, in]ᵀ
+        for k in range(G):
+            out[:, k * H:(k + 1) * H] = X
+        return out, G * H
+    # gx[T·N, G·H] = X[T·N, in] · W[G·H, in]ᵀ
     plan.gemm(False, True, X, np.ascontiguousarray(lp.W), out, nt=nt)
-    return out, 3 * H
+    return out, G * H
 
 
-def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
+def _forward_direction(kernels, cell, topo, lp, d, gx, ldgx, h0, c0, hy, cy, saved):
+    """The kernels' description of one direction's forward (``saved``: its reserve views, or
+    ``{}`` in inference)."""
+    H = topo.hidden_size
+    common = dict(reverse=topo.reversed_direction(d), gx=gx, ldgx=ldgx, h0=h0, hy=hy,
+                  **_packed(lp, cell, H, True), gates=saved.get("gates"),
+                  states=saved.get("states"), pre=saved.get("pre"))
+    if cell.kind == "gru":
+        b_rzn, b_hn = _gate_biases(lp, cell, H)
+        return kernels.Direction(b_rzn=b_rzn, b_hn=b_hn, hn=saved.get("hn"), **common)
+    if cell.kind == "lstm":
+        return kernels.Direction(b=_gate_biases(lp, cell, H), c0=c0, cy=cy,
+                                 cstates=saved.get("cstates"), hf=saved.get("hf"), **common)
+    del common["gates"]
+    return kernels.Direction(b=_gate_biases(lp, cell, H), **common)
+
+
+def forward(params, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major=False,
             state_mask=None, training=False, dropout=0.0, seed=0, num_threads=None):
     """Run a recurrent stack over a batch of sequences.
 
-    Args:
-        params: the ``cgru.Network`` (its cell, and its topology: L, D, H, input size and
-            input mode).
+    Args (S: the state width — the projection size P of an LSTM with one, else H):
+        params: the ``cgru.Network`` (its cell, and its topology: L, D, H, input size, input
+            mode and projection).
         x: ``[T, N, I]``, or ``[N, T, I]`` with ``batch_major``; dtype of params.
-        h0: ``[L·D, N, H]`` initial states (``None``: zeros).
+        h0: ``[L·D, N, S]`` initial states (``None``: zeros).
+        c0: ``[L·D, N, H]`` initial cell states of an LSTM (``None``: zeros).
         cell: deprecated — the network carries its cell; a different one is an error.
         lengths: ``[N]`` integer sequence lengths in ``[0, T]``, any order (``None``: all T).
             The forward direction runs ``t = 0…len−1``, the reversed one ``len−1…0``;
-            outputs at ``t ≥ len`` are 0; ``hy`` is the state after the last processed step
-            (``h0`` for ``len = 0``).
+            outputs at ``t ≥ len`` are 0; ``hy`` (and ``cy``) is the state after the last
+            processed step (``h0``, ``c0`` for ``len = 0``).
         state_mask: broadcastable to the output shape; ``h ⊙ m`` enters every recurrent
             product (MPSGraph's mask), the output-time-``t`` slice at the step producing ``t``.
         training: keep the reserve for ``backward`` (and apply ``dropout``).
@@ -242,8 +296,9 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
             ``OMP_NUM_THREADS``).  Results are bitwise identical for every value.
 
     Returns:
-        ``Forward(y, hy, reserve)``; ``y`` ``[T, N, D·H]`` (``[N, T, D·H]`` with
-        ``batch_major``), ``hy`` ``[L·D, N, H]``, ``reserve`` a uint8 array or ``None``.
+        ``Forward(y, hy, reserve)``, ``.cy`` for an LSTM; ``y`` ``[T, N, D·S]``
+        (``[N, T, D·S]`` with ``batch_major``), ``hy`` ``[L·D, N, S]``, ``reserve`` a uint8
+        array or ``None``.
     """
     # --- validate
     topo, dtype = _check_network(params)
@@ -253,6 +308,7 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
     T, N = _check_x(x, topo, dtype, batch_major, cell.gates)
     validate.cell_for_dtype(cell, dtype)
     h0 = _check_h(h0, "h0", topo, dtype, N)
+    c0 = _check_c(c0, "c0", params, dtype, N)
     lengths = validate.lengths(lengths, T, N)
     mask = _check_state_mask(state_mask, topo, dtype, T, N, batch_major)
     p, s1, s2 = validate.dropout_and_seed(dropout, seed)
@@ -262,8 +318,9 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
     kernels = _KERNELS[cell.kind]
 
     # --- plan
-    H, D, L = topo.hidden_size, topo.num_directions, topo.num_layers
-    G = cell.gates
+    H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
+    G, DS = cell.gates, topo.output_size
+    lstm = cell.has_cell_state
     chunks = plan.n_chunks(N)
     threads = plan.loop_threads(nt, T, N, H, D, G)
     x_tm = _time_major(x, batch_major)                     # [T, N, I]
@@ -272,23 +329,29 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
     for d in range(D):
         ws.add(f"gx{d}", (T * N, G * H))                     # input projections
     if h0 is None:
-        ws.add("h0", (L * D, N, H))
+        ws.add("h0", (L * D, N, S))
+    if lstm and c0 is None:
+        ws.add("c0", (L * D, N, H))
     if not training and L > 1:
-        ws.add("out0", (T, N, D * H)).add("out1", (T, N, D * H))   # inner layers, ping-pong
+        ws.add("out0", (T, N, DS)).add("out1", (T, N, DS))   # inner layers, ping-pong
     buf = ws.allocate()
     if h0 is None:
         h0 = buf["h0"]
         h0[...] = 0
-    hy = plan.empty((L * D, N, H), dtype)
-    y = plan.empty((T, N, D * H), dtype)
-    rv = lds = xin = None
+    if lstm and c0 is None:
+        c0 = buf["c0"]
+        c0[...] = 0
+    hy = plan.empty((L * D, N, S), dtype)
+    cy = plan.empty((L * D, N, H), dtype) if lstm else None
+    y = plan.empty((T, N, DS), dtype)
+    rv, lds, xin = None, None, None
     if training:
         layout = reserve_mod.Layout(topo, cell, T, N, dtype)
         validate.nbytes_limit(layout.nbytes, "reserve")
         rv, (_, _, lds, xin) = reserve_mod.create(
             layout, lengths=lengths, dropout=p, seed=s1, seed2=s2, batch_major=batch_major,
             x=reserve_mod.data_digest(x_tm), weights=reserve_mod.weights_digest(params),
-            h0=reserve_mod.data_digest(h0), state_mask=reserve_mod.data_digest(mask))
+            h0=reserve_mod.data_digest(h0, c0), state_mask=reserve_mod.data_digest(mask))
     masks = dropout_masks(topo, T, N, dropout=p, seed=(s1, s2), dtype=dtype) if p > 0 else None
 
     # --- run
@@ -304,24 +367,20 @@ def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
             dirs = []
             for d in range(D):
                 i = layer * D + d
-                lp = params[i]
-                gx, ldgx = _input_projection(topo, layer, d, lp, X, buf[f"gx{d}"], nt)
-                b_rzn, b_hn = _gate_biases(lp, cell, H)
-                saved = lds[i] if training else {}
-                dirs.append(kernels.Direction(
-                    reverse=topo.reversed_direction(d), gx=gx, ldgx=ldgx, b_rzn=b_rzn,
-                    b_hn=b_hn, h0=h0[i], hy=hy[i], **_packed_forward(lp.R, cell, H),
-                    gates=saved.get("gates"), states=saved.get("states"),
-                    hn=saved.get("hn"), pre=saved.get("pre")))
-            kernels.forward_layer(dtype, T, N, H, chunks, threads, cell, lengths, mask, out,
+                gx, ldgx = _input_projection(topo, G, layer, d, params[i], X, buf[f"gx{d}"], nt)
+                dirs.append(_forward_direction(
+                    kernels, cell, topo, params[i], d, gx, ldgx, h0[i],
+                    c0[i] if lstm else None, hy[i], cy[i] if lstm else None,
+                    lds[i] if training else {}))
+            kernels.forward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask, out,
                                   dirs, training)
             if not last:
                 if masks is not None:
                     np.multiply(out, masks[layer], out=out)
-                X = out.reshape(T * N, D * H)
+                X = out.reshape(T * N, DS)
     if batch_major:
         y = np.ascontiguousarray(y.transpose(1, 0, 2))
-    return Forward(y, hy, rv)
+    return Forward(y, hy, rv, cy)
 
 
 # --- backward ------------------------------------------------------------------------------
@@ -338,10 +397,10 @@ def _finite_padding(x, lengths):
 
 
 def open_reserve(reserve, params, x, *, cell, batch_major=False, state_mask=None, h0=None,
-                 what="reserve", inference_hint=None, data=True):
+                 c0=None, what="reserve", inference_hint=None, data=True):
     """The checked reserve (``reserve.Opened``) of a training forward of this call (``cell``:
     the cell the call computes): the model and layout must be the forward's and, with
-    ``data``, also ``x``, the weights and the state mask (and ``h0`` when given)."""
+    ``data``, also ``x``, the weights and the state mask (and ``h0``, ``c0`` when given)."""
     topo, dtype = _check_network(params)
     T, N = _check_x(x, topo, dtype, batch_major, cell.gates)
     layout = reserve_mod.Layout(topo, cell, T, N, dtype)
@@ -354,25 +413,31 @@ def open_reserve(reserve, params, x, *, cell, batch_major=False, state_mask=None
     mask = _check_state_mask(state_mask, topo, dtype, T, N, batch_major)
     opened.check("state_mask", reserve_mod.data_digest(mask), "state_mask")
     if h0 is not None:
-        opened.check("h0", reserve_mod.data_digest(_check_h(h0, "h0", topo, dtype, N)), "h0")
+        h0 = _check_h(h0, "h0", topo, dtype, N)
+        c0 = _check_h(c0, "c0", topo, dtype, N, topo.hidden_size)
+        if cell.has_cell_state and c0 is None:
+            c0 = np.zeros((topo.num_layer_directions, N, topo.hidden_size), dtype)
+        opened.check("h0", reserve_mod.data_digest(h0, c0), "initial state (h0, c0)")
     return opened
 
 
-def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=None,
+def backward(params, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, state_mask=None,
              batch_major=False, dparams=None, accumulate=False, num_threads=None):
     """Gradients of a training ``forward``.
 
     Pass the same ``params``, ``x``, ``state_mask`` and ``batch_major`` as the forward, its
     ``reserve``, and the gradients of the loss with respect to its outputs: ``dy`` (shaped like
-    ``y``) and ``dhy`` (``[L·D, N, H]``); ``None`` means zeros.  The sequence lengths, dropout
-    probability and seeds are read from the reserve, which must be the one the forward of
-    exactly these ``x``, weights and state mask returned (else ``ValueError``).
+    ``y``), ``dhy`` (``[L·D, N, S]``) and, for an LSTM, ``dcy`` (``[L·D, N, H]``); ``None``
+    means zeros.  The sequence lengths, dropout probability and seeds are read from the
+    reserve, which must be the one the forward of exactly these ``x``, weights and state mask
+    returned (else ``ValueError``).
 
     Weight gradients are written into ``dparams`` when given (``accumulate=False``: overwrite,
     TF's semantics; ``accumulate=True``: add to what it holds, cuDNN's
     ``CUDNN_WGRAD_MODE_ADD``), in place, else into a new ``Network``.
 
-    Returns ``Gradients(dx, dh0, dparams)``: ``dx`` shaped like ``x``, ``dh0`` ``[L·D, N, H]``.
+    Returns ``Gradients(dx, dh0, dparams)`` (``.dc0`` for an LSTM): ``dx`` shaped like ``x``,
+    ``dh0`` ``[L·D, N, S]``.
     """
     # --- validate
     topo, dtype = _check_network(params)
@@ -382,13 +447,15 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
     T, N = _check_x(x, topo, dtype, batch_major, cell.gates)
     opened = open_reserve(reserve, params, x, cell=cell, batch_major=batch_major,
                           state_mask=state_mask)
-    H, D, L = topo.hidden_size, topo.num_directions, topo.num_layers
-    G, DH = cell.gates, D * H
-    yshape = (N, T, DH) if batch_major else (T, N, DH)
+    H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
+    G, DS = cell.gates, topo.output_size
+    lstm, gru = cell.has_cell_state, cell.kind == "gru"
+    yshape = (N, T, DS) if batch_major else (T, N, DS)
     if dy is not None:
         validate.array(dy, "dy", dtype, yshape)
         dy = _time_major(dy, batch_major)
     dhy = _check_h(dhy, "dhy", topo, dtype, N)
+    dcy = _check_c(dcy, "dcy", params, dtype, N)
     mask = _check_state_mask(state_mask, topo, dtype, T, N, batch_major)
     user_dparams = _check_dparams(dparams, params, accumulate)
     nt = resolve_num_threads(num_threads)
@@ -404,55 +471,51 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
     if padded:
         x_tm = _finite_padding(x_tm, lengths)
     x_tm = x_tm.reshape(T * N, topo.input_size)
+    # h_prev rows for dR, written by the backward loop with zeros at padded steps (the saved
+    # states there may hold h0 of an empty sequence, NaN included)
+    need_hm = mask is not None or padded
     ws = plan.Workspace(dtype)
     for d in range(D):
         ws.add(f"dgx{d}", (T * N, G * H))
-        if cell.reset_after:
+        if gru and cell.reset_after:
             ws.add(f"dgh{d}", (T * N, G * H))
-        else:
+        elif gru:
             ws.add(f"rhm{d}", (T * N, H))
-        # h_prev rows for dR, written by the backward loop with zeros at padded steps (the
-        # saved states there may hold h0 of an empty sequence, NaN included)
-        if mask is not None or padded:
-            ws.add(f"hm{d}", (T * N, H))
+        if need_hm:
+            ws.add(f"hm{d}", (T * N, S))
+        if topo.proj_size:
+            ws.add(f"dhp{d}", (T * N, S))
     if L > 1:
-        ws.add("dX0", (T * N, DH)).add("dX1", (T * N, DH))          # inner layers, ping-pong
+        ws.add("dX0", (T * N, DS)).add("dX1", (T * N, DS))          # inner layers, ping-pong
     buf = ws.allocate()
-    dgx = [buf[f"dgx{d}"] for d in range(D)]
-    dgh = [buf[f"dgh{d}"] for d in range(D)] if cell.reset_after else dgx
-    rhm = None if cell.reset_after else [buf[f"rhm{d}"] for d in range(D)]
-    hm = [buf[f"hm{d}"] for d in range(D)] if mask is not None or padded else None
-    dh0 = plan.empty((L * D, N, H), dtype)
+    ld = {name: [buf.get(f"{name}{d}") for d in range(D)] for name in
+          ("dgx", "dgh", "rhm", "hm", "dhp")}
+    if not (gru and cell.reset_after):
+        ld["dgh"] = ld["dgx"]          # the input and the recurrent side see the same dgates
+    dh0 = plan.empty((L * D, N, S), dtype)
+    dc0 = plan.empty((L * D, N, H), dtype) if lstm else None
     dx = plan.empty((T * N, topo.input_size), dtype)
     # Computed into a buffer of our own and handed over only when the call has succeeded, so
     # that a failing or interrupted call leaves the caller's dparams as they were.
     grads = Network.zeros(topo, dtype, cell=cell)
     masks = dropout_masks(topo, T, N, dropout=p, seed=(opened.seed, opened.seed2),
                           dtype=dtype) if p > 0 else None
-    d_out = dy  # gradient of the current layer's output, [T, N, D·H] time-major or None
+    d_out = dy  # gradient of the current layer's output, [T, N, D·S] time-major or None
 
     # --- run
     with blas_single_threaded():  # BLAS runs single-threaded inside cgru's own blocks
         for layer in reversed(range(L)):
-            X = x_tm if layer == 0 else opened.xin[layer].reshape(T * N, DH)
-            dirs = []
-            for d in range(D):
-                i = layer * D + d
-                saved = opened.lds[i]
-                dirs.append(kernels.Direction(
-                    reverse=topo.reversed_direction(d),
-                    **_packed_backward(params[i].R, cell, H),
-                    gates=saved["gates"], pre=saved.get("pre"), hn=saved.get("hn"),
-                    states=saved["states"], dhy=None if dhy is None else dhy[i], dh0=dh0[i],
-                    dgx=dgx[d], dgh=dgh[d] if cell.reset_after else None,
-                    rhm=None if rhm is None else rhm[d], hm=None if hm is None else hm[d]))
-            kernels.backward_layer(dtype, T, N, H, chunks, threads, cell, lengths, mask, d_out,
-                                   dirs)
+            X = x_tm if layer == 0 else opened.xin[layer].reshape(T * N, DS)
+            dirs = [_backward_direction(kernels, cell, topo, params[layer * D + d], d,
+                                        opened.lds[layer * D + d], ld, dhy, dcy, dh0, dc0,
+                                        layer * D + d)
+                    for d in range(D)]
+            kernels.backward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask,
+                                   d_out, dirs)
             dX = dx if layer == 0 else buf[f"dX{layer % 2}"]
-            _layer_gradients(topo, cell, params, grads, layer, X, opened, dgx, dgh, rhm, hm,
-                             dX, nt)
+            _layer_gradients(topo, cell, params, grads, layer, X, opened, ld, dX, nt)
             if layer > 0:
-                d_out = dX.reshape(T, N, DH)
+                d_out = dX.reshape(T, N, DS)
                 if masks is not None:
                     d_out *= masks[layer - 1]
     dx = dx.reshape(T, N, topo.input_size)
@@ -467,46 +530,69 @@ def backward(params, x, reserve, dy=None, dhy=None, *, cell=None, state_mask=Non
                 else:
                     b[...] = a
         grads = user_dparams
-    return Gradients(dx, dh0, grads)
+    return Gradients(dx, dh0, grads, dc0)
 
 
-def _layer_gradients(topo, cell, params, grads, layer, X, opened, dgx, dgh, rhm, hm, dX, nt):
+def _backward_direction(kernels, cell, topo, lp, d, saved, ld, dhy, dcy, dh0, dc0, i):
+    """The kernels' description of one direction's backward."""
+    common = dict(reverse=topo.reversed_direction(d), **_packed(lp, cell, topo.hidden_size,
+                                                                 False),
+                  pre=saved.get("pre"), states=saved["states"],
+                  dhy=None if dhy is None else dhy[i], dh0=dh0[i], dgx=ld["dgx"][d],
+                  hm=ld["hm"][d])
+    if cell.kind == "gru":
+        return kernels.Direction(gates=saved["gates"], hn=saved.get("hn"),
+                                 dgh=ld["dgh"][d] if cell.reset_after else None,
+                                 rhm=ld["rhm"][d], **common)
+    if cell.kind == "lstm":
+        return kernels.Direction(gates=saved["gates"], cstates=saved["cstates"],
+                                 dcy=None if dcy is None else dcy[i], dc0=dc0[i],
+                                 dhp=ld["dhp"][d], **common)
+    return kernels.Direction(**common)
+
+
+def _layer_gradients(topo, cell, params, grads, layer, X, opened, ld, dX, nt):
     """After one layer's backward loops: its weight gradients (into ``grads``) and the
     gradient of its input ``dX`` [T·N, in], all as whole-sequence GEMMs / column sums."""
-    H, D = topo.hidden_size, topo.num_directions
+    H, D, S, G = topo.hidden_size, topo.num_directions, topo.state_size, cell.gates
     TN = X.shape[0]
+    dgx, dgh = ld["dgx"], ld["dgh"]
     for d in range(D):
         i = layer * D + d
         g = grads[i]
-        states = opened.lds[i]["states"].reshape(-1, H)
+        saved = opened.lds[i]
+        states = saved["states"].reshape(-1, S)
         # h_prev of every step, in gate-row order: slots 0…T−1 (forward) or 1…T (reversed)
-        h_in = hm[d] if hm is not None else states[-TN:] if topo.reversed_direction(d) \
-            else states[:TN]
+        h_in = ld["hm"][d] if ld["hm"][d] is not None else states[-TN:] \
+            if topo.reversed_direction(d) else states[:TN]
         # db_W = Σ_rows dgx,  db_R = Σ_rows dgh
         np.sum(dgx[d], axis=0, out=g.b_W)
         np.sum(dgh[d], axis=0, out=g.b_R)
-        if cell.reset_after:
-            # dR[3H, H] = dghᵀ · (h ⊙ m)
-            plan.gemm(True, False, dgh[d], h_in, g.R, nt=nt)
-        else:
+        if cell.kind == "gru" and not cell.reset_after:
             # dR_rz[2H, H] = dgx_rzᵀ · (h ⊙ m);  dR_n[H, H] = dgx_nᵀ · (r ⊙ h ⊙ m)
             plan.gemm(True, False, dgx[d][:, :2 * H], h_in, g.R[:2 * H], nt=nt)
-            plan.gemm(True, False, dgx[d][:, 2 * H:], rhm[d], g.R[2 * H:], nt=nt)
+            plan.gemm(True, False, dgx[d][:, 2 * H:], ld["rhm"][d], g.R[2 * H:], nt=nt)
+        else:
+            # dR[G·H, S] = dghᵀ · (h ⊙ m)
+            plan.gemm(True, False, dgh[d], h_in, g.R, nt=nt)
         if g.W.shape[1]:
-            # dW[3H, in] = dgxᵀ · X
+            # dW[G·H, in] = dgxᵀ · X
             plan.gemm(True, False, dgx[d], X, g.W, nt=nt)
+        if g.W_p is not None:
+            # dW_p[P, H] = dhpᵀ · hf
+            plan.gemm(True, False, ld["dhp"][d], saved["hf"].reshape(TN, H), g.W_p, nt=nt)
     if layer == 0 and topo.input_mode == "projected":
         for d in range(D):
-            dX[:, d * 3 * H:(d + 1) * 3 * H] = dgx[d]
+            dX[:, d * G * H:(d + 1) * G * H] = dgx[d]
     elif layer == 0 and topo.input_mode == "skip":
-        # W_r = W_z = W_n = I:  dX = Σ_d Σ_gates dgx
+        # every input matrix is the identity:  dX = Σ_d Σ_gates dgx
         dX[...] = 0
         for d in range(D):
-            for k in range(3):
+            for k in range(G):
                 dX += dgx[d][:, k * H:(k + 1) * H]
     else:
         for d in range(D):
-            # dX[T·N, in] (+)= dgx_d[T·N, 3H] · W_d[3H, in]
+            # dX[T·N, in] (+)= dgx_d[T·N, G·H] · W_d[G·H, in]
             plan.gemm(False, False, dgx[d], np.ascontiguousarray(params[layer * D + d].W), dX,
                       0.0 if d == 0 else 1.0, nt)
 
@@ -538,6 +624,9 @@ def reserve_from_gates(params, x, gates, y, h0=None, *, cell=None, state_mask=No
     """
     topo, dtype = _check_network(params)
     cell = params.resolve_cell(cell)
+    if cell.kind != "gru":
+        raise ValueError(f"cell: reserve_from_gates rebuilds GRU reserves, got a {cell.kind} "
+                         f"cell")
     if topo.num_layers != 1:
         raise ValueError(f"params: reserve_from_gates needs one layer, got "
                          f"num_layers={topo.num_layers}")

@@ -2,18 +2,22 @@
 
 A stack of ``L`` layers and ``D`` directions has ``L·D`` *layer-directions* ("pseudo-layers"
 in cuDNN's words), indexed ``l·D + d``.  Each holds, with ``G = cell.gates`` gate blocks in
-the cell's canonical order (GRU: r, z, n)::
+the cell's canonical order (GRU: r, z, n; LSTM: i, f, g, o; vanilla RNN: one block) and
+``S`` the state width (the projection size ``P`` of an LSTM with one, else ``H``)::
 
-    W    [G·H, in]   input weights   (in = input_size for l = 0, D·H above; 0 when the layer-0
+    W    [G·H, in]   input weights   (in = input_size for l = 0, D·S above; 0 when the layer-0
                                        input projection is absent: input_mode skip / projected)
-    R    [G·H, H]    recurrent weights
+    R    [G·H, S]    recurrent weights
     b_W  [G·H]       input biases
     b_R  [G·H]       recurrent biases
+    W_p  [P, H]      the LSTM's recurrent projection (only with proj_size = P > 0)
 
 Opaque layout (TF ``CudnnRNN`` ``params``, the C ABI weight space): all matrices of
-layer-direction 0 in cuDNN linLayerID order (GRU: 0 W_r, 1 W_z, 2 W_n, 3 R_r, 4 R_z, 5 R_n,
-each ``[H, width]`` row-major), then those of layer-direction 1, …; then all biases in the same
-order.  Layer-0 input matrices are not stored in skip / projected mode.
+layer-direction 0 in cuDNN linLayerID order (the G input matrices ``[H, in]``, the G recurrent
+ones ``[H, S]``, each row-major — GRU: 0 W_r, 1 W_z, 2 W_n, 3 R_r, 4 R_z, 5 R_n; LSTM: 0–3
+W_i W_f W_g W_o, 4–7 R_i … R_o; RNN: 0 W, 1 R — then the projection), then those of
+layer-direction 1, …; then all biases in the same order (the projection has none).  Layer-0
+input matrices are not stored in skip / projected mode.
 
 ``Network`` keeps the arrays it is given (no copies): change them in place and the next call
 computes with the new values; a gradient ``Network`` that ``backward`` fills is written in
@@ -50,11 +54,17 @@ class Topology:
     num_layers: int = 1
     direction: str = "forward"
     input_mode: str = "linear"
+    proj_size: int = 0
 
     def __post_init__(self):
         validate.positive_int(self.input_size, "input_size")
         validate.positive_int(self.hidden_size, "hidden_size")
         validate.positive_int(self.num_layers, "num_layers")
+        validate.positive_int(self.proj_size, "proj_size", allow_zero=True)
+        if self.proj_size > self.hidden_size:
+            raise ValueError(f"proj_size: expected at most hidden_size={self.hidden_size} (cuDNN's "
+                             f"rule), got {self.proj_size}")
+        object.__setattr__(self, "proj_size", int(self.proj_size))
         if not isinstance(self.direction, str) or self.direction not in DIRECTIONS:
             raise ValueError(f"direction: expected one of {DIRECTIONS}, got {self.direction!r}")
         if not isinstance(self.input_mode, str) or self.input_mode not in INPUT_MODES:
@@ -77,9 +87,15 @@ class Topology:
         return 2 if self.direction == "bidirectional" else 1
 
     @property
+    def state_size(self):
+        """Width of ``h`` (and of each direction's output): the projection size P when there
+        is a projection (LSTM), else H."""
+        return self.proj_size or self.hidden_size
+
+    @property
     def output_size(self):
-        """Feature width of the output: D·H."""
-        return self.num_directions * self.hidden_size
+        """Feature width of the output: D·S (S = ``state_size``)."""
+        return self.num_directions * self.state_size
 
     @property
     def num_layer_directions(self):
@@ -96,30 +112,41 @@ class Topology:
         return self.output_size
 
     def shapes(self, index, gates=3):
-        """``{name: shape}`` of layer-direction ``index = l·D + d`` (``gates``: the cell's)."""
+        """``{name: shape}`` of layer-direction ``index = l·D + d`` (``gates``: the cell's);
+        with a projection also ``W_p`` ``[P, H]``."""
         GH = gates * self.hidden_size
         width = self.layer_input_size(index // self.num_directions)
-        return {"W": (GH, width), "R": (GH, self.hidden_size), "b_W": (GH,), "b_R": (GH,)}
+        shapes = {"W": (GH, width), "R": (GH, self.state_size), "b_W": (GH,), "b_R": (GH,)}
+        if self.proj_size:
+            shapes["W_p"] = (self.proj_size, self.hidden_size)
+        return shapes
 
     def flat_size(self, gates=3):
         """Number of elements in the opaque layout (TF ``params_size`` in elements), in closed
-        form: per layer-direction ``G·H·width + G·H·H + 2·G·H``."""
-        H, D, L = self.hidden_size, self.num_directions, self.num_layers
+        form: per layer-direction ``G·H·width + G·H·S + P·H + 2·G·H``."""
+        H, D, L, S, P = (self.hidden_size, self.num_directions, self.num_layers,
+                         self.state_size, self.proj_size)
         GH = gates * H
         widths = self.layer_input_size(0) + (L - 1) * self.output_size      # summed over l
-        return D * (GH * widths + L * (GH * H + 2 * GH))
+        return D * (GH * widths + L * (GH * S + P * H + 2 * GH))
 
 
 @dataclass(frozen=True)
 class LayerParams:
-    """One layer-direction's weights, gates in the cell's order (see the module docstring)."""
+    """One layer-direction's weights, gates in the cell's order (see the module docstring);
+    ``W_p`` ``[P, H]`` is the LSTM's recurrent projection (``None`` without one)."""
     W: np.ndarray
     R: np.ndarray
     b_W: np.ndarray
     b_R: np.ndarray
+    W_p: np.ndarray = None
 
     def arrays(self):
-        return {"W": self.W, "R": self.R, "b_W": self.b_W, "b_R": self.b_R}
+        """``{name: array}`` of the weights this layer-direction has (``W_p`` only when set)."""
+        out = {"W": self.W, "R": self.R, "b_W": self.b_W, "b_R": self.b_R}
+        if self.W_p is not None:
+            out["W_p"] = self.W_p
+        return out
 
 
 _DEFAULT_CELL = GRUCell()
@@ -131,7 +158,8 @@ class Network:
 
     ``Network(topology, layers, cell=None)``; or ``Network.random``, ``Network.zeros``,
     ``Network.from_flat``; every ``cgru.convert.from_*`` returns one.  ``cell`` is the cell the
-    weights belong to (a ``cgru.GRUCell``; ``None``: cuDNN's GRU cell).  ``forward`` and
+    weights belong to (``cgru.GRUCell``, ``cgru.LSTMCell`` or ``cgru.RNNCell``; ``None``:
+    cuDNN's GRU cell); its kind fixes the gate blocks of every matrix.  ``forward`` and
     ``backward`` compute with it, and a ``cell=`` argument that contradicts it is an error.
     The arrays are validated (shapes, one float dtype) and kept as given: no copies.
     ``cgru.Params`` is the same class (its old name).
@@ -150,6 +178,9 @@ class Network:
                              f"D={topology.num_directions}), got {len(layers)}")
         self._cell_given = cell is not None
         self.cell = _DEFAULT_CELL if cell is None else cell
+        if topology.proj_size and self.cell.kind != "lstm":
+            raise ValueError(f"proj_size: a recurrent projection exists for LSTM cells only, got "
+                             f"proj_size={topology.proj_size} with a {self.cell.kind} cell")
         if topology.input_mode == "projected" and \
                 topology.input_size != topology.num_directions * self.cell.gates * \
                 topology.hidden_size:
@@ -167,9 +198,16 @@ class Network:
                                     f"b_W, b_R, got keys {sorted(lp)}") from None
             if not isinstance(lp, LayerParams):
                 raise TypeError(f"params[{i}]: expected a LayerParams, got {type(lp).__name__}")
-            for name, shape in topology.shapes(i, self.cell.gates).items():
+            shapes = topology.shapes(i, self.cell.gates)
+            if lp.W_p is not None and "W_p" not in shapes:
+                raise ValueError(f"params[{i}].W_p: given, but the topology has no projection "
+                                 f"(proj_size=0)")
+            for name, shape in shapes.items():
                 a = getattr(lp, name)
                 what = f"params[{i}].{name}"
+                if a is None:
+                    raise TypeError(f"{what}: expected a numpy array {list(shape)} (the "
+                                    f"projection of proj_size={topology.proj_size}), got None")
                 validate.plain_array(a, what)
                 dt = as_dtype(a.dtype, what + ".dtype")
                 if dtype is None:
@@ -286,6 +324,8 @@ class Network:
         for lp in self.layers:
             for M in (lp.W, lp.R):
                 mats += [M[g * H:(g + 1) * H] for g in range(G)]
+            if lp.W_p is not None:
+                mats.append(lp.W_p)                       # the projection comes last
             for b in (lp.b_W, lp.b_R):
                 biases += [b[g * H:(g + 1) * H] for g in range(G)]
         return mats + biases

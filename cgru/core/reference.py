@@ -4,41 +4,51 @@ Everything the fast engine computes is written out here once, for clarity, with 
 layers, directions and time steps; the fast path is tested against it (and it against PyTorch
 and finite differences).  Pure NumPy: it imports nothing compiled (only the cell and network
 definitions), so it loads where the extensions are not built.  It computes in the dtype of
-``params`` (float32 or float64): ``x``, ``h0``, ``state_mask`` and ``dropout_masks`` are
-converted to it.  ``forward`` gives ``(y, hy)``; ``backward`` the gradients of
-``Σ y·dy + Σ hy·dhy`` with respect to ``x``, ``h0`` and every weight, by the chain rule
-through the same steps (``step_backward`` undoes ``cell_step``).
+``params`` (float32 or float64): ``x``, ``h0``, ``c0``, ``state_mask`` and ``dropout_masks``
+are converted to it.  ``forward`` gives ``(y, hy)`` (``(y, hy, cy)`` for an LSTM);
+``backward`` the gradients of ``Σ y·dy + Σ hy·dhy (+ Σ cy·dcy)`` with respect to ``x``,
+``h0`` (``c0``) and every weight, by the chain rule through the same steps (each
+``*_step_backward`` undoes its ``*_step``).
 
-Equations of one step, layer-direction ``(l, d)``, gates in canonical order r, z, n, ``W``/``R``
-stored ``[3H, in]``/``[3H, H]`` and applied as ``x·Wᵀ``; ``c(·)`` clamps to ``[−clip, clip]``
-(identity when ``cell.clip is None``); ``m`` is the state mask (1 when absent)::
+One step of layer-direction ``(l, d)``, row-vector form, ``W``/``R`` stored ``[G·H, in]``/
+``[G·H, S]`` and applied as ``x·Wᵀ``; ``c(·)`` clamps to ``[−clip, clip]`` (identity when
+``cell.clip is None``); ``m`` is the state mask (1 when absent); ``x_proj = x·Wᵀ`` (skip: x
+in every gate block; projected: ``x[..., d·G·H:(d+1)·G·H]``); ``h_m = h ⊙ m``.
 
-    1. x_proj = x·Wᵀ                                  [N, 3H]  (input projection, no bias)
-                (skip: [x, x, x];  projected: x[..., d·3H:(d+1)·3H])
-    2. h_m    = h ⊙ m                                 [N, H]   (h as it enters recurrent products)
-    3. r      = f_r(c(x_proj_r + b_Wr + h_m·R_rᵀ + b_Rr))
-    4. z      = f_z(c(x_proj_z + b_Wz + h_m·R_zᵀ + b_Rz))
-    5. reset_after=True :  n = g(c(x_proj_n + b_Wn + r ⊙ (h_m·R_nᵀ + b_Rn)))
-       reset_after=False:  n = g(c(x_proj_n + (r ⊙ h_m)·R_nᵀ + b_Wn + b_Rn))
-    6. flip_z=False:       h' = (1 − z) ⊙ n + z ⊙ h        (the blend uses the unmasked h)
-       flip_z=True :       h' = z ⊙ n + (1 − z) ⊙ h
+GRU (gates r, z, n)::
 
-Sequences (SPEC §2): ``x`` is ``[T, N, I]`` (``[N, T, I]`` with ``batch_major``); ``y`` is
-``[T, N, D·H]`` (``[N, T, D·H]``) with per step ``[forward H | backward H]``; ``h0``/``hy`` are
-``[L·D, N, H]`` at index ``l·D + d`` in both layouts.  Direction ``d`` runs reversed when
-``topology.reversed_direction(d)`` (``d = 1`` of "bidirectional", or the single direction of
-"reverse").  Row ``b`` with length ``len[b]``: a forward direction processes ``t = 0 … len−1``,
-a reversed one ``t = len−1 … 0``; step ``t`` writes ``y[t]`` (original time index); ``y[t] = 0``
-for ``t ≥ len``; ``hy`` is the state after the last processed step (``h0`` when ``len = 0``).
-Layer ``l ≥ 1`` reads layer ``l−1``'s whole output ``[T, N, D·H]``, times
-``dropout_masks[l−1]`` when given (inverted dropout, scaling already in the mask).
+    r = f_r(c(x_proj_r + b_Wr + h_m·R_rᵀ + b_Rr)),  z = f_z(c(x_proj_z + b_Wz + h_m·R_zᵀ + b_Rz))
+    reset_after=True :  n = g(c(x_proj_n + b_Wn + r ⊙ (h_m·R_nᵀ + b_Rn)))
+    reset_after=False:  n = g(c(x_proj_n + (r ⊙ h_m)·R_nᵀ + b_Wn + b_Rn))
+    flip_z=False: h' = (1 − z) ⊙ n + z ⊙ h     flip_z=True: h' = z ⊙ n + (1 − z) ⊙ h   (unmasked h)
+
+LSTM (gates i, f, g, o; S = P with a projection W_p [P, H], else H)::
+
+    a = x_proj + b_W + h_m·Rᵀ + b_R;  i = f_i(c(a_i)), f = f_f(c(a_f)), g = g(c(a_g)), o = f_o(c(a_o))
+    c' = f ⊙ c + i ⊙ g;   h' = o ⊙ h(c')  (projection: h' = (o ⊙ h(c'))·W_pᵀ)
+
+Vanilla RNN::
+
+    h' = act(c(x_proj + b_W + h_m·Rᵀ + b_R))
+
+Sequences: ``x`` is ``[T, N, I]`` (``[N, T, I]`` with ``batch_major``); ``y`` is
+``[T, N, D·S]`` (``[N, T, D·S]``) with per step ``[forward | backward]``; ``h0``/``hy`` are
+``[L·D, N, S]`` (``c0``/``cy`` ``[L·D, N, H]``) at index ``l·D + d`` in both layouts.
+Direction ``d`` runs reversed when ``topology.reversed_direction(d)`` (``d = 1`` of
+"bidirectional", or the single direction of "reverse").  Row ``b`` with length ``len[b]``: a
+forward direction processes ``t = 0 … len−1``, a reversed one ``t = len−1 … 0``; step ``t``
+writes ``y[t]`` (original time index); ``y[t] = 0`` for ``t ≥ len``; ``hy`` (``cy``) is the
+state after the last processed step (``h0``, ``c0`` when ``len = 0``).  Layer ``l ≥ 1`` reads
+layer ``l−1``'s whole output ``[T, N, D·S]``, times ``dropout_masks[l−1]`` when given
+(inverted dropout, scaling already in the mask).
 """
 import numpy as np
 
-from cgru.core.cells import Activation, Cell
-from cgru.core.network import LayerParams, Network, Params
+from cgru.core.cells import Activation, GRUCell, is_cell
+from cgru.core.network import LayerParams, Network
 
-__all__ = ["activate", "activate_grad", "cell_step", "step_backward", "forward", "backward"]
+__all__ = ["activate", "activate_grad", "cell_step", "gru_step", "lstm_step", "rnn_step",
+           "step_backward", "forward", "backward"]
 
 
 # --- 1. activations ---------------------------------------------------------------------------
@@ -89,7 +99,7 @@ def activate(act: Activation, x: np.ndarray) -> np.ndarray:
     return np.asarray(y, dtype=x.dtype)
 
 
-# --- 2. one step -----------------------------------------------------------------------------
+# --- 2. one step ---------------------------------------------------------------------------
 
 def _clamp(cell, a):
     """The ONNX clip: every complete pre-activation into [−clip, clip] (no-op without clip)."""
@@ -99,7 +109,7 @@ def _clamp(cell, a):
     return np.clip(a, -c, c)
 
 
-def cell_step(cell, x_proj, h, lp_R, b_W, b_R, mask=None):
+def gru_step(cell, x_proj, h, lp_R, b_W, b_R, mask=None):
     """One GRU step for a batch; returns ``h'`` ``[N, H]``.
 
     ``x_proj`` ``[N, 3H]``: the input pre-activations without bias (``x·Wᵀ`` or given);
@@ -130,39 +140,81 @@ def cell_step(cell, x_proj, h, lp_R, b_W, b_R, mask=None):
     return (one - z) * n + z * h
 
 
+cell_step = gru_step        # the GRU step (its name since cgru's first release)
+
+
+def lstm_step(cell, x_proj, h, c, lp, mask=None):
+    """One LSTM step for a batch: ``(h' [N, S], c' [N, H])`` (``lp``: the layer-direction's
+    weights; ``W_p`` its projection or ``None``)."""
+    H = c.shape[-1]
+    h_m = h if mask is None else h * mask
+    a = x_proj + lp.b_W + h_m @ lp.R.T + lp.b_R                             # [N, 4H]
+    i = activate(cell.f_i, _clamp(cell, a[:, :H]))
+    f = activate(cell.f_f, _clamp(cell, a[:, H:2 * H]))
+    g = activate(cell.g, _clamp(cell, a[:, 2 * H:3 * H]))
+    o = activate(cell.f_o, _clamp(cell, a[:, 3 * H:]))
+    c_new = f * c + i * g
+    hf = o * activate(cell.h, c_new)                                        # [N, H]
+    return (hf if lp.W_p is None else hf @ lp.W_p.T), c_new
+
+
+def rnn_step(cell, x_proj, h, lp, mask=None):
+    """One vanilla-RNN step for a batch: ``h'`` ``[N, H]``."""
+    h_m = h if mask is None else h * mask
+    return activate(cell.activation, _clamp(cell, x_proj + lp.b_W + h_m @ lp.R.T + lp.b_R))
+
+
+def _step(cell, x_proj, state, lp, mask):
+    """The kind's step on ``state`` = ``(h,)`` or ``(h, c)``; returns the new state tuple."""
+    if cell.kind == "gru":
+        return (gru_step(cell, x_proj, state[0], lp.R, lp.b_W, lp.b_R, mask),)
+    if cell.kind == "lstm":
+        return lstm_step(cell, x_proj, state[0], state[1], lp, mask)
+    return (rnn_step(cell, x_proj, state[0], lp, mask),)
+
+
 # --- 3. one layer-direction over a sequence ---------------------------------------------------
 
-def _input_projection(topology, layer, d, lp, layer_in):
-    """Step 1 for all time steps: ``[T, N, 3H]`` pre-activations without bias."""
+def _input_projection(topology, G, layer, d, lp, layer_in):
+    """Step 1 for all time steps: ``[T, N, G·H]`` pre-activations without bias."""
     H = topology.hidden_size
     if layer > 0 or topology.input_mode == "linear":
-        return layer_in @ lp.W.T                          # [T, N, in]·[in, 3H]
-    if topology.input_mode == "skip":                     # W_r = W_z = W_n = I
-        return np.concatenate([layer_in, layer_in, layer_in], axis=-1)
-    # "projected": x holds [r, z, n] pre-activations per direction, forward first
-    return layer_in[..., d * 3 * H:(d + 1) * 3 * H]
+        return layer_in @ lp.W.T                          # [T, N, in]·[in, G·H]
+    if topology.input_mode == "skip":                     # every input matrix is I
+        return np.concatenate([layer_in] * G, axis=-1)
+    # "projected": x holds each direction's G pre-activation blocks, forward first
+    return layer_in[..., d * G * H:(d + 1) * G * H]
 
 
-def _run_direction(cell, x_proj, h0, lp, lengths, reverse, mask):
-    """One layer-direction over the sequence.
-
-    ``x_proj`` ``[T, N, 3H]``, ``h0`` ``[N, H]``, ``lengths`` int ``[N]``, ``mask`` ``None`` or
-    ``[T, N, H]`` (original time).  Returns ``(y [T, N, H], hy [N, H])``.  Step ``k`` of row
-    ``b`` (active while ``k < len[b]``) reads and writes time ``t = k`` (forward) or
-    ``t = len[b] − 1 − k`` (reverse).
-    """
-    T, N, _ = x_proj.shape
-    y = np.zeros((T, N, h0.shape[-1]), dtype=x_proj.dtype)                  # [T, N, H]
-    h = h0.copy()                                                           # [N, H]
+def _steps(lengths, T, reverse):
+    """``[(k, rows, t)]``: processing step k, its active rows and each one's time index."""
+    out = []
     for k in range(T):
         rows = np.nonzero(lengths > k)[0]                                   # active rows
-        if rows.size == 0:
-            break
-        t = lengths[rows] - 1 - k if reverse else np.full(rows.size, k)     # time per row
+        if rows.size:
+            t = lengths[rows] - 1 - k if reverse else np.full(rows.size, k)
+            out.append((k, rows, t))
+    return out
+
+
+def _run_direction(cell, x_proj, state0, lp, lengths, reverse, mask):
+    """One layer-direction over the sequence.
+
+    ``x_proj`` ``[T, N, G·H]``, ``state0`` ``(h0 [N, S],)`` or ``(h0, c0 [N, H])``, ``lengths``
+    int ``[N]``, ``mask`` ``None`` or ``[T, N, S]`` (original time).  Returns ``(y [T, N, S],
+    final state tuple)``.  Step ``k`` of row ``b`` (active while ``k < len[b]``) reads and
+    writes time ``t = k`` (forward) or ``t = len[b] − 1 − k`` (reverse).
+    """
+    T = x_proj.shape[0]
+    state = [s.copy() for s in state0]
+    y = np.zeros((T,) + state[0].shape, dtype=x_proj.dtype)                 # [T, N, S]
+    for k, rows, t in _steps(lengths, T, reverse):
         m = None if mask is None else mask[t, rows]
-        h[rows] = cell_step(cell, x_proj[t, rows], h[rows], lp.R, lp.b_W, lp.b_R, m)
-        y[t, rows] = h[rows]
-    return y, h
+        new = _step(cell, x_proj[t, rows], [s[rows] for s in state], lp, m)
+        for s, v in zip(state, new):
+            s[rows] = v
+        y[t, rows] = state[0][rows]
+    return y, state
 
 
 # --- 4. the stack -----------------------------------------------------------------------------
@@ -179,18 +231,19 @@ def _cell_of(params, cell):
         raise TypeError(f"params: expected a cgru.Network, got {type(params).__name__}")
     if cell is None:
         return params.cell
-    if not isinstance(cell, Cell):
-        raise TypeError(f"cell: expected a cgru.Cell, got {type(cell).__name__}")
+    if not is_cell(cell):
+        raise TypeError(f"cell: expected a cgru.Cell (or another cgru cell kind), got "
+                        f"{type(cell).__name__}")
     if params._cell_given and cell != params.cell:
         raise ValueError(f"cell: {cell} contradicts the network's own cell {params.cell}")
     return cell
 
 
-def _prepare(params, x, h0, lengths, batch_major, state_mask, dropout_masks):
-    """The call's arrays in the dtype of ``params``, time-major: ``(x, h0, lengths,
-    state_mask, dropout_masks)``."""
+def _prepare(params, cell, x, h0, c0, lengths, batch_major, state_mask, dropout_masks):
+    """The call's arrays in the dtype of ``params``, time-major: ``(x, h0, c0, lengths,
+    state_mask, dropout_masks)`` (``c0`` is ``None`` for kinds without a cell state)."""
     topo = params.topology
-    L, D, H = topo.num_layers, topo.num_directions, topo.hidden_size
+    L, D, H, S = topo.num_layers, topo.num_directions, topo.hidden_size, topo.state_size
     dtype = params.dtype
 
     x = np.asarray(x, dtype=dtype)
@@ -202,10 +255,13 @@ def _prepare(params, x, h0, lengths, batch_major, state_mask, dropout_masks):
     if I != topo.input_size:
         raise ValueError(f"x: expected {topo.input_size} features, got {I}")
 
-    if h0 is None:
-        h0 = np.zeros((L * D, N, H), dtype=dtype)
-    h0 = np.asarray(h0, dtype=dtype)
-    _check_shape(h0, (L * D, N, H), "h0")
+    h0 = np.zeros((L * D, N, S), dtype=dtype) if h0 is None else np.asarray(h0, dtype=dtype)
+    _check_shape(h0, (L * D, N, S), "h0")
+    if cell.has_cell_state:
+        c0 = np.zeros((L * D, N, H), dtype=dtype) if c0 is None else np.asarray(c0, dtype=dtype)
+        _check_shape(c0, (L * D, N, H), "c0")
+    elif c0 is not None:
+        raise ValueError(f"c0: only LSTM cells have a cell state, got a {cell.kind} cell")
 
     if lengths is None:
         lengths = np.full(N, T, dtype=np.int64)
@@ -219,14 +275,14 @@ def _prepare(params, x, h0, lengths, batch_major, state_mask, dropout_masks):
         lengths = lengths.astype(np.int64)
 
     if state_mask is not None:
-        out_shape = (N, T, D * H) if batch_major else (T, N, D * H)
+        out_shape = (N, T, D * S) if batch_major else (T, N, D * S)
         try:
             state_mask = np.broadcast_to(np.asarray(state_mask, dtype=dtype), out_shape)
         except ValueError:
             raise ValueError(f"state_mask: shape {np.shape(state_mask)} does not broadcast to "
                              f"the output shape {out_shape}") from None
         if batch_major:
-            state_mask = state_mask.transpose(1, 0, 2)                      # [T, N, D·H]
+            state_mask = state_mask.transpose(1, 0, 2)                      # [T, N, D·S]
 
     if dropout_masks is not None:
         dropout_masks = list(dropout_masks)
@@ -235,55 +291,61 @@ def _prepare(params, x, h0, lengths, batch_major, state_mask, dropout_masks):
                              f"{len(dropout_masks)}")
         dropout_masks = [np.asarray(m, dtype=dtype) for m in dropout_masks]
         for i, m in enumerate(dropout_masks):
-            _check_shape(m, (T, N, D * H), f"dropout_masks[{i}]")
-    return x, h0, lengths, state_mask, dropout_masks
+            _check_shape(m, (T, N, D * S), f"dropout_masks[{i}]")
+    return x, h0, c0, lengths, state_mask, dropout_masks
 
 
-def _run_stack(cell, params, x, h0, lengths, state_mask, dropout_masks, tape=None):
+def _run_stack(cell, params, x, h0, c0, lengths, state_mask, dropout_masks, tape=None):
     """Forward over the layers; ``tape`` (a list) receives each layer's input."""
     topo = params.topology
-    L, D, H = topo.num_layers, topo.num_directions, topo.hidden_size
+    L, D, S = topo.num_layers, topo.num_directions, topo.state_size
     T, N, _ = x.shape
-    hy = np.empty((L * D, N, H), dtype=params.dtype)
+    hy = np.empty_like(h0)
+    cy = None if c0 is None else np.empty_like(c0)
     layer_in = x                                                            # [T, N, I]
     for l in range(L):
         if l > 0 and dropout_masks is not None:
             layer_in = layer_in * dropout_masks[l - 1]                      # inverted dropout
         if tape is not None:
             tape.append(layer_in)
-        out = np.zeros((T, N, D * H), dtype=params.dtype)                   # [T, N, D·H]
+        out = np.zeros((T, N, D * S), dtype=params.dtype)                   # [T, N, D·S]
         for d in range(D):
-            lp = params[l, d]
-            x_proj = _input_projection(topo, l, d, lp, layer_in)            # [T, N, 3H]
-            mask = None if state_mask is None else state_mask[:, :, d * H:(d + 1) * H]
-            y_d, hy[l * D + d] = _run_direction(cell, x_proj, h0[l * D + d], lp, lengths,
-                                                topo.reversed_direction(d), mask)
-            out[:, :, d * H:(d + 1) * H] = y_d
+            i = l * D + d
+            lp = params[i]
+            x_proj = _input_projection(topo, cell.gates, l, d, lp, layer_in)
+            mask = None if state_mask is None else state_mask[:, :, d * S:(d + 1) * S]
+            state0 = (h0[i],) if c0 is None else (h0[i], c0[i])
+            y_d, final = _run_direction(cell, x_proj, state0, lp, lengths,
+                                        topo.reversed_direction(d), mask)
+            hy[i] = final[0]
+            if cy is not None:
+                cy[i] = final[1]
+            out[:, :, d * S:(d + 1) * S] = y_d
         layer_in = out
-    return layer_in, hy
+    return layer_in, hy, cy
 
 
-def forward(params, x, h0=None, *, cell=None, lengths=None, batch_major=False,
+def forward(params, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major=False,
             state_mask=None, dropout_masks=None):
-    """The stack's forward: ``(y, hy)`` (see the module docstring).
+    """The stack's forward: ``(y, hy)``, or ``(y, hy, cy)`` for an LSTM (module docstring).
 
     ``params``: a ``cgru.Network`` (``cell``: its cell by default); ``x`` ``[T, N, I]``
-    (``[N, T, I]`` with ``batch_major``); ``h0`` ``None`` (zeros) or ``[L·D, N, H]``;
-    ``lengths`` ``None`` (all ``T``) or ints ``[N]`` in ``[0, T]``, any order; ``state_mask``
-    ``None`` or broadcastable to the output shape — ``[T, N, D·H]``, or ``[N, T, D·H]`` with
-    ``batch_major`` — and the step of layer-direction ``(l, d)`` that produces output time
-    ``t`` uses ``state_mask[t, :, d·H:(d+1)·H]`` (time-major coordinates) in every layer;
-    ``dropout_masks`` ``None`` or a list of ``L−1`` arrays ``[T, N, D·H]`` (always time-major)
-    that multiply layer ``l−1``'s output before layer ``l``.  Returns ``y`` ``[T, N, D·H]``
-    (``[N, T, D·H]`` with ``batch_major``) and ``hy`` ``[L·D, N, H]``, in the dtype of
-    ``params``.
+    (``[N, T, I]`` with ``batch_major``); ``h0`` ``None`` (zeros) or ``[L·D, N, S]``; ``c0``
+    (LSTM) ``None`` (zeros) or ``[L·D, N, H]``; ``lengths`` ``None`` (all ``T``) or ints
+    ``[N]`` in ``[0, T]``, any order; ``state_mask`` ``None`` or broadcastable to the output
+    shape — ``[T, N, D·S]``, or ``[N, T, D·S]`` with ``batch_major`` — and the step of
+    layer-direction ``(l, d)`` that produces output time ``t`` uses
+    ``state_mask[t, :, d·S:(d+1)·S]`` (time-major coordinates) in every layer;
+    ``dropout_masks`` ``None`` or a list of ``L−1`` arrays ``[T, N, D·S]`` (always time-major)
+    that multiply layer ``l−1``'s output before layer ``l``.  Results in the dtype of
+    ``params``; ``y`` ``[T, N, D·S]`` (``[N, T, D·S]`` with ``batch_major``).
     """
     cell = _cell_of(params, cell)
-    x, h0, lengths, state_mask, dropout_masks = _prepare(params, x, h0, lengths, batch_major,
-                                                         state_mask, dropout_masks)
-    y, hy = _run_stack(cell, params, x, h0, lengths, state_mask, dropout_masks)
-    y = y.transpose(1, 0, 2) if batch_major else y
-    return np.ascontiguousarray(y), hy
+    x, h0, c0, lengths, state_mask, dropout_masks = _prepare(
+        params, cell, x, h0, c0, lengths, batch_major, state_mask, dropout_masks)
+    y, hy, cy = _run_stack(cell, params, x, h0, c0, lengths, state_mask, dropout_masks)
+    y = np.ascontiguousarray(y.transpose(1, 0, 2) if batch_major else y)
+    return (y, hy) if cy is None else (y, hy, cy)
 
 
 # --- 5. backward -----------------------------------------------------------------------------
@@ -337,7 +399,7 @@ def _act_and_grad(cell, act, a):
     return activate(act, c), d
 
 
-def step_backward(cell, x_proj, h, lp_R, b_W, b_R, mask, dh_new):
+def gru_step_backward(cell, x_proj, h, lp_R, b_W, b_R, mask, dh_new):
     """Undo one ``cell_step``: given ``dh_new = ∂L/∂h'`` ``[N, H]``, return ``(dx_proj [N, 3H],
     dh [N, H], dR [3H, H], db_W [3H], db_R [3H])`` for the same inputs."""
     H = h.shape[-1]
@@ -397,78 +459,130 @@ def step_backward(cell, x_proj, h, lp_R, b_W, b_R, mask, dh_new):
     return dx_proj, dh, dR, db_W, db_R
 
 
-def _backward_direction(cell, x_proj, h0, lp, lengths, reverse, mask, dy, dhy):
-    """Undo ``_run_direction``: ``dy`` ``[T, N, H]`` (output gradient, original time), ``dhy``
-    ``[N, H]``.  Returns ``(dx_proj [T, N, 3H], dh0 [N, H], dR, db_W, db_R)``."""
-    T, N, _ = x_proj.shape
-    H = h0.shape[-1]
-    # the states before every step, per row (step k of row b reads h_before[k][b])
-    h_before = []
-    h = h0.copy()
-    for k in range(T):
-        h_before.append(h.copy())
-        rows = np.nonzero(lengths > k)[0]
-        if rows.size == 0:
-            continue
-        t = lengths[rows] - 1 - k if reverse else np.full(rows.size, k)
+step_backward = gru_step_backward
+
+
+def lstm_step_backward(cell, x_proj, h, c, lp, mask, dh_new, dc_new):
+    """Undo one ``lstm_step``: given ``∂L/∂h'`` and ``∂L/∂c'``, return ``(dx_proj [N, 4H],
+    dh [N, S], dc [N, H], {"R", "b_W", "b_R", "W_p"} gradients)``."""
+    H = c.shape[-1]
+    m = np.ones_like(h) if mask is None else mask
+    h_m = h * m
+    a = x_proj + lp.b_W + h_m @ lp.R.T + lp.b_R
+    i, di_da = _act_and_grad(cell, cell.f_i, a[:, :H])
+    f, df_da = _act_and_grad(cell, cell.f_f, a[:, H:2 * H])
+    g, dg_da = _act_and_grad(cell, cell.g, a[:, 2 * H:3 * H])
+    o, do_da = _act_and_grad(cell, cell.f_o, a[:, 3 * H:])
+    c_new = f * c + i * g
+    hc = activate(cell.h, c_new)
+    grads = {}
+    if lp.W_p is not None:                  # bwd of the projection
+        grads["W_p"] = dh_new.T @ (o * hc)
+        dhf = dh_new @ lp.W_p
+    else:
+        dhf = dh_new
+    do = dhf * hc
+    dc = dc_new + dhf * o * activate_grad(cell.h, c_new)
+    di, dg, df, dc_prev = dc * g, dc * i, dc * c, dc * f
+    da = np.concatenate([di * di_da, df * df_da, dg * dg_da, do * do_da], axis=1)
+    grads["R"] = da.T @ h_m
+    grads["b_W"] = grads["b_R"] = da.sum(0)
+    dh = (da @ lp.R) * m
+    return da, dh, dc_prev, grads
+
+
+def rnn_step_backward(cell, x_proj, h, lp, mask, dh_new):
+    """Undo one ``rnn_step``: ``(dx_proj [N, H], dh [N, H], {"R", "b_W", "b_R"})``."""
+    m = np.ones_like(h) if mask is None else mask
+    h_m = h * m
+    _, d_act = _act_and_grad(cell, cell.activation, x_proj + lp.b_W + h_m @ lp.R.T + lp.b_R)
+    da = dh_new * d_act
+    return da, (da @ lp.R) * m, {"R": da.T @ h_m, "b_W": da.sum(0), "b_R": da.sum(0)}
+
+
+def _step_backward(cell, x_proj, state, lp, mask, dstate):
+    """Undo ``_step``: ``(dx_proj, dstate_prev tuple, {name: gradient})``."""
+    if cell.kind == "gru":
+        dxp, dh, dR, db_W, db_R = gru_step_backward(cell, x_proj, state[0], lp.R, lp.b_W,
+                                                    lp.b_R, mask, dstate[0])
+        return dxp, (dh,), {"R": dR, "b_W": db_W, "b_R": db_R}
+    if cell.kind == "lstm":
+        dxp, dh, dc, grads = lstm_step_backward(cell, x_proj, state[0], state[1], lp, mask,
+                                                dstate[0], dstate[1])
+        return dxp, (dh, dc), grads
+    dxp, dh, grads = rnn_step_backward(cell, x_proj, state[0], lp, mask, dstate[0])
+    return dxp, (dh,), grads
+
+
+def _backward_direction(cell, x_proj, state0, lp, lengths, reverse, mask, dy, dstate_final):
+    """Undo ``_run_direction``: ``dy`` ``[T, N, S]`` (output gradient, original time),
+    ``dstate_final`` the gradients of the final state tuple.  Returns ``(dx_proj [T, N, G·H],
+    dstate0 tuple, {name: gradient})``."""
+    T = x_proj.shape[0]
+    steps = _steps(lengths, T, reverse)
+    # the state before every step
+    state = [s.copy() for s in state0]
+    before = {}
+    for k, rows, t in steps:
+        before[k] = [s.copy() for s in state]
         m = None if mask is None else mask[t, rows]
-        h[rows] = cell_step(cell, x_proj[t, rows], h[rows], lp.R, lp.b_W, lp.b_R, m)
+        new = _step(cell, x_proj[t, rows], [s[rows] for s in state], lp, m)
+        for s, v in zip(state, new):
+            s[rows] = v
     dx_proj = np.zeros_like(x_proj)
-    dR = np.zeros_like(lp.R)
-    db_W = np.zeros_like(lp.b_W)
-    db_R = np.zeros_like(lp.b_R)
-    dh = dhy.copy()
-    for k in reversed(range(T)):
-        rows = np.nonzero(lengths > k)[0]
-        if rows.size == 0:
-            continue
-        t = lengths[rows] - 1 - k if reverse else np.full(rows.size, k)
+    grads = {name: np.zeros_like(a) for name, a in lp.arrays().items() if name != "W"}
+    dstate = [d.copy() for d in dstate_final]
+    for k, rows, t in reversed(steps):
         m = None if mask is None else mask[t, rows]
-        dh_new = dh[rows] + dy[t, rows]
-        dxp, dh_prev, dR_k, dbW_k, dbR_k = step_backward(
-            cell, x_proj[t, rows], h_before[k][rows], lp.R, lp.b_W, lp.b_R, m, dh_new)
+        dnew = [d[rows] for d in dstate]
+        dnew[0] = dnew[0] + dy[t, rows]
+        dxp, dprev, g = _step_backward(cell, x_proj[t, rows], [s[rows] for s in before[k]],
+                                       lp, m, dnew)
         dx_proj[t, rows] = dxp
-        dh[rows] = dh_prev
-        dR += dR_k
-        db_W += dbW_k
-        db_R += dbR_k
-    return dx_proj, dh, dR, db_W, db_R
+        for d, v in zip(dstate, dprev):
+            d[rows] = v
+        for name, v in g.items():
+            grads[name] += v
+    return dx_proj, dstate, grads
 
 
-def _input_backward(topology, layer, d, lp, layer_in, dx_proj):
-    """Undo ``_input_projection``: ``(dW, d layer_in)`` (``dW`` ``[3H, in]``, empty when there is
-    no input matrix)."""
+def _input_backward(topology, G, layer, d, lp, layer_in, dx_proj):
+    """Undo ``_input_projection``: ``(dW, d layer_in)`` (``dW`` ``[G·H, in]``, empty when there
+    is no input matrix)."""
     H = topology.hidden_size
     if layer > 0 or topology.input_mode == "linear":
         dW = np.einsum("tng,tni->gi", dx_proj, layer_in)
         return dW, dx_proj @ lp.W                                       # [T, N, in]
     if topology.input_mode == "skip":
-        return np.zeros_like(lp.W), dx_proj[..., :H] + dx_proj[..., H:2 * H] + dx_proj[..., 2 * H:]
+        return np.zeros_like(lp.W), sum(dx_proj[..., k * H:(k + 1) * H] for k in range(G))
     d_in = np.zeros_like(layer_in)
-    d_in[..., d * 3 * H:(d + 1) * 3 * H] = dx_proj
+    d_in[..., d * G * H:(d + 1) * G * H] = dx_proj
     return np.zeros_like(lp.W), d_in
 
 
-def backward(params, x, dy=None, dhy=None, h0=None, *, cell=None, lengths=None,
-             batch_major=False, state_mask=None, dropout_masks=None):
-    """The gradients of ``Σ y·dy + Σ hy·dhy`` (``None``: zeros) for the stack ``forward``
-    computes with the same arguments: ``(dx, dh0, dparams)``, ``dx`` shaped like ``x``,
-    ``dh0`` ``[L·D, N, H]``, ``dparams`` a ``Network`` of gradients."""
+def backward(params, x, dy=None, dhy=None, h0=None, *, c0=None, dcy=None, cell=None,
+             lengths=None, batch_major=False, state_mask=None, dropout_masks=None):
+    """The gradients of ``Σ y·dy + Σ hy·dhy (+ Σ cy·dcy)`` (``None``: zeros) for the stack
+    ``forward`` computes with the same arguments: ``(dx, dh0, dparams)``, or ``(dx, dh0, dc0,
+    dparams)`` for an LSTM; ``dx`` shaped like ``x``, ``dparams`` a ``Network`` of gradients."""
     cell = _cell_of(params, cell)
-    x, h0, lengths, state_mask, dropout_masks = _prepare(params, x, h0, lengths, batch_major,
-                                                         state_mask, dropout_masks)
+    x, h0, c0, lengths, state_mask, dropout_masks = _prepare(
+        params, cell, x, h0, c0, lengths, batch_major, state_mask, dropout_masks)
     topo = params.topology
-    L, D, H = topo.num_layers, topo.num_directions, topo.hidden_size
+    L, D, S = topo.num_layers, topo.num_directions, topo.state_size
     T, N, _ = x.shape
     dtype = params.dtype
     inputs = []
-    _run_stack(cell, params, x, h0, lengths, state_mask, dropout_masks, tape=inputs)
-    d_out = np.zeros((T, N, D * H), dtype)
+    _run_stack(cell, params, x, h0, c0, lengths, state_mask, dropout_masks, tape=inputs)
+    d_out = np.zeros((T, N, D * S), dtype)
     if dy is not None:
         dy = np.asarray(dy, dtype=dtype)
         d_out = d_out + (dy.transpose(1, 0, 2) if batch_major else dy)
-    dhy = np.zeros((L * D, N, H), dtype) if dhy is None else np.asarray(dhy, dtype=dtype)
-    dh0 = np.empty((L * D, N, H), dtype)
+    dhy = np.zeros_like(h0) if dhy is None else np.asarray(dhy, dtype=dtype)
+    if c0 is not None:
+        dcy = np.zeros_like(c0) if dcy is None else np.asarray(dcy, dtype=dtype)
+    dh0 = np.empty_like(h0)
+    dc0 = None if c0 is None else np.empty_like(c0)
     grads = [None] * (L * D)
     for l in reversed(range(L)):
         layer_in = inputs[l]
@@ -476,16 +590,21 @@ def backward(params, x, dy=None, dhy=None, h0=None, *, cell=None, lengths=None,
         for d in range(D):
             i = l * D + d
             lp = params[i]
-            x_proj = _input_projection(topo, l, d, lp, layer_in)
-            mask = None if state_mask is None else state_mask[:, :, d * H:(d + 1) * H]
-            dxp, dh0[i], dR, db_W, db_R = _backward_direction(
-                cell, x_proj, h0[i], lp, lengths, topo.reversed_direction(d), mask,
-                d_out[:, :, d * H:(d + 1) * H], dhy[i])
-            dW, d_layer_in = _input_backward(topo, l, d, lp, layer_in, dxp)
+            x_proj = _input_projection(topo, cell.gates, l, d, lp, layer_in)
+            mask = None if state_mask is None else state_mask[:, :, d * S:(d + 1) * S]
+            state0 = (h0[i],) if c0 is None else (h0[i], c0[i])
+            dfinal = (dhy[i],) if c0 is None else (dhy[i], dcy[i])
+            dxp, dstate0, g = _backward_direction(
+                cell, x_proj, state0, lp, lengths, topo.reversed_direction(d), mask,
+                d_out[:, :, d * S:(d + 1) * S], dfinal)
+            dh0[i] = dstate0[0]
+            if dc0 is not None:
+                dc0[i] = dstate0[1]
+            dW, d_layer_in = _input_backward(topo, cell.gates, l, d, lp, layer_in, dxp)
             d_in += d_layer_in
-            grads[i] = LayerParams(W=dW.astype(dtype), R=dR, b_W=db_W, b_R=db_R)
+            grads[i] = LayerParams(W=dW.astype(dtype), **g)
         if l > 0:
             d_out = d_in * dropout_masks[l - 1] if dropout_masks is not None else d_in
-    dx = d_in.transpose(1, 0, 2) if batch_major else d_in
-    return np.ascontiguousarray(dx), dh0, Network(topo, grads,
-                                                  params.cell if params._cell_given else None)
+    dx = np.ascontiguousarray(d_in.transpose(1, 0, 2) if batch_major else d_in)
+    dparams = Network(topo, grads, params.cell if params._cell_given else None)
+    return (dx, dh0, dparams) if dc0 is None else (dx, dh0, dc0, dparams)

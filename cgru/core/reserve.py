@@ -10,16 +10,22 @@ Layout (every region 64-byte aligned), sized and carved by ``Layout`` — the sa
 
     header   int64[16]     see below
     lengths  int64[N]      the sequence lengths
-    per layer-direction i = l·D + d, the cell's saved tensors (time-major, row t·N + b):
-        GRU:  gates  [T, N, 3H]    r, z, n after activation          (0 on padded steps)
-              states [T+1, N, H]   h0 and the state after every step (see the kernels)
-              hn     [T, N, H]     h·R_nᵀ + b_Rn                     (reset-after only)
-              pre    [T, N, 3H]    pre-activations                   (cells other than
-                                                                      sigmoid/tanh without clip)
+    per layer-direction i = l·D + d, the cell's saved tensors (time-major, row t·N + b;
+    S = the state width, P with an LSTM projection, else H):
+        GRU:   gates   [T, N, 3H]    r, z, n after activation          (0 on padded steps)
+               states  [T+1, N, H]   h0 and the state after every step (see the kernels)
+               hn      [T, N, H]     h·R_nᵀ + b_Rn                     (reset-after only)
+        LSTM:  gates   [T, N, 4H]    i, f, g, o after activation
+               states  [T+1, N, S]   h, slots as for the GRU
+               cstates [T+1, N, H]   c, the same slots
+               hf      [T, N, H]     o ⊙ h(c') before the projection   (projection only)
+        RNN:   states  [T+1, N, H]   (the activated values are the states)
+        every kind: pre [T, N, G·H]  pre-activations (cells off the kernels' fast path: other
+                                     activations, or clip)
     per layer l ≥ 1:
-        xin_l  [T, N, D·H]   that layer's input (the layer below's output after dropout)
+        xin_l  [T, N, D·S]   that layer's input (the layer below's output after dropout)
 
-so ``nbytes = 128 + ⌈8N⌉ + L·D·Σ⌈region⌉ + (L − 1)·⌈T·N·D·H·itemsize⌉`` (``⌈·⌉``: rounded up
+so ``nbytes = 128 + ⌈8N⌉ + L·D·Σ⌈region⌉ + (L − 1)·⌈T·N·D·S·itemsize⌉`` (``⌈·⌉``: rounded up
 to 64 bytes), computed in closed form.  Inference saves nothing (no reserve).
 
 Header (``int64[16]``)::
@@ -56,12 +62,21 @@ def _up(nbytes):
     return -(-nbytes // ALIGN) * ALIGN
 
 
-def saved_regions(cell, H):
-    """``[(name, shape as a function of (T, N))]`` a layer-direction of ``cell`` saves."""
-    G = cell.gates
-    regions = [("gates", lambda T, N: (T, N, G * H)), ("states", lambda T, N: (T + 1, N, H))]
-    if cell.reset_after:
-        regions.append(("hn", lambda T, N: (T, N, H)))
+def saved_regions(cell, topology):
+    """``[(name, shape as a function of (T, N))]`` a layer-direction of ``cell`` saves (the
+    module docstring; S = the state width, P with an LSTM projection, else H)."""
+    H, S, G = topology.hidden_size, topology.state_size, cell.gates
+    if cell.kind == "gru":
+        regions = [("gates", lambda T, N: (T, N, G * H)), ("states", lambda T, N: (T + 1, N, H))]
+        if cell.reset_after:
+            regions.append(("hn", lambda T, N: (T, N, H)))
+    elif cell.kind == "lstm":
+        regions = [("gates", lambda T, N: (T, N, G * H)), ("states", lambda T, N: (T + 1, N, S)),
+                   ("cstates", lambda T, N: (T + 1, N, H))]
+        if topology.proj_size:
+            regions.append(("hf", lambda T, N: (T, N, H)))
+    else:                                   # vanilla RNN: the states are its only gate values
+        regions = [("states", lambda T, N: (T + 1, N, H))]
     if not cell.is_fast:
         regions.append(("pre", lambda T, N: (T, N, G * H)))
     return regions
@@ -74,15 +89,15 @@ class Layout:
         self.topology, self.cell, self.T, self.N = topology, cell, T, N
         self.dtype = np.dtype(dtype)
         item = self.dtype.itemsize
-        H, D, L = topology.hidden_size, topology.num_directions, topology.num_layers
+        D, L = topology.num_directions, topology.num_layers
         self.per_ld = []                      # [(name, shape, offset within the block)]
         pos = 0
-        for name, shape_of in saved_regions(cell, H):
+        for name, shape_of in saved_regions(cell, topology):
             shape = shape_of(T, N)
             self.per_ld.append((name, shape, pos))
             pos += _up(math.prod(shape) * item)
         self.ld_bytes = pos
-        self.xin_shape = (T, N, D * H)
+        self.xin_shape = (T, N, topology.output_size)
         self.xin_bytes = _up(math.prod(self.xin_shape) * item)
         self.lengths_offset = _up(HEADER * 8)
         self.ld_offset = self.lengths_offset + _up(8 * N)
@@ -139,9 +154,10 @@ def weights_digest(net):
     return digest(*[a for lp in net.layers for a in lp.arrays().values()])
 
 
-def data_digest(a):
-    """The digest of one array (0 for ``None``)."""
-    return 0 if a is None else digest(a)
+def data_digest(*arrays):
+    """The digest of the arrays given (``None`` entries skipped; 0 when there are none)."""
+    arrays = [a for a in arrays if a is not None]
+    return digest(*arrays) if arrays else 0
 
 
 def create(layout, *, lengths, dropout, seed, seed2, batch_major, x, weights, h0, state_mask):

@@ -1,0 +1,536 @@
+"""Time loops of one LSTM layer (all its directions), forward and backward, with cuDNN's
+recurrent projection.
+
+Equations (gates in canonical order i, f, g, o — cuDNN's linLayerIDs 0–3 and PyTorch's; row-
+vector form, per step t, one direction; S = P with a projection, else H)::
+
+    1. gx = x_t·Wᵀ                            [N, 4H]  (all steps at once, before the loop)
+    2. gh = (h ⊙ m)·Rᵀ                        [N, 4H]  (R [4H, S])
+    3. a = gx + gh + b      (b = b_W + b_R, summed in the engine)
+       i = f_i(clip(a_i)), f = f_f(clip(a_f)), g = g(clip(a_g)), o = f_o(clip(a_o))
+    4. c' = f ⊙ c + i ⊙ g
+    5. hf = o ⊙ h(c')                         [N, H]   (h = tanh for cuDNN)
+    6. h' = hf·W_pᵀ (projection, W_p [P, H]) or h' = hf;  y_t = h'
+    Rows with t ≥ len[b] are inactive: h' = h, c' = c, y_t = 0.
+
+Saved in the reserve by the training forward (per direction; T·N rows, time t row t·N + b)::
+
+    ws_gates   [T, N, 4H]   i, f, g, o after activation           (0 on inactive rows)
+    ws_pre     [T, N, 4H]   pre-activations a before clip          (general cells only)
+    ws_states  [T+1, N, S]  h: slot 0 = h0, slot t+1 = state after time t (forward);
+                            slot T = h0, slot t = state after time t (reversed direction)
+    ws_cstates [T+1, N, H]  c, the same slots
+    ws_hf      [T, N, H]    o ⊙ h(c') before the projection        (projection only)
+
+Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
+
+    dh += dy_t
+    bwd of 6: dhp_t = dh (kept for dW_p);  dhf = dh·W_p   (projection; else dhf = dh)
+    bwd of 5: do = dhf ⊙ h(c');  dc += dhf ⊙ o ⊙ h'(c')
+    bwd of 4: di = dc ⊙ g,  dg = dc ⊙ i,  df = dc ⊙ c,  dc_prev = dc ⊙ f
+    bwd of 3: da = (di, df, dg, do) ⊙ activations' (⊙ clip')  → dgx  [N, 4H]
+    bwd of 2: dh_prev = m ⊙ (da·R)            (the state enters only through the gates)
+    After the loop (engine): dW = daᵀ·X, dR = daᵀ·(h ⊙ m), db_W = db_R = Σ da,
+    dW_p = dhpᵀ·hf, dX = da·W.
+
+Parallelism: the work items (direction, batch chunk) run on cgru's thread pool; each item
+runs the whole time loop for its rows.  The chunking depends on N only, so results are
+bitwise identical for every thread count.
+"""
+from cython cimport floating
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy, memset
+
+import numpy as np
+cimport numpy as cnp
+
+from cgru._kernels.loops cimport *
+
+cnp.import_array()
+
+
+cdef struct CellSpec:
+    bint fast            # sigmoid gates, tanh cell input and output, no clip
+    bint has_clip
+    double clip
+    Act f_i
+    Act f_f
+    Act f_o
+    Act g
+    Act h
+
+
+# --- the arguments of one layer --------------------------------------------------------------
+cdef struct Dir:
+    # per direction; every pointer is to the dtype's elements, rows as documented
+    bint reverse
+    const void *gx           # [T·N, 4H], row stride ldgx       (IN)
+    Py_ssize_t ldgx
+    const void *Rp           # R [4H, S] packed for h·Rᵀ          (IN, forward)
+    const void *Rb           # R [4H, S] packed for da·R          (IN, backward)
+    const void *Wpp          # W_p [P, H] packed for hf·W_pᵀ      (IN, forward, projection)
+    const void *Wpb          # W_p [P, H] packed for dh·W_p       (IN, backward, projection)
+    const void *b            # [4H] b_W + b_R                    (IN)
+    const void *h0           # [N, S]                            (IN)
+    const void *c0           # [N, H]                            (IN)
+    void *hy                 # [N, S]                            (OUT)
+    void *cy                 # [N, H]                            (OUT)
+    void *gates              # [T·N, 4H] or NULL (inference)     (OUT)
+    void *pre                # [T·N, 4H] or NULL                 (OUT)
+    void *states             # [(T+1)·N, S] or NULL              (OUT)
+    void *cstates            # [(T+1)·N, H] or NULL              (OUT)
+    void *hf                 # [T·N, H] or NULL (projection)     (OUT)
+    # backward
+    const void *dhy          # [N, S] or NULL                    (IN)
+    const void *dcy          # [N, H] or NULL                    (IN)
+    void *dh0                # [N, S]                            (OUT)
+    void *dc0                # [N, H]                            (OUT)
+    void *dgx                # [T·N, 4H]                         (OUT)
+    void *hm                 # [T·N, S]  h⊙m (mask) or h (padding), 0 when inactive (OUT)
+    void *dhp                # [T·N, P]  dh before the projection, 0 when inactive (OUT)
+
+
+cdef struct Layer:
+    Loop loop                  # what every kind's loop shares (loops.pxd)
+    int S                      # the state width: P with a projection, else H
+    bint proj
+    Dir dirs[2]
+
+
+# --- forward -------------------------------------------------------------------------------
+cdef inline void gates_and_cell(const CellSpec *C, int H, const floating *gxr,
+                                const floating *ghr, const floating *b, const floating *cp,
+                                floating *g4, floating *pre4, floating *cn, floating *hf,
+                                floating *tmp) noexcept nogil:
+    """Steps 3–5 for one row: gates into g4 [4H] (pre-activations into pre4 when not NULL),
+    c' into cn [H], hf into hf [H]; tmp [H] is scratch."""
+    cdef int j
+    cdef floating clipv = <floating>C.clip
+    cdef bint has_clip = C.has_clip
+    for j in range(4 * H):
+        g4[j] = gxr[j] + ghr[j] + b[j]
+    if C.fast:
+        sigmoid_inplace(g4, 2 * H)                 # i, f
+        tanh_inplace(g4 + 2 * H, H)                # g
+        sigmoid_inplace(g4 + 3 * H, H)             # o
+        for j in range(H):
+            cn[j] = g4[H + j] * cp[j] + g4[j] * g4[2 * H + j]
+        memcpy(tmp, cn, H * sizeof(floating))
+        tanh_inplace(tmp, H)
+        for j in range(H):
+            hf[j] = g4[3 * H + j] * tmp[j]
+        return
+    if pre4 != NULL:
+        memcpy(pre4, g4, 4 * H * sizeof(floating))
+    for j in range(H):
+        g4[j] = activate(&C.f_i, clamp(g4[j], has_clip, clipv))
+        g4[H + j] = activate(&C.f_f, clamp(g4[H + j], has_clip, clipv))
+        g4[2 * H + j] = activate(&C.g, clamp(g4[2 * H + j], has_clip, clipv))
+        g4[3 * H + j] = activate(&C.f_o, clamp(g4[3 * H + j], has_clip, clipv))
+        cn[j] = g4[H + j] * cp[j] + g4[j] * g4[2 * H + j]
+        hf[j] = g4[3 * H + j] * activate(&C.h, cn[j])
+
+
+cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C, int item,
+                      bint training) noexcept nogil:
+    """Whole time loop for one (direction, batch chunk) work item.  Returns 0, or -1 if out of
+    memory."""
+    cdef const Loop *Lp = &L.loop
+    cdef int T = Lp.T, N = Lp.N, H = Lp.H, D = Lp.D, S = L.S
+    cdef int d, b0, b1
+    item_rows(Lp, item, &d, &b0, &b1)
+    cdef int rows = b1 - b0
+    cdef const Dir *P = &L.dirs[d]
+    cdef const floating *gx = <const floating *>P.gx
+    cdef const floating *Rp = <const floating *>P.Rp
+    cdef const floating *Wpp = <const floating *>P.Wpp
+    cdef const floating *bias = <const floating *>P.b
+    cdef const floating *mask = <const floating *>Lp.mask
+    cdef floating *y = <floating *>Lp.y
+    cdef floating *states = <floating *>P.states
+    cdef floating *cstates = <floating *>P.cstates
+    cdef floating *ws_gates = <floating *>P.gates
+    cdef floating *ws_pre = <floating *>P.pre
+    cdef floating *ws_hf = <floating *>P.hf
+    cdef Py_ssize_t H4 = 4 * H, DS = D * S, ldgx = P.ldgx
+    cdef int s, t, i, j, b
+    cdef Py_ssize_t row
+    cdef const floating *mrow
+    cdef floating *g4
+    cdef floating *hfr
+    if rows <= 0:
+        return 0
+    # scratch: gh [rows, 4H] | hm [rows, S] | g4 [rows, 4H] (inference gates) | hf [rows, H] |
+    #          hp [rows, S] (projection result) | tmp [H] | h_a, h_b [rows, S] | c_a, c_b [rows, H]
+    cdef size_t n_scratch = (<size_t>rows) * (2 * H4 + 4 * S + 3 * H) + H
+    cdef floating *scratch = <floating *>malloc(n_scratch * sizeof(floating) + 64)
+    if scratch == NULL:
+        return -1
+    cdef floating *gh = scratch
+    cdef floating *hm = gh + <size_t>rows * H4
+    cdef floating *g4s = hm + <size_t>rows * S
+    cdef floating *hfs = g4s + <size_t>rows * H4
+    cdef floating *hps = hfs + <size_t>rows * H
+    cdef floating *tmp = hps + <size_t>rows * S
+    cdef floating *h_a = tmp + H
+    cdef floating *h_b = h_a + <size_t>rows * S
+    cdef floating *c_a = h_b + <size_t>rows * S
+    cdef floating *c_b = c_a + <size_t>rows * H
+    cdef floating *h_prev
+    cdef floating *h_next
+    cdef floating *c_prev
+    cdef floating *c_next
+    cdef const floating *h_src
+
+    # initial state
+    if training:
+        h_prev = states + (<size_t>(T if P.reverse else 0) * N + b0) * S
+        c_prev = cstates + (<size_t>(T if P.reverse else 0) * N + b0) * H
+    else:
+        h_prev, c_prev = h_a, c_a
+    memcpy(h_prev, <const floating *>P.h0 + <size_t>b0 * S, <size_t>rows * S * sizeof(floating))
+    memcpy(c_prev, <const floating *>P.c0 + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
+
+    cdef double next_poll = first_poll()
+    for s in range(T):
+        if loop_step(Lp, &next_poll, item, s):
+            break
+        t = T - 1 - s if P.reverse else s
+        if training:
+            h_next = states + (<size_t>(t if P.reverse else t + 1) * N + b0) * S
+            c_next = cstates + (<size_t>(t if P.reverse else t + 1) * N + b0) * H
+        else:
+            h_next = h_b if h_prev == h_a else h_a
+            c_next = c_b if c_prev == c_a else c_a
+        # 2. gh = (h ⊙ m)·Rᵀ
+        h_src = h_prev
+        if mask != NULL:
+            for i in range(rows):
+                mrow = mask + (<size_t>t * N + b0 + i) * DS + <size_t>d * S
+                for j in range(S):
+                    hm[i * S + j] = h_prev[i * S + j] * mrow[j]
+            h_src = hm
+        # gh[rows, 4H] = h_src[rows, S] · R[4H, S]ᵀ
+        gemm_packed(rows, 4 * H, S, h_src, S, Rp, False, gh, H4)
+        # 3.–5. per row
+        for i in range(rows):
+            b = b0 + i
+            row = <Py_ssize_t>t * N + b
+            g4 = (ws_gates + row * H4) if training else (g4s + i * H4)
+            hfr = (ws_hf + row * H) if (training and L.proj) else (hfs + i * H)
+            if t >= Lp.lengths[b]:
+                # inactive: the states pass through, the output is 0
+                memcpy(h_next + i * S, h_prev + i * S, S * sizeof(floating))
+                memcpy(c_next + i * H, c_prev + i * H, H * sizeof(floating))
+                memset(y + row * DS + d * S, 0, S * sizeof(floating))
+                memset(hfr, 0, H * sizeof(floating))
+                if training:
+                    memset(g4, 0, H4 * sizeof(floating))
+                    if ws_pre != NULL:
+                        memset(ws_pre + row * H4, 0, H4 * sizeof(floating))
+                continue
+            gates_and_cell(C, H, gx + row * ldgx, gh + i * H4, bias, c_prev + i * H, g4,
+                           (ws_pre + row * H4) if (training and ws_pre != NULL) else NULL,
+                           c_next + i * H, hfr if L.proj else h_next + i * S, tmp)
+        # 6. projection: h'[rows, P] = hf[rows, H] · W_p[P, H]ᵀ
+        if L.proj:
+            gemm_packed(rows, S, H, (ws_hf + (<size_t>t * N + b0) * H) if training else hfs,
+                        H, Wpp, False, hps, S)
+        for i in range(rows):
+            b = b0 + i
+            if t >= Lp.lengths[b]:
+                continue
+            if L.proj:
+                memcpy(h_next + i * S, hps + i * S, S * sizeof(floating))
+            memcpy(y + (<size_t>t * N + b) * DS + d * S, h_next + i * S, S * sizeof(floating))
+        h_prev, c_prev = h_next, c_next
+    memcpy(<floating *>P.hy + <size_t>b0 * S, h_prev, <size_t>rows * S * sizeof(floating))
+    memcpy(<floating *>P.cy + <size_t>b0 * H, c_prev, <size_t>rows * H * sizeof(floating))
+    free(scratch)
+    return 0
+
+
+# --- backward ------------------------------------------------------------------------------
+cdef inline void bwd_row(const CellSpec *C, int H, const floating *g4, const floating *pre4,
+                         const floating *cp, const floating *cn, const floating *dhf,
+                         floating *dc, floating *da, floating *tmp) noexcept nogil:
+    """bwd of 5, 4, 3 for one row: reads the gates g4 = [i, f, g, o], c (cp) and c' (cn),
+    dhf; turns the carry dc into dc_prev; writes da [4H].  tmp [H] is scratch."""
+    cdef int j
+    cdef floating ig, fg, gg, og, hc, dhc, dcj, clipv = <floating>C.clip
+    cdef bint has_clip = C.has_clip
+    if C.fast:
+        memcpy(tmp, cn, H * sizeof(floating))
+        tanh_inplace(tmp, H)
+        for j in range(H):
+            ig = g4[j]
+            fg = g4[H + j]
+            gg = g4[2 * H + j]
+            og = g4[3 * H + j]
+            hc = tmp[j]
+            dcj = dc[j] + dhf[j] * og * (1 - hc * hc)
+            da[j] = dcj * gg * ig * (1 - ig)
+            da[H + j] = dcj * cp[j] * fg * (1 - fg)
+            da[2 * H + j] = dcj * ig * (1 - gg * gg)
+            da[3 * H + j] = dhf[j] * hc * og * (1 - og)
+            dc[j] = dcj * fg
+        return
+    for j in range(H):
+        ig = g4[j]
+        fg = g4[H + j]
+        gg = g4[2 * H + j]
+        og = g4[3 * H + j]
+        hc = activate(&C.h, cn[j])
+        dhc = activate_grad(&C.h, cn[j], hc)
+        dcj = dc[j] + dhf[j] * og * dhc
+        da[j] = dcj * gg * activate_grad(&C.f_i, clamp(pre4[j], has_clip, clipv), ig) \
+            * clip_grad(pre4[j], has_clip, clipv)
+        da[H + j] = dcj * cp[j] * activate_grad(&C.f_f, clamp(pre4[H + j], has_clip, clipv),
+                                                fg) * clip_grad(pre4[H + j], has_clip, clipv)
+        da[2 * H + j] = dcj * ig * activate_grad(&C.g, clamp(pre4[2 * H + j], has_clip, clipv),
+                                                 gg) * clip_grad(pre4[2 * H + j], has_clip, clipv)
+        da[3 * H + j] = dhf[j] * hc * activate_grad(&C.f_o, clamp(pre4[3 * H + j], has_clip,
+                                                                  clipv), og) \
+            * clip_grad(pre4[3 * H + j], has_clip, clipv)
+        dc[j] = dcj * fg
+
+
+cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C,
+                       int item) noexcept nogil:
+    """Backward time loop for one (direction, batch chunk) work item (see the module
+    docstring).  Returns 0, or -1 if out of memory."""
+    cdef const Loop *Lp = &L.loop
+    cdef int T = Lp.T, N = Lp.N, H = Lp.H, D = Lp.D, S = L.S
+    cdef int d, b0, b1
+    item_rows(Lp, item, &d, &b0, &b1)
+    cdef int rows = b1 - b0
+    cdef const Dir *P = &L.dirs[d]
+    cdef const floating *Rb = <const floating *>P.Rb
+    cdef const floating *Wpb = <const floating *>P.Wpb
+    cdef const floating *mask = <const floating *>Lp.mask
+    cdef const floating *dy = <const floating *>Lp.dy
+    cdef const floating *states = <const floating *>P.states
+    cdef const floating *cstates = <const floating *>P.cstates
+    cdef const floating *ws_gates = <const floating *>P.gates
+    cdef const floating *ws_pre = <const floating *>P.pre
+    cdef floating *dgx = <floating *>P.dgx
+    cdef floating *hm = <floating *>P.hm
+    cdef floating *dhp = <floating *>P.dhp
+    cdef Py_ssize_t H4 = 4 * H, DS = D * S
+    cdef int s, t, i, j, b
+    cdef Py_ssize_t row
+    cdef const floating *hp
+    cdef const floating *cp
+    cdef const floating *cn
+    cdef const floating *mrow
+    cdef const floating *dhfr
+    cdef floating *dhr
+    if rows <= 0:
+        return 0
+    # scratch: dh [rows, S] (the carry) | dc [rows, H] (the carry) | dhf [rows, H] |
+    #          tmpS [rows, S] (GEMM result) | tmp [H]
+    cdef size_t n_scratch = (<size_t>rows) * (2 * S + 2 * H) + H
+    cdef floating *scratch = <floating *>malloc(n_scratch * sizeof(floating) + 64)
+    if scratch == NULL:
+        return -1
+    cdef floating *dh = scratch
+    cdef floating *dc = dh + <size_t>rows * S
+    cdef floating *dhf = dc + <size_t>rows * H
+    cdef floating *tmpS = dhf + <size_t>rows * H
+    cdef floating *tmp = tmpS + <size_t>rows * S
+    if P.dhy != NULL:
+        memcpy(dh, <const floating *>P.dhy + <size_t>b0 * S, <size_t>rows * S * sizeof(floating))
+    else:
+        memset(dh, 0, <size_t>rows * S * sizeof(floating))
+    if P.dcy != NULL:
+        memcpy(dc, <const floating *>P.dcy + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
+    else:
+        memset(dc, 0, <size_t>rows * H * sizeof(floating))
+
+    cdef double next_poll = first_poll()
+    for s in range(T):
+        if loop_step(Lp, &next_poll, item, s):
+            break
+        t = s if P.reverse else T - 1 - s
+        # h_prev and c of time t: slot t (forward) or t+1 (reversed); c' the other one
+        hp = states + (<size_t>(t + 1 if P.reverse else t) * N + b0) * S
+        cp = cstates + (<size_t>(t + 1 if P.reverse else t) * N + b0) * H
+        cn = cstates + (<size_t>(t if P.reverse else t + 1) * N + b0) * H
+        for i in range(rows):
+            b = b0 + i
+            if t < Lp.lengths[b] and dy != NULL:
+                for j in range(S):
+                    dh[i * S + j] += dy[(<size_t>t * N + b) * DS + d * S + j]
+        # bwd of 6
+        if L.proj:
+            for i in range(rows):
+                row = <Py_ssize_t>t * N + b0 + i
+                if t >= Lp.lengths[b0 + i]:
+                    memset(dhp + row * S, 0, S * sizeof(floating))
+                else:
+                    memcpy(dhp + row * S, dh + i * S, S * sizeof(floating))
+            # dhf[rows, H] = dh[rows, P] · W_p[P, H]
+            gemm_packed(rows, H, S, dh, S, Wpb, False, dhf, H)
+        for i in range(rows):
+            b = b0 + i
+            row = <Py_ssize_t>t * N + b
+            if t >= Lp.lengths[b]:
+                # inactive: the states pass through; zeros in every operand row of the
+                # weight-gradient GEMMs (padding never reaches dW, dR)
+                memset(dgx + row * H4, 0, H4 * sizeof(floating))
+                if hm != NULL:
+                    memset(hm + row * S, 0, S * sizeof(floating))
+                continue
+            mrow = mask + (<size_t>t * N + b) * DS + <size_t>d * S if mask != NULL else NULL
+            if hm != NULL:
+                if mrow != NULL:
+                    for j in range(S):
+                        hm[row * S + j] = hp[i * S + j] * mrow[j]
+                else:
+                    memcpy(hm + row * S, hp + i * S, S * sizeof(floating))
+            dhfr = (dhf + i * H) if L.proj else (dh + i * S)
+            bwd_row(C, H, ws_gates + row * H4, (ws_pre + row * H4) if ws_pre != NULL else NULL,
+                    cp + i * H, cn + i * H, dhfr, dc + i * H, dgx + row * H4, tmp)
+            memset(dh + i * S, 0, S * sizeof(floating))   # h enters only through the gates
+        # bwd of 2: dh_prev = m ⊙ (da[rows, 4H] · R[4H, S])
+        if mask == NULL:
+            gemm_packed(rows, S, 4 * H, dgx + (<size_t>t * N + b0) * H4, H4, Rb, True, dh, S)
+        else:
+            gemm_packed(rows, S, 4 * H, dgx + (<size_t>t * N + b0) * H4, H4, Rb, False, tmpS, S)
+            for i in range(rows):
+                if t >= Lp.lengths[b0 + i]:
+                    continue            # the mask of a padded step is never read
+                mrow = mask + (<size_t>t * N + b0 + i) * DS + <size_t>d * S
+                for j in range(S):
+                    dh[i * S + j] += mrow[j] * tmpS[i * S + j]
+    memcpy(<floating *>P.dh0 + <size_t>b0 * S, dh, <size_t>rows * S * sizeof(floating))
+    memcpy(<floating *>P.dc0 + <size_t>b0 * H, dc, <size_t>rows * H * sizeof(floating))
+    free(scratch)
+    return 0
+
+
+# --- Python entry points -------------------------------------------------------------------
+cdef void set_act(Act *a, object act):
+    a.code, a.alpha, a.beta = act.code, act.alpha, act.beta
+
+
+cdef CellSpec make_cell(object cell):
+    cdef CellSpec C
+    C.fast = cell.is_fast
+    C.has_clip = cell.clip is not None
+    C.clip = cell.clip if cell.clip is not None else 0.0
+    set_act(&C.f_i, cell.f_i)
+    set_act(&C.f_f, cell.f_f)
+    set_act(&C.f_o, cell.f_o)
+    set_act(&C.g, cell.g)
+    set_act(&C.h, cell.h)
+    return C
+
+
+cdef class Direction:
+    """One direction's arrays for an LSTM layer call (``None`` for what the call does not
+    use).  Every array is C-contiguous, of the call's dtype, and of the size the ``Dir``
+    field comment gives — the engine checks, the kernels trust."""
+    cdef readonly bint reverse
+    cdef readonly Py_ssize_t ldgx
+    cdef readonly object gx, Rp, Rb, Wpp, Wpb, b, h0, c0, hy, cy
+    cdef readonly object gates, pre, states, cstates, hf
+    cdef readonly object dhy, dcy, dh0, dc0, dgx, hm, dhp
+
+    def __init__(self, *, bint reverse, gx=None, Py_ssize_t ldgx=0, Rp=None, Rb=None,
+                 Wpp=None, Wpb=None, b=None, h0=None, c0=None, hy=None, cy=None, gates=None,
+                 pre=None, states=None, cstates=None, hf=None, dhy=None, dcy=None, dh0=None,
+                 dc0=None, dgx=None, hm=None, dhp=None):
+        for a in (gx, Rp, Rb, Wpp, Wpb, b, h0, c0, hy, cy, gates, pre, states, cstates, hf,
+                  dhy, dcy, dh0, dc0, dgx, hm, dhp):
+            if a is not None and not isinstance(a, np.ndarray):
+                raise TypeError(f"Direction: expected numpy arrays, got {type(a).__name__}")
+        self.reverse, self.ldgx = reverse, ldgx
+        self.gx, self.Rp, self.Rb, self.Wpp, self.Wpb, self.b = gx, Rp, Rb, Wpp, Wpb, b
+        self.h0, self.c0, self.hy, self.cy = h0, c0, hy, cy
+        self.gates, self.pre, self.states, self.cstates, self.hf = gates, pre, states, cstates, hf
+        self.dhy, self.dcy, self.dh0, self.dc0 = dhy, dcy, dh0, dc0
+        self.dgx, self.hm, self.dhp = dgx, hm, dhp
+
+
+cdef Layer make_layer(int T, int N, int H, int S, int n_chunks, object lengths, object mask,
+                      object y, object dy, list dirs, int *abort, list errors):
+    cdef Layer L
+    cdef Dir *P
+    cdef Direction a
+    memset(&L, 0, sizeof(Layer))
+    L.loop = make_loop(T, N, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors)
+    L.S = S
+    L.proj = (<Direction?>dirs[0]).Wpp is not None or (<Direction>dirs[0]).Wpb is not None
+    for d in range(len(dirs)):
+        a = <Direction?>dirs[d]
+        P = &L.dirs[d]
+        P.reverse = a.reverse
+        P.gx, P.ldgx = ptr(a.gx), a.ldgx if a.ldgx else 4 * H
+        P.Rp, P.Rb, P.Wpp, P.Wpb, P.b = ptr(a.Rp), ptr(a.Rb), ptr(a.Wpp), ptr(a.Wpb), ptr(a.b)
+        P.h0, P.c0, P.hy, P.cy = ptr(a.h0), ptr(a.c0), ptr(a.hy), ptr(a.cy)
+        P.gates, P.pre, P.states = ptr(a.gates), ptr(a.pre), ptr(a.states)
+        P.cstates, P.hf = ptr(a.cstates), ptr(a.hf)
+        P.dhy, P.dcy, P.dh0, P.dc0 = ptr(a.dhy), ptr(a.dcy), ptr(a.dh0), ptr(a.dc0)
+        P.dgx, P.hm, P.dhp = ptr(a.dgx), ptr(a.hm), ptr(a.dhp)
+    return L
+
+
+cdef void forward_item_f(void *ctx, int item) noexcept nogil:
+    cdef Job *J = <Job *>ctx
+    if forward_item(<const float *>NULL, <Layer *>J.layer, <const CellSpec *>J.cell, item,
+                    J.training) != 0:
+        set_flag(&J.failed)
+
+
+cdef void forward_item_d(void *ctx, int item) noexcept nogil:
+    cdef Job *J = <Job *>ctx
+    if forward_item(<const double *>NULL, <Layer *>J.layer, <const CellSpec *>J.cell, item,
+                    J.training) != 0:
+        set_flag(&J.failed)
+
+
+cdef void backward_item_f(void *ctx, int item) noexcept nogil:
+    cdef Job *J = <Job *>ctx
+    if backward_item(<const float *>NULL, <Layer *>J.layer, <const CellSpec *>J.cell,
+                     item) != 0:
+        set_flag(&J.failed)
+
+
+cdef void backward_item_d(void *ctx, int item) noexcept nogil:
+    cdef Job *J = <Job *>ctx
+    if backward_item(<const double *>NULL, <Layer *>J.layer, <const CellSpec *>J.cell,
+                     item) != 0:
+        set_flag(&J.failed)
+
+
+def forward_layer(dtype, int T, int N, int H, int S, int n_chunks, int num_threads, cell,
+                  lengths, mask, y, list dirs, bint training):
+    """Run the forward time loops of one LSTM layer (state width ``S``: ``P`` with a
+    projection, else ``H``).  ``dirs`` holds one ``Direction`` per direction."""
+    cdef CellSpec C = make_cell(cell)
+    cdef int abort = 0
+    cdef list errors = []
+    cdef Layer L = make_layer(T, N, H, S, n_chunks, lengths, mask, y, None, dirs, &abort,
+                              errors)
+    cdef Job J
+    J.layer, J.cell, J.loop, J.training, J.failed = &L, &C, &L.loop, training, 0
+    run_job(forward_item_f if np.dtype(dtype) == np.float32 else forward_item_d, &J,
+            num_threads, errors, "forward")
+
+
+def backward_layer(dtype, int T, int N, int H, int S, int n_chunks, int num_threads, cell,
+                   lengths, mask, dy, list dirs):
+    """Run the backward time loops of one LSTM layer (see ``forward_layer``)."""
+    cdef CellSpec C = make_cell(cell)
+    cdef int abort = 0
+    cdef list errors = []
+    cdef Layer L = make_layer(T, N, H, S, n_chunks, lengths, mask, None, dy, dirs, &abort,
+                              errors)
+    cdef Job J
+    J.layer, J.cell, J.loop, J.training, J.failed = &L, &C, &L.loop, False, 0
+    run_job(backward_item_f if np.dtype(dtype) == np.float32 else backward_item_d, &J,
+            num_threads, errors, "backward")
+
+
+cgru_isa()  # decide the ISA once, at import, before any thread can ask
