@@ -134,3 +134,89 @@ def activation_cell(k, z_shift, g_shift, parity):
                      f_r=activation(ACTIVATION_KINDS[k]),
                      f_z=activation(ACTIVATION_KINDS[(k + z_shift) % n]),
                      g=activation(ACTIVATION_KINDS[(k + g_shift) % n]))
+
+
+# --- torch nn.GRU / nn.LSTM / nn.RNN built from any cgru.Network ---------------------------------
+def build_torch_rnn(net, batch_first=False):
+    """The torch module computing ``net`` (GRU, LSTM with or without projection, RNN tanh/relu),
+    its weights copied in (the gate orders agree: r, z, n and i, f, g, o)."""
+    import torch
+    topo, cell = net.topology, net.cell
+    if topo.direction == "reverse" or topo.input_mode != "linear":
+        raise ValueError(f"torch has no equivalent of {topo}")
+    kw = dict(num_layers=topo.num_layers, bidirectional=topo.direction == "bidirectional",
+              batch_first=bool(batch_first),
+              dtype=torch.float64 if net.dtype == np.float64 else torch.float32)
+    if cell.kind == "gru":
+        mod = torch.nn.GRU(topo.input_size, topo.hidden_size, **kw)
+    elif cell.kind == "lstm":
+        mod = torch.nn.LSTM(topo.input_size, topo.hidden_size, proj_size=topo.proj_size, **kw)
+    else:
+        mod = torch.nn.RNN(topo.input_size, topo.hidden_size,
+                           nonlinearity=cell.activation.name, **kw)
+    names = _TORCH_NAMES + (("W_p", "weight_hr"),)
+    with torch.no_grad():
+        for layer in range(topo.num_layers):
+            for d in range(topo.num_directions):
+                lp = net[layer, d]
+                for ours, theirs in names:
+                    a = getattr(lp, ours)
+                    if a is not None:
+                        getattr(mod, theirs + _torch_suffix(layer, d)).copy_(torch.from_numpy(a))
+    return mod
+
+
+def run_torch_rnn(net, x, h0=None, c0=None, *, lengths=None, batch_first=False, dy=None,
+                  dhy=None, dcy=None):
+    """torch's ``y``, ``hy`` (``cy``) for ``net`` and, when output gradients are given, the
+    autograd gradients of ``Σ y·dy + Σ hy·dhy + Σ cy·dcy``: ``dx``, ``dh0`` (``dc0``) and
+    ``dparams`` (a ``cgru.Network``)."""
+    import torch
+    from cgru import LayerParams, Network
+    topo, lstm = net.topology, net.cell.kind == "lstm"
+    mod = build_torch_rnn(net, batch_first)
+    N = x.shape[0] if batch_first else x.shape[1]
+    T = x.shape[1] if batch_first else x.shape[0]
+    LD = topo.num_layer_directions
+    if h0 is None:
+        h0 = np.zeros((LD, N, topo.state_size), net.dtype)
+    if lstm and c0 is None:
+        c0 = np.zeros((LD, N, topo.hidden_size), net.dtype)
+    xt = torch.from_numpy(np.array(x)).requires_grad_()
+    ht = torch.from_numpy(np.array(h0)).requires_grad_()
+    ct = torch.from_numpy(np.array(c0)).requires_grad_() if lstm else None
+    state = (ht, ct) if lstm else ht
+    inp = xt
+    if lengths is not None:
+        inp = torch.nn.utils.rnn.pack_padded_sequence(
+            xt, torch.as_tensor(np.asarray(lengths, np.int64)), batch_first=batch_first,
+            enforce_sorted=False)
+    y, hy = mod(inp, state)
+    if lengths is not None:
+        y, _ = torch.nn.utils.rnn.pad_packed_sequence(y, batch_first=batch_first,
+                                                      total_length=T)
+    hy, cy = (hy if lstm else (hy, None))
+    out = {"y": y.detach().numpy(), "hy": hy.detach().numpy()}
+    if lstm:
+        out["cy"] = cy.detach().numpy()
+    if dy is None and dhy is None and dcy is None:
+        return out
+    loss = 0
+    for t, g in ((y, dy), (hy, dhy), (cy, dcy)):
+        if g is not None:
+            loss = loss + (t * torch.from_numpy(g)).sum()
+    loss.backward()
+    out["dx"], out["dh0"] = xt.grad.numpy(), ht.grad.numpy()
+    if lstm:
+        out["dc0"] = ct.grad.numpy()
+    layers = []
+    for layer in range(topo.num_layers):
+        for d in range(topo.num_directions):
+            grads = {}
+            for ours, theirs in _TORCH_NAMES + (("W_p", "weight_hr"),):
+                p = getattr(mod, theirs + _torch_suffix(layer, d), None)
+                if p is not None:
+                    grads[ours] = p.grad.numpy().copy()
+            layers.append(LayerParams(**grads))
+    out["dparams"] = Network(topo, layers, net.cell)
+    return out
