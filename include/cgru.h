@@ -17,8 +17,12 @@
  * environment to run, e.g. /path/venv/bin/python) and CGRU_LIBPYTHON (path of its
  * libpython3.X.so).  When the runtime cannot be started every call that needs it returns
  * CGRU_STATUS_RUNTIME_UNAVAILABLE and cgru_get_last_error_message() says why.  An interpreter
- * started by libcgru stays up until the process exits.  The functions that need no runtime:
- * cgru_get_version, cgru_get_error_string, cgru_get_last_error_message, cgru_rnn_desc_init.
+ * started by libcgru stays up until the process exits.  An interpreter libcgru joined is the
+ * host's: after the host finalises it (Py_Finalize), every call that needs the runtime returns
+ * CGRU_STATUS_RUNTIME_UNAVAILABLE saying so (libcgru checks on every call and keeps no Python
+ * object between calls) until the host initialises Python again.  The functions that need no
+ * runtime: cgru_get_version, cgru_get_error_string, cgru_get_last_error_message,
+ * cgru_rnn_desc_init.
  *
  * THE CELL (cuDNN CUDNN_GRU; gates r, z, n; matrices [H, width] applied as W·x):
  *     r  = sigmoid(W_r·x + b_Wr + R_r·h + b_Rr)
@@ -33,10 +37,17 @@
  *  - All sizes are in bytes (size_t), as in cuDNN v8.
  *  - Every buffer is allocated by the caller, in host memory, aligned to its element type
  *    (malloc is enough; the reserve space to 8 bytes), and not overlapping any other buffer of
- *    the same call.  "Floats" below means elements of desc->data_type (float or double).
- *    cgru keeps no pointer to caller memory after a call returns.
+ *    the same call: a buffer the call writes (an out or in/out argument) that overlaps any
+ *    other buffer of the call is refused with CGRU_STATUS_BAD_PARAM naming both (buffers the
+ *    call only reads may overlap each other).  "Floats" below means elements of
+ *    desc->data_type (float or double).  cgru keeps no pointer to caller memory after a call
+ *    returns.
  *  - Dimensions: T = max_seq_length, N = batch_size, I = desc->input_size,
  *    H = desc->hidden_size, L = desc->num_layers, D = 2 for CGRU_BIDIRECTIONAL else 1.
+ *    Limits (cgru's kernels use 32-bit BLAS ints): T·N ≤ 2^31−1, 3H ≤ 2^31−1, L·D ≤ 2^31−1,
+ *    and every buffer below 2^62 bytes.  The size queries refuse exactly what the compute
+ *    calls refuse (CGRU_STATUS_BAD_PARAM for a dimension, CGRU_STATUS_NOT_SUPPORTED for a
+ *    size), so a size they return can be used.
  *  - Tensors, row-major (last index fastest):
  *        x  [T, N, I]      (CGRU_LAYOUT_TIME_MAJOR)  or  [N, T, I]      (CGRU_LAYOUT_BATCH_MAJOR)
  *        y  [T, N, D·H]    (CGRU_LAYOUT_TIME_MAJOR)  or  [N, T, D·H]    (CGRU_LAYOUT_BATCH_MAJOR)
@@ -74,7 +85,10 @@
  * gradients to dweight_space (CGRU_WGRAD_MODE_ADD) or writes them there (CGRU_WGRAD_MODE_SET).
  * The reserve space holds, besides cgru's saved gates and states, a copy of x, so the backward
  * calls take neither x nor hx nor y.  Do not modify the reserve space between the calls; every
- * call of one sequence must get the same descriptor, layout, T, N, seq_lengths and weights.
+ * call of one sequence must get the same descriptor (desc->num_threads may differ: it does not
+ * change any result), layout, T, N, seq_lengths and weights.  The reserve space records what
+ * its forward was given: a backward call with a different descriptor, layout, T, N or
+ * seq_lengths returns CGRU_STATUS_BAD_PARAM naming what differs.
  */
 #ifndef CGRU_H
 #define CGRU_H

@@ -11,8 +11,11 @@ the calling C thread's ``cgru_get_last_error_message()``.
 
 The C ABI reserve space (training), carved by ``_plan`` (regions 64-byte aligned)::
 
-    header   int64[8]    magic, version, state (1: forward done, 2: backward_data done),
-                         fingerprint of (descriptor, layout, T, N, seq_lengths), region offsets
+    header   int64[24]   0 magic, 1 version, 2 state (1: forward done, 2: backward_data done),
+                         3 fingerprint of 8…21, 4…7 region offsets (engine, x, dw, total),
+                         8…21 the forward's arguments the backward calls must repeat
+                         (``_RECORDED``: the descriptor but desc->num_threads, layout, T, N and
+                         a digest of seq_lengths), so that a mismatch is named
     engine   uint8[E]    the engine's reserve (E = cgru.reserve_nbytes)
     x        [T·N·I]     a copy of the forward's x, as given (either layout)
     dw       [weights]   the weight gradients backward_data computed (weight-space layout)
@@ -20,12 +23,18 @@ The C ABI reserve space (training), carved by ``_plan`` (regions 64-byte aligned
 ``cgru_rnn_backward_data`` runs the whole engine backward (x from the copy, the weight gradients
 into ``dw``); ``cgru_rnn_backward_weights`` adds ``dw`` to the dweight space or copies it there.
 The workspace is not used (size 0): the engine allocates its temporaries itself.
+
+Bounds.  The size queries and the compute calls apply the same ones (``_model``, ``_bounds``):
+T·N and 3H within the kernels' 32-bit BLAS ints, L·D pseudo-layers within int32 (the C ABI's
+indices), every buffer below 2^62 bytes.  Sizes and offsets are closed forms (no loop over the
+layers), so a query on any descriptor answers at once.
 """
 from collections import namedtuple
 import ctypes
 import functools
 import hashlib
 import math
+import struct
 
 import numpy as np
 
@@ -51,12 +60,18 @@ _LAYOUTS = {0: False, 1: True}              # CGRU_LAYOUT_TIME_MAJOR / _BATCH_MA
 _WGRAD_MODES = {0: "add", 1: "set"}
 
 _MAGIC = 0x49424143_75726763  # "cgruCABI"
-_VERSION = 1
+_VERSION = 2                  # 2: the header records the forward's arguments (slots 8…21)
 _ALIGN = 64
-_HEADER_BYTES = 64
+_HEADER_SLOTS = 24
+_HEADER_BYTES = 8 * _HEADER_SLOTS
+_RECORD_SLOT = 8
 _STATE_FORWARD = 1
 _STATE_BACKWARD_DATA = 2
 _MAX_BYTES = 2 ** 62
+_INT_MAX = 2 ** 31 - 1        # the kernels' BLAS ints, the C ABI's int32 indices
+# Deeper stacks have their engine reserve size extrapolated, not laid out layer by layer
+# (_engine_reserve_bytes).
+_DIRECT_RESERVE_LAYERS = 8
 
 
 class _Fail(Exception):
@@ -127,6 +142,15 @@ def _model(desc):
                                f"{num_threads}")
     if not (math.isfinite(dropout) and 0.0 <= dropout < 1.0):
         raise _Fail(BAD_PARAM, f"desc->dropout: expected a probability in [0, 1), got {dropout}")
+    if 3 * hidden_size > _INT_MAX:
+        raise _Fail(BAD_PARAM, f"desc->hidden_size: 3H = {3 * hidden_size} exceeds the 32-bit "
+                               f"BLAS limit {_INT_MAX} of cgru's kernels; expected hidden_size "
+                               f"≤ {_INT_MAX // 3}, got {hidden_size}")
+    D = 2 if direction == "bidirectional" else 1
+    if num_layers * D > _INT_MAX:
+        raise _Fail(BAD_PARAM, f"desc->num_layers: L·D = {num_layers * D} pseudo-layers exceeds "
+                               f"{_INT_MAX} (pseudo-layer indices are int32); expected "
+                               f"num_layers ≤ {_INT_MAX // D} with D = {D}, got {num_layers}")
     topo = Topology(input_size, hidden_size, num_layers, direction, input_mode)
     return _Model(desc, topo, dtype, Cell(reset_after=bool(reset_after)), dropout, seed, seed2,
                   num_threads or None)
@@ -137,6 +161,10 @@ def _dims(T, N):
         raise _Fail(BAD_PARAM, f"max_seq_length: expected T ≥ 1, got {T}")
     if N < 1:
         raise _Fail(BAD_PARAM, f"batch_size: expected N ≥ 1, got {N}")
+    if T * N > _INT_MAX:
+        raise _Fail(BAD_PARAM, f"max_seq_length, batch_size: T·N = {T}·{N} = {T * N} exceeds "
+                               f"the 32-bit BLAS limit {_INT_MAX} of cgru's kernels; expected "
+                               f"max_seq_length·batch_size ≤ {_INT_MAX}")
     return T, N
 
 
@@ -150,8 +178,59 @@ def _checked_size(nbytes, what):
     return nbytes
 
 
+def _bounds(m, T, N):
+    """(T, N) after every bound a call on a T×N batch needs: T, N ≥ 1, T·N within 32 bits, and
+    x, y and the states below 2^62 bytes.  The size queries apply exactly these (and the
+    descriptor's, in ``_model``), so they refuse what the compute calls would."""
+    T, N = _dims(T, N)
+    topo, item = m.topo, m.dtype.itemsize
+    _checked_size(T * N * topo.input_size * item, "x")
+    _checked_size(T * N * topo.output_size * item, "y")
+    _checked_size(topo.num_layer_directions * N * topo.hidden_size * item, "hx")
+    return T, N
+
+
+def _layer0_width(topo):
+    """Width of layer 0's input matrices: I, or 0 with CGRU_SKIP_INPUT (not stored)."""
+    return 0 if topo.input_mode == "skip" else topo.input_size
+
+
+def _matrix_elements(topo, count):
+    """Elements of the matrices of the first ``count`` pseudo-layers (include/cgru.h WEIGHT
+    SPACE): W [3H, width] then R [3H, H] each, width = I (0 with skip input) for the D
+    pseudo-layers of layer 0, D·H above.  A closed form: no loop over the layers."""
+    H, D = topo.hidden_size, topo.num_directions
+    first = min(count, D)
+    return 3 * H * (first * (_layer0_width(topo) + H) + (count - first) * (D * H + H))
+
+
+def _weight_elements(topo):
+    """Elements of the weight space: every matrix, then 6H biases per pseudo-layer."""
+    LD = topo.num_layer_directions
+    return _matrix_elements(topo, LD) + 6 * topo.hidden_size * LD
+
+
 def _weight_bytes(m):
-    return _checked_size(m.topo.flat_size() * m.dtype.itemsize, "the weight space")
+    return _checked_size(_weight_elements(m.topo) * m.dtype.itemsize,
+                         "desc (its weight space)")
+
+
+def _engine_reserve_bytes(m, T, N):
+    """``cgru.reserve_nbytes`` of the engine's reserve.  The engine lays its reserve out region
+    by region, layer by layer; every layer above the first has the same regions (the same
+    shapes), so the size is affine in the number of layers from two layers on, and deep stacks
+    take it from the sizes of 3 and 4 layers (tests/test_capi.py checks it against
+    ``reserve_nbytes`` itself) instead of a loop over up to 2^31 layers."""
+    topo = m.topo
+    if topo.num_layers <= _DIRECT_RESERVE_LAYERS:
+        return reserve_nbytes(topo, T, N, cell=m.cell, dtype=m.dtype)
+
+    def size(layers):
+        return reserve_nbytes(Topology(topo.input_size, topo.hidden_size, layers,
+                                       topo.direction, topo.input_mode),
+                              T, N, cell=m.cell, dtype=m.dtype)
+    three, four = size(3), size(4)
+    return three + (topo.num_layers - 3) * (four - three)
 
 
 _Plan = namedtuple("_Plan", "engine engine_bytes x x_bytes dw dw_bytes total")
@@ -159,13 +238,14 @@ _Plan = namedtuple("_Plan", "engine engine_bytes x x_bytes dw dw_bytes total")
 
 def _plan(m, T, N):
     """Byte offsets and sizes of the C ABI reserve space (module docstring)."""
-    engine_bytes = reserve_nbytes(m.topo, T, N, cell=m.cell, dtype=m.dtype)
+    engine_bytes = _engine_reserve_bytes(m, T, N)
     x_bytes = T * N * m.topo.input_size * m.dtype.itemsize
     dw_bytes = _weight_bytes(m)
     engine = _HEADER_BYTES
     x = engine + _up(engine_bytes)
     dw = x + _up(x_bytes)
-    total = _checked_size(dw + _up(dw_bytes), "the reserve space")
+    total = _checked_size(dw + _up(dw_bytes),
+                          "max_seq_length, batch_size, desc (the training reserve space)")
     return _Plan(engine, engine_bytes, x, x_bytes, dw, dw_bytes, total)
 
 
@@ -195,8 +275,8 @@ def _array(addr, what, names, shape, dtype, *, writable, optional=False):
     return a
 
 
-def _space(size, addr, need, what, size_name, query):
-    """A caller-sized buffer (weight, reserve space) as uint8, after checking NULL and size."""
+def _check_space(size, addr, need, what, size_name, query):
+    """Check a caller-sized buffer (weight, reserve space): not NULL, big enough, aligned."""
     if addr == 0:
         raise _Fail(BAD_PARAM, f"{what}: NULL; expected a buffer of {need} bytes ({query})")
     if size < need:
@@ -204,7 +284,31 @@ def _space(size, addr, need, what, size_name, query):
                                       f"{need} bytes ({query})")
     if addr % 8:
         raise _Fail(BAD_PARAM, f"{what}: address {addr:#x} is not aligned to 8 bytes")
+
+
+def _space(size, addr, need, what, size_name, query):
+    """A caller-sized buffer (weight, reserve space) as uint8, after ``_check_space``."""
+    _check_space(size, addr, need, what, size_name, query)
     return _bytes_at(addr, need)
+
+
+def _refuse_overlaps(buffers):
+    """BAD_PARAM when a buffer the call writes overlaps any other buffer of the call.
+
+    ``buffers``: ``(name, address, bytes, written)`` per pointer argument, in argument order
+    (address 0, an omitted optional buffer, is skipped).  Buffers the call only reads may
+    overlap each other.  The message names the written buffer (the later one when both are
+    written) and the other."""
+    live = [b for b in buffers if b[1] != 0 and b[2] > 0]
+    for i, a in enumerate(live):
+        for b in live[i + 1:]:
+            if not (a[3] or b[3]) or a[1] >= b[1] + b[2] or b[1] >= a[1] + a[2]:
+                continue
+            out, other = (b, a) if b[3] else (a, b)
+            lo, hi = max(a[1], b[1]), min(a[1] + a[2], b[1] + b[2])
+            raise _Fail(BAD_PARAM, f"{out[0]}: overlaps {other[0]} ({hi - lo} bytes in common, "
+                                   f"[{lo:#x}, {hi:#x})); expected a buffer the call writes to "
+                                   f"be apart from every other buffer of the call")
 
 
 def _params_view(m, space, writable):
@@ -247,11 +351,40 @@ def _lengths(addr, T, N):
     return lengths
 
 
-def _fingerprint(m, batch_major, T, N, lengths):
-    """63-bit digest of what a forward/backward sequence must share."""
-    h = hashlib.blake2b(repr((m.desc, bool(batch_major), T, N)).encode(), digest_size=8)
-    h.update(b"all" if lengths is None else lengths.tobytes())
-    return int.from_bytes(h.digest(), "little") >> 1
+def _digest(data):
+    """63-bit digest of ``data`` (bytes)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
+
+
+# What a training forward records in its reserve space (header slots 8…) and the backward
+# calls must repeat, by the name messages give it.  Not desc->num_threads: results are the
+# same for every thread count, so the calls of one sequence may use different ones.
+_RECORDED = ("desc->data_type", "desc->input_size", "desc->hidden_size", "desc->num_layers",
+             "desc->direction", "desc->input_mode", "desc->reset_after", "desc->dropout",
+             "desc->seed", "desc->seed2", "layout", "max_seq_length", "batch_size",
+             "seq_lengths")
+
+
+def _record(m, batch_major, T, N, lengths):
+    """The int64 values of ``_RECORDED`` for a call (dropout as its float64 bits, seq_lengths
+    as a digest)."""
+    (data_type, input_size, hidden_size, num_layers, direction, input_mode, reset_after,
+     _num_threads, dropout, seed, seed2) = m.desc
+    dropout_bits = struct.unpack("<q", struct.pack("<d", dropout))[0]
+    lengths_digest = _digest(b"all" if lengths is None else lengths.tobytes())
+    return [data_type, input_size, hidden_size, num_layers, direction, input_mode, reset_after,
+            dropout_bits, seed, seed2, int(bool(batch_major)), T, N, lengths_digest]
+
+
+def _fingerprint(record):
+    """63-bit digest of a ``_record``: what a forward/backward sequence must share."""
+    return _digest(repr(record).encode())
+
+
+def _recorded_text(name, value):
+    if name == "desc->dropout":
+        return repr(struct.unpack("<d", struct.pack("<q", value))[0])
+    return str(value)
 
 
 # --- size queries --------------------------------------------------------------------------
@@ -265,7 +398,7 @@ def temp_space_sizes(desc, fwd_mode, T, N):
     m = _model(desc)
     training = _enum(fwd_mode, _FWD_MODES, "fwd_mode",
                      "CGRU_FWD_MODE_INFERENCE (0) or CGRU_FWD_MODE_TRAINING (1)")
-    T, N = _dims(T, N)
+    T, N = _bounds(m, T, N)
     return (0, _plan(m, T, N).total if training else 0)
 
 
@@ -279,22 +412,19 @@ def weight_params(desc, pseudo_layer, size, addr, lin_layer_id):
     if not 0 <= lin_layer_id < 6:
         raise _Fail(BAD_PARAM, f"lin_layer_id: {lin_layer_id} is outside [0, 5] (0…2 W_r W_z "
                                f"W_n, 3…5 R_r R_z R_n)")
-    _space(size, addr, _weight_bytes(m), "weight_space", "weight_space_size",
-           "cgru_get_weight_space_size")
-    H = topo.hidden_size
-    # matrices: pseudo-layers in order, each W [3H, width] then R [3H, H]
-    m_off = 0
-    for i in range(pseudo_layer):
-        m_off += 3 * H * (topo.shapes(i)["W"][1] + H)
-    width = topo.shapes(pseudo_layer)["W"][1]
+    _check_space(size, addr, _weight_bytes(m), "weight_space", "weight_space_size",
+                 "cgru_get_weight_space_size")
+    H, D = topo.hidden_size, topo.num_directions
+    # matrices: pseudo-layers in order, each W [3H, width] then R [3H, H] (closed forms)
+    m_off = _matrix_elements(topo, pseudo_layer)
+    width = _layer0_width(topo) if pseudo_layer < D else D * H
     if lin_layer_id < 3:
         m_off += lin_layer_id * H * width
         cols = width
     else:
         m_off += 3 * H * width + (lin_layer_id - 3) * H * H
         cols = H
-    n_matrices = sum(3 * H * (topo.shapes(i)["W"][1] + H) for i in range(LD))
-    b_off = n_matrices + (pseudo_layer * 6 + lin_layer_id) * H
+    b_off = _matrix_elements(topo, LD) + (pseudo_layer * 6 + lin_layer_id) * H
     stored = cols > 0
     return (stored, m_off * item, H, cols, b_off * item, H)
 
@@ -307,8 +437,12 @@ def _common(desc, layout, T, N, seq_lengths):
     m = _model(desc)
     batch_major = _enum(layout, _LAYOUTS, "layout",
                         "CGRU_LAYOUT_TIME_MAJOR (0) or CGRU_LAYOUT_BATCH_MAJOR (1)")
-    T, N = _dims(T, N)
+    T, N = _bounds(m, T, N)
     return m, batch_major, T, N, _lengths(seq_lengths, T, N)
+
+
+def _nbytes(a):
+    return 0 if a is None else a.nbytes
 
 
 def _seq_shapes(m, batch_major, T, N):
@@ -326,23 +460,68 @@ def _reserve_header(space):
     return space[:_HEADER_BYTES].view(np.int64)
 
 
-def _open_reserve(plan, space, fingerprint, need_state, caller):
-    """Check a reserve space written by a matching training forward (and backward_data)."""
-    head = _reserve_header(space)
-    if (head[0] != _MAGIC or head[1] != _VERSION
-            or head[2] not in (_STATE_FORWARD, _STATE_BACKWARD_DATA)
-            or list(head[4:8]) != [plan.engine, plan.x, plan.dw, plan.total]):
+_RESERVE_QUERY = "cgru_get_temp_space_sizes with CGRU_FWD_MODE_TRAINING"
+
+
+def _open_reserve(m, batch_major, T, N, lengths, size, addr, need_state, caller):
+    """The reserve space of this sequence's training forward: ``(plan, space, header)``.
+
+    Checked in this order, so that each mistake gets its own message: NULL, room for the
+    header and alignment; magic, then version; then the forward's recorded arguments (a
+    descriptor differing in anything but num_threads, another layout, T, N or seq_lengths:
+    named, even when it changes the reserve's size); then the size; then the region offsets;
+    then the state (backward_data done, for backward_weights)."""
+    plan = _plan(m, T, N)
+    if addr == 0:
+        raise _Fail(BAD_PARAM, f"reserve_space: NULL; expected the reserve space of the "
+                               f"training cgru_rnn_forward ({plan.total} bytes, "
+                               f"{_RESERVE_QUERY})")
+    if size < _HEADER_BYTES:
+        raise _Fail(BUFFER_TOO_SMALL, f"reserve_space_size: {size} bytes is too small; "
+                                      f"reserve_space needs {plan.total} bytes "
+                                      f"({_RESERVE_QUERY})")
+    if addr % 8:
+        raise _Fail(BAD_PARAM, f"reserve_space: address {addr:#x} is not aligned to 8 bytes")
+    head = _bytes_at(addr, _HEADER_BYTES).view(np.int64)
+    if head[0] != _MAGIC:
         raise _Fail(BAD_PARAM, "reserve_space: not written by a training cgru_rnn_forward "
                                "(bad header); pass the reserve space of the training forward")
-    if head[3] != fingerprint:
-        raise _Fail(BAD_PARAM, f"reserve_space: written by a forward with a different "
-                               f"descriptor, layout, max_seq_length, batch_size or seq_lengths "
-                               f"than this {caller} call")
+    if head[1] != _VERSION:
+        raise _Fail(BAD_PARAM, f"reserve_space: written by a training forward of another cgru "
+                               f"version (reserve format version {head[1]}, expected "
+                               f"{_VERSION}); run the forward with this libcgru")
+    record = _record(m, batch_major, T, N, lengths)
+    if head[3] != _fingerprint(record):
+        stored = [int(v) for v in head[_RECORD_SLOT:_RECORD_SLOT + len(record)]]
+        differ = [f"{name} (the forward's {_recorded_text(name, a)}, this call's "
+                  f"{_recorded_text(name, b)})" if name != "seq_lengths" else
+                  "seq_lengths (other values)"
+                  for name, a, b in zip(_RECORDED, stored, record) if a != b]
+        if not differ:
+            raise _Fail(BAD_PARAM, "reserve_space: not written by a training cgru_rnn_forward "
+                                   "(bad header: its fingerprint does not match its "
+                                   "arguments); pass the reserve space of the training forward")
+        raise _Fail(BAD_PARAM, f"reserve_space: written by a training forward with a different "
+                               f"{' and '.join(differ)} than this {caller} call; pass the "
+                               f"reserve space of this sequence's forward (every call of a "
+                               f"sequence takes the same descriptor, layout, max_seq_length, "
+                               f"batch_size and seq_lengths; desc->num_threads may differ)")
+    if size < plan.total:
+        raise _Fail(BUFFER_TOO_SMALL, f"reserve_space_size: {size} bytes is too small; "
+                                      f"reserve_space needs {plan.total} bytes "
+                                      f"({_RESERVE_QUERY})")
+    if (list(head[4:8]) != [plan.engine, plan.x, plan.dw, plan.total]
+            or head[2] not in (_STATE_FORWARD, _STATE_BACKWARD_DATA)):
+        raise _Fail(BAD_PARAM, f"reserve_space: bad header (region offsets "
+                               f"{[int(v) for v in head[4:8]]}, state {head[2]}; expected "
+                               f"{[plan.engine, plan.x, plan.dw, plan.total]}, state 1 or 2): "
+                               f"corrupt, or written by another cgru build; pass the reserve "
+                               f"space of the training forward")
     if head[2] < need_state:
         raise _Fail(BAD_PARAM, "reserve_space: cgru_rnn_backward_data has not run on this "
                                "reserve space; call it before cgru_rnn_backward_weights (as "
                                "in cuDNN v8)")
-    return head
+    return plan, _bytes_at(addr, plan.total), head
 
 
 @_entry
@@ -363,6 +542,11 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, ws_size
     ya = _array(y, "y", *ys, m.dtype, writable=True)
     h0 = _array(hx, "hx", *hs, m.dtype, writable=False, optional=True)
     hya = _array(hy, "hy", *hs, m.dtype, writable=True, optional=True)
+    _refuse_overlaps([("seq_lengths", seq_lengths, 4 * N, False), ("x", x, xa.nbytes, False),
+                      ("y", y, ya.nbytes, True), ("hx", hx, _nbytes(h0), False),
+                      ("hy", hy, _nbytes(hya), True),
+                      ("weight_space", ws, _weight_bytes(m), False),
+                      ("reserve_space", reserve, plan.total if training else 0, True)])
 
     f = forward(params, xa, h0, cell=m.cell, lengths=lengths, batch_major=batch_major,
                 training=training, dropout=m.dropout, seed=(m.seed, m.seed2),
@@ -372,9 +556,11 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, ws_size
         hya[...] = f.hy
     if training:
         head = _reserve_header(space)
-        head[:] = [_MAGIC, _VERSION, _STATE_FORWARD,
-                   _fingerprint(m, batch_major, T, N, lengths), plan.engine, plan.x, plan.dw,
-                   plan.total]
+        record = _record(m, batch_major, T, N, lengths)
+        head[:] = 0
+        head[:_RECORD_SLOT] = [_MAGIC, _VERSION, _STATE_FORWARD, _fingerprint(record),
+                               plan.engine, plan.x, plan.dw, plan.total]
+        head[_RECORD_SLOT:_RECORD_SLOT + len(record)] = record
         space[plan.engine:plan.engine + plan.engine_bytes] = f.reserve
         space[plan.x:plan.x + plan.x_bytes] = xa.reshape(-1).view(np.uint8)
     return ()
@@ -386,16 +572,18 @@ def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, ws_size
     m, batch_major, T, N, lengths = _common(desc, layout, T, N, seq_lengths)
     params = _params_view(m, _space(ws_size, ws, _weight_bytes(m), "weight_space",
                                     "weight_space_size", "cgru_get_weight_space_size"), False)
-    plan = _plan(m, T, N)
-    space = _space(reserve_size, reserve, plan.total, "reserve_space", "reserve_space_size",
-                   "cgru_get_temp_space_sizes with CGRU_FWD_MODE_TRAINING")
-    head = _open_reserve(plan, space, _fingerprint(m, batch_major, T, N, lengths),
-                         _STATE_FORWARD, "cgru_rnn_backward_data")
+    plan, space, head = _open_reserve(m, batch_major, T, N, lengths, reserve_size, reserve,
+                                      _STATE_FORWARD, "cgru_rnn_backward_data")
     xs, ys, hs = _seq_shapes(m, batch_major, T, N)
     dya = _array(dy, "dy", *ys, m.dtype, writable=False, optional=True)
     dxa = _array(dx, "dx", *xs, m.dtype, writable=True)
     dhya = _array(dhy, "dhy", *hs, m.dtype, writable=False, optional=True)
     dhxa = _array(dhx, "dhx", *hs, m.dtype, writable=True, optional=True)
+    _refuse_overlaps([("seq_lengths", seq_lengths, 4 * N, False),
+                      ("dy", dy, _nbytes(dya), False), ("dx", dx, dxa.nbytes, True),
+                      ("dhy", dhy, _nbytes(dhya), False), ("dhx", dhx, _nbytes(dhxa), True),
+                      ("weight_space", ws, _weight_bytes(m), False),
+                      ("reserve_space", reserve, plan.total, True)])
 
     x_saved = space[plan.x:plan.x + plan.x_bytes].view(m.dtype).reshape(xs[1])
     engine_reserve = space[plan.engine:plan.engine + plan.engine_bytes]
@@ -419,11 +607,11 @@ def rnn_backward_weights(desc, wgrad_mode, layout, T, N, seq_lengths, dws_size, 
     nbytes = _weight_bytes(m)
     dw_out = _space(dws_size, dws, nbytes, "dweight_space", "weight_space_size",
                     "cgru_get_weight_space_size").view(m.dtype)
-    plan = _plan(m, T, N)
-    space = _space(reserve_size, reserve, plan.total, "reserve_space", "reserve_space_size",
-                   "cgru_get_temp_space_sizes with CGRU_FWD_MODE_TRAINING")
-    _open_reserve(plan, space, _fingerprint(m, batch_major, T, N, lengths),
-                  _STATE_BACKWARD_DATA, "cgru_rnn_backward_weights")
+    plan, space, _ = _open_reserve(m, batch_major, T, N, lengths, reserve_size, reserve,
+                                   _STATE_BACKWARD_DATA, "cgru_rnn_backward_weights")
+    _refuse_overlaps([("seq_lengths", seq_lengths, 4 * N, False),
+                      ("dweight_space", dws, nbytes, True),
+                      ("reserve_space", reserve, plan.total, False)])
     dw = space[plan.dw:plan.dw + plan.dw_bytes].view(m.dtype)
     if mode == "add":
         dw_out += dw

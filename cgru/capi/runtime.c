@@ -14,6 +14,15 @@
  * PyGILState_Ensure; the engine releases it inside its kernels, so calls from several threads
  * overlap.  The interpreter libcgru starts is never finalised (it lives until the process exits).
  *
+ * An interpreter libcgru joined belongs to the host, which may finalise it (Py_Finalize) and
+ * even initialise a new one later.  So every call checks Py_IsInitialized before it takes the
+ * GIL (PyGILState_Ensure on a finalised runtime crashes) and returns
+ * CGRU_STATUS_RUNTIME_UNAVAILABLE while there is none, and nothing Python-side outlives a
+ * call: cgru.capi is looked up in sys.modules on each call (PyImport_ImportModule, which
+ * imports it only the first time in each interpreter), never kept as a PyObject * that a
+ * finalisation would leave dangling.  What is kept is the C API's addresses (libpython stays
+ * mapped) and the paths found at start.
+ *
  * Which python:    $CGRU_PYTHON, else <prefix>/bin/python3.X when libcgru lives in
  *                  <prefix>/lib/python3.X/site-packages/cgru/, else the python that built it.
  * Which libpython: $CGRU_LIBPYTHON, else <that python's real prefix>/lib/<soname>, else the path
@@ -55,7 +64,7 @@
     X(Py_VaBuildValue) X(Py_DecRef) X(PyTuple_Size) X(PyTuple_GetItem) X(PyLong_AsLongLong)     \
     X(PyUnicode_AsUTF8) X(PyErr_Occurred) X(PyErr_Fetch) X(PyErr_Clear) X(PyObject_Str)         \
     X(PySys_GetObject) X(PyList_Insert) X(PyList_Append) X(PyUnicode_DecodeFSDefault)           \
-    X(PyErr_ExceptionMatches) X(PyExc_MemoryError)
+    X(PySequence_Contains) X(PyErr_ExceptionMatches) X(PyExc_MemoryError)
 
 #define PY_DECLARE(name) __typeof__(name) *name;
 static struct { PY_FUNCTIONS(PY_DECLARE) } py;
@@ -66,7 +75,6 @@ static cgru_status_t start_status = CGRU_STATUS_SUCCESS;
 static char start_message[1024];
 static int embedded;               /* 1: libcgru initialised the interpreter */
 static char package_parent[PATH_MAX]; /* the directory holding libcgru's package directory */
-static PyObject *capi_module;      /* cgru.capi, once imported (read/written under the GIL) */
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 static void start_fail(cgru_status_t status, const char *format, ...)
@@ -213,12 +221,13 @@ static void take_python_error(char *out, size_t n)
     if (tb) py.Py_DecRef(tb);
 }
 
-/* sys.path.insert(0, dir) (front) or sys.path.append(dir); needs the GIL. */
+/* sys.path.insert(0, dir) (front) or sys.path.append(dir), unless dir is there already (a
+ * joined interpreter keeps what an earlier call added); needs the GIL. */
 static void add_to_sys_path(const char *dir, int front)
 {
     PyObject *path = py.PySys_GetObject("path");    /* borrowed */
     PyObject *item = dir[0] ? py.PyUnicode_DecodeFSDefault(dir) : NULL;
-    if (path != NULL && item != NULL) {
+    if (path != NULL && item != NULL && py.PySequence_Contains(path, item) == 0) {
         if ((front ? py.PyList_Insert(path, 0, item) : py.PyList_Append(path, item)) != 0)
             py.PyErr_Clear();
     } else {
@@ -318,12 +327,11 @@ static void start(void)
     initialize_embedded(python);
 }
 
-/* Imports cgru.capi if not yet done; needs the GIL. */
-static cgru_status_t import_capi(void)
+/* cgru.capi (a new reference, imported if this interpreter has not yet) in *module, or a
+ * failure status with the message set; needs the GIL. */
+static cgru_status_t import_capi(PyObject **module)
 {
     char error[768];
-    if (capi_module != NULL)
-        return CGRU_STATUS_SUCCESS;
     PyObject *m = py.PyImport_ImportModule(CAPI_MODULE);
     if (m == NULL && !embedded && package_parent[0] != '\0') {
         /* joined a process whose sys.path lacks cgru: use the one beside libcgru */
@@ -338,7 +346,7 @@ static cgru_status_t import_capi(void)
                           "CGRU_PYTHON to the python of the environment where cgru is "
                           "installed)", embedded ? "embedded" : "running", error);
     }
-    capi_module = m;                     /* kept for the life of the process */
+    *module = m;
     return CGRU_STATUS_SUCCESS;
 }
 
@@ -378,16 +386,22 @@ cgru_status_t cgru__py_call(const char *function, long long *values, int nvalues
     pthread_once(&start_once, start);
     if (start_status != CGRU_STATUS_SUCCESS)
         return cgru__fail(start_status, "%s", start_message);
+    /* the host may have finalised the interpreter since: taking the GIL would crash */
+    if (!py.Py_IsInitialized())
+        return cgru__fail(CGRU_STATUS_RUNTIME_UNAVAILABLE,
+                          "the Python runtime was finalised (Py_Finalize) after libcgru started "
+                          "using it; expected a running interpreter: call cgru before "
+                          "Py_Finalize, or initialise Python again first");
 
     PyGILState_STATE gil = py.PyGILState_Ensure();
-    cgru_status_t status = import_capi();
-    PyObject *args = NULL, *fn = NULL, *result = NULL;
+    PyObject *module = NULL, *args = NULL, *fn = NULL, *result = NULL;
+    cgru_status_t status = import_capi(&module);
     if (status == CGRU_STATUS_SUCCESS) {
         va_list ap;
         va_start(ap, format);
         args = py.Py_VaBuildValue(format, ap);
         va_end(ap);
-        fn = args ? py.PyObject_GetAttrString(capi_module, function) : NULL;
+        fn = args ? py.PyObject_GetAttrString(module, function) : NULL;
         result = fn ? py.PyObject_CallObject(fn, args) : NULL;
         if (result != NULL) {
             status = unpack_result(function, result, values, nvalues);
@@ -401,6 +415,7 @@ cgru_status_t cgru__py_call(const char *function, long long *values, int nvalues
     if (result) py.Py_DecRef(result);
     if (fn) py.Py_DecRef(fn);
     if (args) py.Py_DecRef(args);
+    if (module) py.Py_DecRef(module);
     py.PyGILState_Release(gil);
     return status;
 }

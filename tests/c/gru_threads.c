@@ -5,8 +5,13 @@
  * that its thread-local error message is its own.  Then the same work runs serially and every
  * result must be bitwise identical.  Prints "threads: OK" and exits 0 on success.
  *
+ * The shapes are arguments (default: T=6 N=9 I=5 H=8 L=2, bidirectional, desc->num_threads 0),
+ * so the same program also runs shapes large enough that every call splits its work over
+ * threads inside (cgru's own and the BLAS's) while the 4 callers run at once.
+ *
  *   cc -Wall -Wextra -Werror -std=c99 -pthread gru_threads.c -o gru_threads \
  *      $(python -m cgru --cflags --libs)
+ *   ./gru_threads [T N I H L [num_threads]]
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -18,9 +23,10 @@
 #include "cgru.h"
 #include "common.h"
 
-enum { THREADS = 4, ROUNDS = 2, T = 6, N = 9, I = 5, H = 8, L = 2, D = 2 };
-enum { X_N = T * N * I, Y_N = T * N * D * H, H_N = L * D * N * H };
+enum { THREADS = 4, ROUNDS = 2, D = 2 };
 
+static int T = 6, N = 9, I = 5, H = 8, L = 2;
+static size_t x_n, y_n, h_n;                        /* elements of x, y and the states */
 static cgru_rnn_desc_t desc;
 static size_t weight_bytes;
 static double *weights;
@@ -28,9 +34,9 @@ static pthread_barrier_t barrier;
 
 typedef struct job {
     int index;
-    int32_t lengths[N];
-    double x[X_N], hx[H_N], dy[Y_N], dhy[H_N];       /* inputs */
-    double y[Y_N], hy[H_N], dx[X_N], dhx[H_N];       /* results */
+    int32_t *lengths;
+    double *x, *hx, *dy, *dhy;                       /* inputs */
+    double *y, *hy, *dx, *dhx;                       /* results */
     double *dw;                                      /* weight gradients */
     char message[256];                               /* own error message, or "" */
     int failed;
@@ -82,18 +88,41 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
+static double *new_doubles(size_t n)
+{
+    return xmalloc(n * sizeof(double));
+}
+
 static void make_job(job_t *job, int index)
 {
     uint64_t rng = 1000 + (uint64_t)index;
     memset(job, 0, sizeof *job);
     job->index = index;
+    job->lengths = xmalloc((size_t)N * sizeof(int32_t));
     for (int b = 0; b < N; b++)
         job->lengths[b] = (int32_t)((b * 5 + index) % (T + 1));
-    fill_random(job->x, X_N, CGRU_DATA_DOUBLE, &rng, 1.0);
-    fill_random(job->hx, H_N, CGRU_DATA_DOUBLE, &rng, 1.0);
-    fill_random(job->dy, Y_N, CGRU_DATA_DOUBLE, &rng, 1.0);
-    fill_random(job->dhy, H_N, CGRU_DATA_DOUBLE, &rng, 1.0);
+    job->x = new_doubles(x_n);
+    job->hx = new_doubles(h_n);
+    job->dy = new_doubles(y_n);
+    job->dhy = new_doubles(h_n);
+    fill_random(job->x, x_n, CGRU_DATA_DOUBLE, &rng, 1.0);
+    fill_random(job->hx, h_n, CGRU_DATA_DOUBLE, &rng, 1.0);
+    fill_random(job->dy, y_n, CGRU_DATA_DOUBLE, &rng, 1.0);
+    fill_random(job->dhy, h_n, CGRU_DATA_DOUBLE, &rng, 1.0);
+    job->y = new_doubles(y_n);
+    job->hy = new_doubles(h_n);
+    job->dx = new_doubles(x_n);
+    job->dhx = new_doubles(h_n);
     job->dw = xmalloc(weight_bytes);
+}
+
+static void free_job(job_t *job)
+{
+    double *arrays[] = {job->x, job->hx, job->dy, job->dhy, job->y, job->hy, job->dx, job->dhx,
+                        job->dw};
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
+        free(arrays[i]);
+    free(job->lengths);
 }
 
 static int same(const char *what, int index, const void *a, const void *b, size_t nbytes)
@@ -104,10 +133,32 @@ static int same(const char *what, int index, const void *a, const void *b, size_
     return 0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     static job_t parallel[THREADS], serial[THREADS];
     pthread_t threads[THREADS];
+    int num_threads = 0;
+
+    if (argc != 1 && argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: %s [T N I H L [num_threads]]\n", argv[0]);
+        return 2;
+    }
+    if (argc >= 6) {
+        T = atoi(argv[1]);
+        N = atoi(argv[2]);
+        I = atoi(argv[3]);
+        H = atoi(argv[4]);
+        L = atoi(argv[5]);
+        if (argc == 7)
+            num_threads = atoi(argv[6]);
+        if (T < 1 || N < 1 || I < 1 || H < 1 || L < 1 || num_threads < 0) {
+            fprintf(stderr, "T, N, I, H, L: expected ≥ 1, num_threads ≥ 0\n");
+            return 2;
+        }
+    }
+    x_n = (size_t)T * N * I;
+    y_n = (size_t)T * N * D * H;
+    h_n = (size_t)L * D * N * H;
 
     CHECK(cgru_rnn_desc_init(&desc));                /* needs no runtime */
     desc.data_type = CGRU_DATA_DOUBLE;
@@ -115,10 +166,13 @@ int main(void)
     desc.hidden_size = H;
     desc.num_layers = L;
     desc.direction = CGRU_BIDIRECTIONAL;
+    desc.num_threads = num_threads;
     /* the weight space size by arithmetic, so that the threads make the first runtime calls:
      * per pseudo-layer 3H·width + 3H·H + 6H elements */
-    weight_bytes = sizeof(double) * (size_t)(D * (3 * H * I + 3 * H * H + 6 * H) +
-                                             (L - 1) * D * (3 * H * D * H + 3 * H * H + 6 * H));
+    weight_bytes = sizeof(double) *
+                   ((size_t)D * (3 * (size_t)H * I + 3 * (size_t)H * H + 6 * (size_t)H) +
+                    (size_t)(L - 1) * D * (3 * (size_t)H * D * H + 3 * (size_t)H * H +
+                                           6 * (size_t)H));
     weights = xmalloc(weight_bytes);
     uint64_t rng = 99;
     fill_random(weights, weight_bytes / sizeof(double), CGRU_DATA_DOUBLE, &rng, 0.4);
@@ -148,10 +202,10 @@ int main(void)
         char want[64];
         ok &= !parallel[k].failed;
         CHECK(run(&serial[k]));
-        ok &= same("y", k, parallel[k].y, serial[k].y, sizeof serial[k].y);
-        ok &= same("hy", k, parallel[k].hy, serial[k].hy, sizeof serial[k].hy);
-        ok &= same("dx", k, parallel[k].dx, serial[k].dx, sizeof serial[k].dx);
-        ok &= same("dhx", k, parallel[k].dhx, serial[k].dhx, sizeof serial[k].dhx);
+        ok &= same("y", k, parallel[k].y, serial[k].y, y_n * sizeof(double));
+        ok &= same("hy", k, parallel[k].hy, serial[k].hy, h_n * sizeof(double));
+        ok &= same("dx", k, parallel[k].dx, serial[k].dx, x_n * sizeof(double));
+        ok &= same("dhx", k, parallel[k].dhx, serial[k].dhx, h_n * sizeof(double));
         ok &= same("dw", k, parallel[k].dw, serial[k].dw, weight_bytes);
         snprintf(want, sizeof want, "got %d", -100 - k);
         if (strstr(parallel[k].message, want) == NULL) {
@@ -159,17 +213,20 @@ int main(void)
                     parallel[k].message);
             ok = 0;
         }
-        if (k > 0 && memcmp(serial[k].y, serial[0].y, sizeof serial[0].y) == 0) {
+        if (k > 0 && memcmp(serial[k].y, serial[0].y, y_n * sizeof(double)) == 0) {
             fprintf(stderr, "threads 0 and %d computed the same y from different inputs\n", k);
             ok = 0;
         }
-        free(parallel[k].dw);
-        free(serial[k].dw);
+    }
+    for (int k = 0; k < THREADS; k++) {
+        free_job(&parallel[k]);
+        free_job(&serial[k]);
     }
     free(weights);
     if (!ok)
         return 1;
-    printf("threads: OK (%d threads × %d rounds, results identical to the serial run)\n",
-           THREADS, ROUNDS);
+    printf("threads: OK (%d threads × %d rounds, T=%d N=%d I=%d H=%d L=%d D=%d, num_threads=%d; "
+           "results identical to the serial run)\n", THREADS, ROUNDS, T, N, I, H, L, D,
+           num_threads);
     return 0;
 }
