@@ -1,5 +1,6 @@
 /*
- * cgru.h — the C ABI of cgru: exact CPU GRU forward and backward with cuDNN's semantics.
+ * cgru.h — the C ABI of cgru: exact CPU forward and backward of cuDNN's recurrent cells
+ * (GRU, LSTM with recurrent projection, vanilla RNN with tanh or relu) with cuDNN's semantics.
  *
  * Shaped after cuDNN v8's RNN API and zstd: a plain descriptor, size queries for every buffer
  * the caller allocates, an accessor into the packed weights, forward (inference or training),
@@ -24,12 +25,20 @@
  * runtime: cgru_get_version, cgru_get_error_string, cgru_get_last_error_message,
  * cgru_rnn_desc_init.
  *
- * THE CELL (cuDNN CUDNN_GRU; gates r, z, n; matrices [H, width] applied as W·x):
+ * THE CELLS (desc->cell_mode; cuDNN's cudnnRNNMode_t; matrices [H, width] applied as W·x):
+ *   CGRU_GRU (the default; gates r, z, n):
  *     r  = sigmoid(W_r·x + b_Wr + R_r·h + b_Rr)
  *     z  = sigmoid(W_z·x + b_Wz + R_z·h + b_Rz)
  *     n  = tanh(W_n·x + b_Wn + r ⊙ (R_n·h + b_Rn))      reset_after = 1 (cuDNN, the default)
  *     n  = tanh(W_n·x + R_n·(r ⊙ h) + b_Wn + b_Rn)      reset_after = 0 (ONNX's default)
  *     h' = (1 − z) ⊙ n + z ⊙ h
+ *   CGRU_LSTM (gates i, f, g, o; CUDNN_LSTM = PyTorch nn.LSTM):
+ *     i = sigmoid(W_i·x + b_Wi + R_i·h + b_Ri)         likewise f and o
+ *     g = tanh(W_g·x + b_Wg + R_g·h + b_Rg)
+ *     c' = f ⊙ c + i ⊙ g,   h' = o ⊙ tanh(c')
+ *     with desc->proj_size = P > 0 (cuDNN's recurrent projection): h' = W_p·(o ⊙ tanh(c')),
+ *     W_p [P, H]; h is P wide (the recurrent matrices are [H, P]), c stays H wide.
+ *   CGRU_RNN_TANH / CGRU_RNN_RELU:   h' = act(W·x + b_W + R·h + b_R)
  *
  * CONVENTIONS.
  *  - Every function returns a cgru_status_t, except the three getters of version and messages.
@@ -43,20 +52,23 @@
  *    desc->data_type (float or double).  cgru keeps no pointer to caller memory after a call
  *    returns.
  *  - Dimensions: T = max_seq_length, N = batch_size, I = desc->input_size,
- *    H = desc->hidden_size, L = desc->num_layers, D = 2 for CGRU_BIDIRECTIONAL else 1.
- *    Limits (cgru's kernels use 32-bit BLAS ints): T·N ≤ 2^31−1, 3H ≤ 2^31−1, L·D ≤ 2^31−1,
+ *    H = desc->hidden_size, L = desc->num_layers, D = 2 for CGRU_BIDIRECTIONAL else 1,
+ *    G = the cell's gate count (GRU 3, LSTM 4, RNN 1), S = the state width (desc->proj_size
+ *    when it is not 0, else H).
+ *    Limits (cgru's kernels use 32-bit BLAS ints): T·N ≤ 2^31−1, G·H ≤ 2^31−1, L·D ≤ 2^31−1,
  *    and every buffer below 2^62 bytes.  The size queries refuse exactly what the compute
  *    calls refuse (CGRU_STATUS_BAD_PARAM for a dimension, CGRU_STATUS_NOT_SUPPORTED for a
  *    size), so a size they return can be used.
  *  - Tensors, row-major (last index fastest):
  *        x  [T, N, I]      (CGRU_LAYOUT_TIME_MAJOR)  or  [N, T, I]      (CGRU_LAYOUT_BATCH_MAJOR)
- *        y  [T, N, D·H]    (CGRU_LAYOUT_TIME_MAJOR)  or  [N, T, D·H]    (CGRU_LAYOUT_BATCH_MAJOR)
- *        hx, hy, dhy, dhx  [L·D, N, H] in both layouts, index l·D + d.
- *    Bidirectional outputs are [forward H | backward H] per step, the backward half aligned to
+ *        y  [T, N, D·S]    (CGRU_LAYOUT_TIME_MAJOR)  or  [N, T, D·S]    (CGRU_LAYOUT_BATCH_MAJOR)
+ *        hx, hy, dhy, dhx  [L·D, N, S] in both layouts, index l·D + d.
+ *        cx, cy, dcy, dcx  [L·D, N, H] (CGRU_LSTM only: NULL for the other cells).
+ *    Bidirectional outputs are [forward S | backward S] per step, the backward half aligned to
  *    the original time index.  dx is shaped like x, dy like y.
  *  - Sequence lengths (seq_lengths, int32 [N], any order; NULL means every length is T): the
  *    forward direction runs t = 0 … len−1, the reverse one len−1 … 0; outputs at t ≥ len are 0;
- *    hy is the state after the last processed step (hx for len = 0).  0 ≤ len ≤ T.
+ *    hy (cy) is the state after the last processed step (hx, cx for len = 0).  0 ≤ len ≤ T.
  *  - Bad arguments never crash the program: the call returns CGRU_STATUS_BAD_PARAM (a NULL
  *    where none is allowed, a value out of range, an unknown enum value, a reserve space from a
  *    different call), CGRU_STATUS_BUFFER_TOO_SMALL (a size argument below what the size query
@@ -70,21 +82,25 @@
  * calls share one Python interpreter: the bookkeeping runs under its GIL, the kernels run
  * without it (in parallel).  A reserve space belongs to one forward/backward sequence at a time.
  *
- * WEIGHT SPACE (the same layout as cgru.tf's opaque params = cgru.Params.flat()).  A stack has
- * L·D pseudo-layers, index l·D + d.  Each has six matrices, cuDNN's linLayerID order:
- *     0 W_r  1 W_z  2 W_n   [H, width]   (width = I for layer 0, D·H above)
- *     3 R_r  4 R_z  5 R_n   [H, H]
- * and one bias [H] per linLayerID (b_Wr b_Wz b_Wn b_Rr b_Rz b_Rn).  The space holds every matrix
- * of pseudo-layer 0 (IDs 0…5, each row-major), then those of pseudo-layer 1, …, then every
- * bias in the same order.  With CGRU_SKIP_INPUT the layer-0 input matrices are the identity and
- * are not stored (their biases are).  Use cgru_get_weight_params to find each piece.
+ * WEIGHT SPACE (the same layout as cgru.tf's opaque params = cgru.Network.flat()).  A stack
+ * has L·D pseudo-layers, index l·D + d.  Each has 2·G matrices in cuDNN's linLayerID order,
+ * the G input ones [H, width] (width = I for layer 0, D·S above), then the G recurrent ones
+ * [H, S]; an LSTM with a projection has one more, W_p [P, H] (linLayerID 8, as in cuDNN):
+ *     CGRU_GRU   0 W_r  1 W_z  2 W_n      3 R_r  4 R_z  5 R_n
+ *     CGRU_LSTM  0 W_i  1 W_f  2 W_g  3 W_o      4 R_i  5 R_f  6 R_g  7 R_o     (8 W_p)
+ *     CGRU_RNN_* 0 W    1 R
+ * and one bias [H] per linLayerID 0…2G−1 (the projection has none).  The space holds every
+ * matrix of pseudo-layer 0 (in linLayerID order, each row-major), then those of pseudo-layer
+ * 1, …, then every bias in the same order.  With CGRU_SKIP_INPUT the layer-0 input matrices are
+ * the identity and are not stored (their biases are).  Use cgru_get_weight_params to find each
+ * piece.
  *
  * TRAINING.  cgru_rnn_forward in CGRU_FWD_MODE_TRAINING fills the reserve space; then
- * cgru_rnn_backward_data (first, as in cuDNN v8) computes dx and dhx and also every weight
+ * cgru_rnn_backward_data (first, as in cuDNN v8) computes dx and dhx (dcx) and also every weight
  * gradient, which it stores in the reserve space; then cgru_rnn_backward_weights adds those
  * gradients to dweight_space (CGRU_WGRAD_MODE_ADD) or writes them there (CGRU_WGRAD_MODE_SET).
  * The reserve space holds, besides cgru's saved gates and states, a copy of x, so the backward
- * calls take neither x nor hx nor y.  Do not modify the reserve space between the calls; every
+ * calls take neither x nor hx (cx) nor y.  Do not modify the reserve space between the calls; every
  * call of one sequence must get the same descriptor (desc->num_threads may differ: it does not
  * change any result), layout, T, N, seq_lengths and weights.  The reserve space records what
  * its forward was given: a backward call with a different descriptor, layout, T, N or
@@ -115,9 +131,11 @@ extern "C" {
 
 /* ---- version ---------------------------------------------------------------------------- */
 #define CGRU_VERSION_MAJOR 0
-#define CGRU_VERSION_MINOR 1
+#define CGRU_VERSION_MINOR 2
 #define CGRU_VERSION_PATCH 0
-/* MAJOR·10000 + MINOR·100 + PATCH; compare with cgru_get_version() to detect header/library skew */
+/* MAJOR·10000 + MINOR·100 + PATCH; compare with cgru_get_version() to detect header/library
+ * skew.  A library runs programs built against the headers of its major version and of every
+ * minor version up to its own (0.2 runs programs built against 0.1's header). */
 #define CGRU_VERSION (CGRU_VERSION_MAJOR * 10000 + CGRU_VERSION_MINOR * 100 + CGRU_VERSION_PATCH)
 
 /* CGRU_VERSION of the loaded library.  Needs no runtime. */
@@ -174,6 +192,13 @@ typedef enum cgru_layout {
     CGRU_LAYOUT_BATCH_MAJOR = 1          /* x [N, T, I], y [N, T, D·H] */
 } cgru_layout_t;
 
+typedef enum cgru_cell_mode {           /* since 0.2; cuDNN's cudnnRNNMode_t numbers */
+    CGRU_RNN_RELU = 0,                   /* h' = relu(W·x + b_W + R·h + b_R) */
+    CGRU_RNN_TANH = 1,                   /* h' = tanh(W·x + b_W + R·h + b_R) */
+    CGRU_LSTM = 2,                       /* gates i, f, g, o; optional projection */
+    CGRU_GRU = 3                         /* gates r, z, n (desc->reset_after) */
+} cgru_cell_mode_t;
+
 typedef enum cgru_wgrad_mode {
     CGRU_WGRAD_MODE_ADD = 0,             /* dweight_space += weight gradients */
     CGRU_WGRAD_MODE_SET = 1              /* dweight_space  = weight gradients */
@@ -181,7 +206,9 @@ typedef enum cgru_wgrad_mode {
 
 /* ---- the descriptor --------------------------------------------------------------------- */
 /* A plain struct: initialise it with cgru_rnn_desc_init, then set the fields.  cgru only reads
- * it; one descriptor may be shared by any number of threads. */
+ * it; one descriptor may be shared by any number of threads.  Versioned by struct_size: a
+ * program compiled against cgru 0.1's header (which had no cell_mode and proj_size: a GRU)
+ * keeps working with this library. */
 typedef struct cgru_rnn_desc {
     size_t struct_size;   /* sizeof(cgru_rnn_desc_t), set by cgru_rnn_desc_init; leave it */
     int32_t data_type;    /* cgru_data_type_t                        default CGRU_DATA_FLOAT */
@@ -190,7 +217,8 @@ typedef struct cgru_rnn_desc {
     int32_t num_layers;   /* L ≥ 1                                   default 1 */
     int32_t direction;    /* cgru_direction_mode_t                   default CGRU_UNIDIRECTIONAL */
     int32_t input_mode;   /* cgru_input_mode_t                       default CGRU_LINEAR_INPUT */
-    int32_t reset_after;  /* 1: cuDNN's cell, 0: reset before R_n    default 1 */
+    int32_t reset_after;  /* CGRU_GRU: 1 cuDNN's cell, 0 reset before R_n (ignored otherwise)
+                                                                     default 1 */
     int32_t num_threads;  /* threads inside one call, 0: all usable cores (honours
                              OMP_NUM_THREADS); results are identical for every value.  default 0 */
     double dropout;       /* inter-layer dropout probability in [0, 1), applied in training to
@@ -198,12 +226,23 @@ typedef struct cgru_rnn_desc {
     int64_t seed;         /* the dropout masks are drawn from (seed, seed2): reproducible
                              (the same as cgru.forward(..., seed=(seed, seed2)))  default 0 */
     int64_t seed2;        /*                                             default 0 */
+    /* since 0.2 */
+    int32_t cell_mode;    /* cgru_cell_mode_t                        default CGRU_GRU */
+    int32_t proj_size;    /* CGRU_LSTM's recurrent projection P in 1…H, 0: none   default 0 */
 } cgru_rnn_desc_t;
 
-/* Sets every field to the default above (cuDNN's defaults).
- *   desc  out, not NULL.
- * Needs no runtime.  Returns CGRU_STATUS_BAD_PARAM for NULL. */
-CGRU_API cgru_status_t cgru_rnn_desc_init(cgru_rnn_desc_t *desc);
+/* Sets every field to the default above (cuDNN's defaults) and struct_size.
+ *   desc         out, not NULL.
+ *   struct_size  the size of *desc as the caller's program was compiled (the macro
+ *                cgru_rnn_desc_init passes this header's sizeof(cgru_rnn_desc_t)), or cgru 0.1's.
+ * Needs no runtime.  Returns CGRU_STATUS_BAD_PARAM for NULL or an unknown struct_size. */
+CGRU_API cgru_status_t cgru_rnn_desc_init_size(cgru_rnn_desc_t *desc, size_t struct_size);
+
+/* cgru 0.1's entry point, kept for programs compiled against its header: fills a 0.1
+ * descriptor (a GRU).  Programs compiled against this header reach cgru_rnn_desc_init_size
+ * through the macro below instead, so that both kinds of program work with this library. */
+CGRU_API cgru_status_t (cgru_rnn_desc_init)(cgru_rnn_desc_t *desc);
+#define cgru_rnn_desc_init(desc) cgru_rnn_desc_init_size((desc), sizeof(cgru_rnn_desc_t))
 
 /* ---- size queries ----------------------------------------------------------------------- */
 /* Bytes of the weight space (= the dweight space) of desc.
@@ -225,16 +264,17 @@ CGRU_API cgru_status_t cgru_get_temp_space_sizes(const cgru_rnn_desc_t *desc,
                                                  size_t *work_space_size,
                                                  size_t *reserve_space_size);
 
-/* Where matrix and bias lin_layer_id (0…5, see WEIGHT SPACE) of pseudo-layer pseudo_layer
+/* Where matrix and bias lin_layer_id (see WEIGHT SPACE) of pseudo-layer pseudo_layer
  * (0 … L·D−1, = l·D + d) live inside weight_space (or inside a dweight space: same layout).
  *   desc               in, not NULL.
  *   weight_space_size  bytes of weight_space, ≥ cgru_get_weight_space_size.
  *   weight_space       in, not NULL: the buffer the addresses point into.
  *   m_addr             out, may be NULL: address of the row-major matrix [m_dims[0], m_dims[1]];
  *                      NULL for the layer-0 input matrices with CGRU_SKIP_INPUT (not stored).
- *   m_dims             out, may be NULL: {H, width} ({H, 0} where m_addr is NULL).
- *   b_addr             out, may be NULL: address of the bias [H].
- *   b_dim              out, may be NULL: H. */
+ *   m_dims             out, may be NULL: {H, width} ({H, 0} where m_addr is NULL; {P, H}
+ *                      for the projection).
+ *   b_addr             out, may be NULL: address of the bias [H] (NULL for the projection).
+ *   b_dim              out, may be NULL: H (0 for the projection). */
 CGRU_API cgru_status_t cgru_get_weight_params(const cgru_rnn_desc_t *desc, int32_t pseudo_layer,
                                               size_t weight_space_size, const void *weight_space,
                                               int32_t lin_layer_id,
@@ -249,9 +289,12 @@ CGRU_API cgru_status_t cgru_get_weight_params(const cgru_rnn_desc_t *desc, int32
  *   max_seq_length      T ≥ 1.         batch_size  N ≥ 1.
  *   seq_lengths         in, int32 [N] in [0, T], may be NULL (every length is T).
  *   x                   in, not NULL: T·N·I floats.
- *   y                   out, not NULL: T·N·D·H floats (0 at t ≥ len).
- *   hx                  in, may be NULL (zeros): [L·D, N, H] floats.
- *   hy                  out, may be NULL (not written): [L·D, N, H] floats.
+ *   y                   out, not NULL: T·N·D·S floats (0 at t ≥ len).
+ *   hx                  in, may be NULL (zeros): [L·D, N, S] floats.
+ *   hy                  out, may be NULL (not written): [L·D, N, S] floats.
+ *   cx                  in, may be NULL (zeros): [L·D, N, H] floats (CGRU_LSTM; else NULL).
+ *   cy                  out, may be NULL (not written): [L·D, N, H] floats (CGRU_LSTM; else
+ *                       NULL).
  *   weight_space_size   bytes of weight_space, ≥ cgru_get_weight_space_size.
  *   weight_space        in, not NULL.
  *   work_space_size     bytes of work_space, ≥ the query's work_space_size.
@@ -259,6 +302,18 @@ CGRU_API cgru_status_t cgru_get_weight_params(const cgru_rnn_desc_t *desc, int32
  *   reserve_space_size  bytes of reserve_space, ≥ the query's reserve_space_size (training).
  *   reserve_space       out (training), not NULL in training; not used (may be NULL) in
  *                       inference. */
+CGRU_API cgru_status_t cgru_rnn_forward_ex(const cgru_rnn_desc_t *desc,
+                                           cgru_fwd_mode_t fwd_mode, cgru_layout_t layout,
+                                           int32_t max_seq_length, int32_t batch_size,
+                                           const int32_t *seq_lengths,
+                                           const void *x, void *y, const void *hx, void *hy,
+                                           const void *cx, void *cy,
+                                           size_t weight_space_size, const void *weight_space,
+                                           size_t work_space_size, void *work_space,
+                                           size_t reserve_space_size, void *reserve_space);
+
+/* cgru_rnn_forward_ex without cx and cy (as in cgru 0.1): an LSTM starts from zero cell states
+ * and does not report its final ones. */
 CGRU_API cgru_status_t cgru_rnn_forward(const cgru_rnn_desc_t *desc, cgru_fwd_mode_t fwd_mode,
                                         cgru_layout_t layout,
                                         int32_t max_seq_length, int32_t batch_size,
@@ -269,18 +324,36 @@ CGRU_API cgru_status_t cgru_rnn_forward(const cgru_rnn_desc_t *desc, cgru_fwd_mo
                                         size_t reserve_space_size, void *reserve_space);
 
 /* ---- backward --------------------------------------------------------------------------- */
-/* Gradients with respect to x and hx of the loss whose gradients with respect to y and hy are
- * dy and dhy; also computes every weight gradient and stores it in the reserve space for
- * cgru_rnn_backward_weights.  Call after a training forward, before backward_weights.
+/* Gradients with respect to x, hx (and cx) of the loss whose gradients with respect to y, hy
+ * (and cy) are dy, dhy (and dcy); also computes every weight gradient and stores it in the
+ * reserve space for cgru_rnn_backward_weights.  Call after a training forward, before
+ * backward_weights.
  *   desc, layout, max_seq_length, batch_size, seq_lengths   as for the forward (the same).
  *   dy                  in, may be NULL (zeros): shaped like y.
  *   dx                  out, not NULL: shaped like x.
- *   dhy                 in, may be NULL (zeros): [L·D, N, H] floats.
- *   dhx                 out, may be NULL (not written): [L·D, N, H] floats.
+ *   dhy                 in, may be NULL (zeros): [L·D, N, S] floats.
+ *   dhx                 out, may be NULL (not written): [L·D, N, S] floats.
+ *   dcy                 in, may be NULL (zeros): [L·D, N, H] floats (CGRU_LSTM; else NULL).
+ *   dcx                 out, may be NULL (not written): [L·D, N, H] floats (CGRU_LSTM; else
+ *                       NULL).
  *   weight_space_size, weight_space   in, as for the forward (the same weights).
  *   work_space_size, work_space       as for the forward.
  *   reserve_space_size  bytes of reserve_space, ≥ the query's training reserve_space_size.
  *   reserve_space       in/out, not NULL: the training forward's reserve space. */
+CGRU_API cgru_status_t cgru_rnn_backward_data_ex(const cgru_rnn_desc_t *desc,
+                                                 cgru_layout_t layout,
+                                                 int32_t max_seq_length, int32_t batch_size,
+                                                 const int32_t *seq_lengths,
+                                                 const void *dy, void *dx,
+                                                 const void *dhy, void *dhx,
+                                                 const void *dcy, void *dcx,
+                                                 size_t weight_space_size,
+                                                 const void *weight_space,
+                                                 size_t work_space_size, void *work_space,
+                                                 size_t reserve_space_size,
+                                                 void *reserve_space);
+
+/* cgru_rnn_backward_data_ex without dcy and dcx (as in cgru 0.1). */
 CGRU_API cgru_status_t cgru_rnn_backward_data(const cgru_rnn_desc_t *desc, cgru_layout_t layout,
                                               int32_t max_seq_length, int32_t batch_size,
                                               const int32_t *seq_lengths,

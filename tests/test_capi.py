@@ -138,8 +138,10 @@ def test_cflags_libs_name_the_header_and_the_library(tmp_path):
 
 
 def _header_functions():
+    """The functions the header declares (``(cgru_rnn_desc_init)`` in parentheses too: the
+    0.1 entry point a macro of the same name stands in front of)."""
     text = open(HEADER).read()
-    return set(re.findall(r"CGRU_API\s+[\w\s\*]+?\b(cgru_\w+)\s*\(", text))
+    return set(re.findall(r"CGRU_API\s+[\w\s\*]+?\(?\b(cgru_\w+)\)?\s*\(", text))
 
 
 def test_library_exports_exactly_the_header_functions():
@@ -152,7 +154,7 @@ def test_library_exports_exactly_the_header_functions():
     exported = {line.split()[-1] for line in res.stdout.splitlines()
                 if line.split() and line.split()[-2] in ("T", "W")}
     functions = _header_functions()
-    assert len(functions) == 10
+    assert len(functions) == 13
     assert exported == functions
 
 
@@ -1130,3 +1132,189 @@ def test_in_process_large_calls_from_python_threads_match_the_main_thread(lib):
         got = seq.results()
         for name in want:
             assert got[name] == want[name], f"thread {k}: {name} differs from the main thread's"
+
+
+# --- cuDNN's other modes: LSTM (with projection), RNN_TANH, RNN_RELU --------------------------
+class _DescV2(ctypes.Structure):
+    """The 0.2 descriptor (include/cgru.h): the 0.1 fields, then cell_mode and proj_size."""
+    _fields_ = _Desc._fields_ + [("cell_mode", ctypes.c_int32), ("proj_size", ctypes.c_int32)]
+
+
+_MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}
+_CELLS = {"rnn_relu": cgru.RNNCell("relu"), "rnn_tanh": cgru.RNNCell("tanh"),
+          "lstm": cgru.LSTMCell(), "gru": cgru.GRUCell()}
+
+
+def _desc_v2(lib, topo, kind, dtype, **fields):
+    desc = _DescV2()
+    _call(lib, "cgru_rnn_desc_init_size", ctypes.byref(desc), ctypes.c_size_t(ctypes.sizeof(desc)))
+    assert desc.struct_size == ctypes.sizeof(desc) and desc.cell_mode == 3   # GRU by default
+    desc.data_type = 1 if dtype == np.float64 else 0
+    desc.input_size, desc.hidden_size = topo.input_size, topo.hidden_size
+    desc.num_layers = topo.num_layers
+    desc.direction = {"forward": 0, "bidirectional": 1, "reverse": 2}[topo.direction]
+    desc.input_mode = {"linear": 0, "skip": 1}[topo.input_mode]
+    desc.cell_mode, desc.proj_size = _MODES[kind], topo.proj_size
+    for k, v in fields.items():
+        setattr(desc, k, v)
+    return desc
+
+
+MODE_CASES = [
+    ("lstm", dict(input_size=3, hidden_size=5, num_layers=2, direction="bidirectional"),
+     np.float64, False),
+    ("lstm", dict(input_size=3, hidden_size=5, num_layers=2, proj_size=2), np.float32, True),
+    ("lstm", dict(input_size=4, hidden_size=4, direction="reverse", input_mode="skip"),
+     np.float64, False),
+    ("rnn_tanh", dict(input_size=3, hidden_size=4, num_layers=2, direction="bidirectional"),
+     np.float32, True),
+    ("rnn_relu", dict(input_size=3, hidden_size=4), np.float64, False),
+]
+
+
+@pytest.mark.parametrize("kind,topo_kw,dtype,batch_major", MODE_CASES,
+                         ids=[f"{c[0]}-{'-'.join(map(str, c[1].values()))}" for c in MODE_CASES])
+def test_every_cell_mode_matches_the_python_api(lib, kind, topo_kw, dtype, batch_major):
+    """forward_ex (cx, cy), backward_data_ex (dcy, dcx) and backward_weights of each mode equal
+    cgru.forward / cgru.backward of the same network; the weight space is Network.flat()."""
+    topo = cgru.Topology(**topo_kw)
+    desc = _desc_v2(lib, topo, kind, dtype, dropout=0.3 if topo.num_layers > 1 else 0.0,
+                    seed=5, seed2=6)
+    net = cgru.Network.random(topo, dtype, seed=3, cell=_CELLS[kind])
+    Tn, Nn = 4, 3
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((Nn, Tn, topo.input_size) if batch_major
+                            else (Tn, Nn, topo.input_size)).astype(dtype)
+    LD, S, Hh = topo.num_layer_directions, topo.state_size, topo.hidden_size
+    hx = rng.standard_normal((LD, Nn, S)).astype(dtype)
+    lstm = kind == "lstm"
+    cx = rng.standard_normal((LD, Nn, Hh)).astype(dtype) if lstm else None
+    lengths = np.array([4, 1, 3], np.int32)
+    f = cgru.forward(net, x, hx, c0=cx, lengths=lengths, batch_major=batch_major, training=True,
+                     dropout=desc.dropout, seed=(5, 6))
+    dy = rng.standard_normal(f.y.shape).astype(dtype)
+    dhy = rng.standard_normal(f.hy.shape).astype(dtype)
+    dcy = rng.standard_normal(f.cy.shape).astype(dtype) if lstm else None
+    g = cgru.backward(net, x, f.reserve, dy, dhy, dcy=dcy, batch_major=batch_major)
+
+    wbytes, work, reserve_bytes = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
+    _call(lib, "cgru_get_weight_space_size", ctypes.byref(desc), ctypes.byref(wbytes))
+    assert wbytes.value == net.flat_size() * np.dtype(dtype).itemsize
+    _call(lib, "cgru_get_temp_space_sizes", ctypes.byref(desc), 1, Tn, Nn, ctypes.byref(work),
+          ctypes.byref(reserve_bytes))
+    weights = net.flat()
+    y = np.empty_like(f.y)
+    hy = np.empty_like(f.hy)
+    cy = np.empty_like(f.cy) if lstm else None
+    reserve = np.empty(reserve_bytes.value, np.uint8)
+    _call(lib, "cgru_rnn_forward_ex", ctypes.byref(desc), 1, int(batch_major), Tn, Nn,
+          _ptr(lengths), _ptr(x), _ptr(y), _ptr(hx), _ptr(hy), _ptr(cx), _ptr(cy),
+          ctypes.c_size_t(wbytes.value), _ptr(weights), ctypes.c_size_t(0), None,
+          ctypes.c_size_t(reserve.size), _ptr(reserve))
+    np.testing.assert_array_equal(y, f.y)
+    np.testing.assert_array_equal(hy, f.hy)
+    if lstm:
+        np.testing.assert_array_equal(cy, f.cy)
+    dx = np.empty_like(x)
+    dhx = np.empty_like(hx)
+    dcx = np.empty_like(cx) if lstm else None
+    _call(lib, "cgru_rnn_backward_data_ex", ctypes.byref(desc), int(batch_major), Tn, Nn,
+          _ptr(lengths), _ptr(dy), _ptr(dx), _ptr(dhy), _ptr(dhx), _ptr(dcy), _ptr(dcx),
+          ctypes.c_size_t(wbytes.value), _ptr(weights), ctypes.c_size_t(0), None,
+          ctypes.c_size_t(reserve.size), _ptr(reserve))
+    np.testing.assert_array_equal(dx, g.dx)
+    np.testing.assert_array_equal(dhx, g.dh0)
+    if lstm:
+        np.testing.assert_array_equal(dcx, g.dc0)
+    dw = np.full_like(weights, np.nan)
+    _call(lib, "cgru_rnn_backward_weights", ctypes.byref(desc), 1, int(batch_major), Tn, Nn,
+          _ptr(lengths), ctypes.c_size_t(wbytes.value), _ptr(dw), ctypes.c_size_t(0), None,
+          ctypes.c_size_t(reserve.size), _ptr(reserve))
+    np.testing.assert_array_equal(dw, g.dparams.flat())
+
+
+@pytest.mark.parametrize("kind,proj", [("lstm", 0), ("lstm", 2), ("rnn_tanh", 0),
+                                       ("rnn_relu", 0), ("gru", 0)])
+def test_weight_params_of_every_mode(lib, kind, proj):
+    """cgru_get_weight_params finds every matrix and bias of every mode where Network.flat()
+    puts it (linLayerIDs 0…2G−1, and 8 for the LSTM projection, which has no bias)."""
+    topo = cgru.Topology(3, 4, 2, "bidirectional", proj_size=proj)
+    net = cgru.Network.random(topo, np.float64, seed=1, cell=_CELLS[kind])
+    desc = _desc_v2(lib, topo, kind, np.float64)
+    weights = net.flat()
+    base = weights.ctypes.data
+    G, Hh, S = net.cell.gates, topo.hidden_size, topo.state_size
+    m_addr, b_addr = ctypes.c_void_p(), ctypes.c_void_p()
+    m_dims, b_dim = (ctypes.c_int32 * 2)(), ctypes.c_int32()
+    for i in range(topo.num_layer_directions):
+        lp = net[i]
+        for k in range(2 * G + (1 if proj else 0)):
+            _call(lib, "cgru_get_weight_params", ctypes.byref(desc), i,
+                  ctypes.c_size_t(weights.nbytes), _ptr(weights), k, ctypes.byref(m_addr),
+                  m_dims, ctypes.byref(b_addr), ctypes.byref(b_dim))
+            rows, cols = m_dims[0], m_dims[1]
+            off = (m_addr.value - base) // 8
+            got = weights[off:off + rows * cols].reshape(rows, cols)
+            if k == 2 * G:                               # the projection
+                np.testing.assert_array_equal(got, lp.W_p)
+                assert b_addr.value is None and b_dim.value == 0
+                continue
+            want = (lp.W if k < G else lp.R)[(k % G) * Hh:(k % G + 1) * Hh]
+            np.testing.assert_array_equal(got, want)
+            boff = (b_addr.value - base) // 8
+            bias = (lp.b_W if k < G else lp.b_R)[(k % G) * Hh:(k % G + 1) * Hh]
+            np.testing.assert_array_equal(weights[boff:boff + Hh], bias)
+        status = lib.cgru_get_weight_params(ctypes.byref(desc), i,
+                                            ctypes.c_size_t(weights.nbytes), _ptr(weights),
+                                            2 * G + (1 if proj else 0), None, None, None, None)
+        assert status == capi.BAD_PARAM
+        assert b"lin_layer_id" in lib.cgru_get_last_error_message()
+    assert S == (proj or Hh)
+
+
+@pytest.mark.parametrize("what,fields,expect", [
+    ("unknown cell mode", dict(cell_mode=7), b"desc->cell_mode: unknown value 7"),
+    ("projection on a GRU", dict(cell_mode=3, proj_size=2), b"desc->proj_size"),
+    ("projection wider than H", dict(cell_mode=2, proj_size=9), b"desc->proj_size"),
+])
+def test_bad_cell_mode_fields(lib, what, fields, expect):
+    desc = _desc_v2(lib, cgru.Topology(3, 4), "gru", np.float32, **fields)
+    size = ctypes.c_size_t()
+    assert lib.cgru_get_weight_space_size(ctypes.byref(desc), ctypes.byref(size)) == capi.BAD_PARAM
+    assert expect in lib.cgru_get_last_error_message()
+
+
+def test_cell_states_of_a_gru_are_refused(lib):
+    topo = cgru.Topology(3, 4)
+    desc = _desc_v2(lib, topo, "gru", np.float64)
+    net = cgru.Network.random(topo, np.float64, cell=cgru.GRUCell())
+    w = net.flat()
+    x, y, c = np.zeros((2, 1, 3)), np.zeros((2, 1, 4)), np.zeros((1, 1, 4))
+    status = lib.cgru_rnn_forward_ex(ctypes.byref(desc), 0, 0, 2, 1, None, _ptr(x), _ptr(y),
+                                     None, None, _ptr(c), None, ctypes.c_size_t(w.nbytes),
+                                     _ptr(w), ctypes.c_size_t(0), None, ctypes.c_size_t(0), None)
+    assert status == capi.BAD_PARAM
+    assert lib.cgru_get_last_error_message().startswith(b"cx: expected NULL")
+
+
+def test_programs_built_against_the_0_1_header_still_run(tmp_path):
+    """tests/c/abi-0.1/cgru.h is cgru 0.1's header: the example built against it (its smaller
+    descriptor, cgru_rnn_desc_init and the 0.1 forward/backward) runs with this library and
+    gives the same results as built against today's header."""
+    if CC is None:
+        pytest.skip("no C compiler")
+    results = {}
+    for tag, inc in (("0.1", os.path.join(C_DIR, "abi-0.1")), ("now", cgru.get_include())):
+        exe = tmp_path / f"example_{tag.replace('.', '_')}"
+        cmd = (f"{CC} -std=c99 -Wall -Wextra -Werror -I{shlex.quote(inc)} -I{shlex.quote(C_DIR)} "
+               f"{shlex.quote(os.path.join(C_DIR, 'gru_example.c'))} -o {shlex.quote(str(exe))} "
+               f"{_flags_command()}")
+        res = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+        assert res.returncode == 0, cmd + res.stdout + res.stderr
+        out = tmp_path / f"{tag}.bin"
+        run = _run([str(exe), "double", "time", str(out)])
+        assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
+        results[tag] = _read_results(out)
+    assert results["0.1"].keys() == results["now"].keys()
+    for name in results["now"]:
+        np.testing.assert_array_equal(results["0.1"][name], results["now"][name], err_msg=name)

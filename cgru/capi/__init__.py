@@ -11,9 +11,9 @@ the calling C thread's ``cgru_get_last_error_message()``.
 
 The C ABI reserve space (training), carved by ``_plan`` (regions 64-byte aligned)::
 
-    header   int64[24]   0 magic, 1 version, 2 state (1: forward done, 2: backward_data done),
-                         3 fingerprint of 8…21, 4…7 region offsets (engine, x, dw, total),
-                         8…21 the forward's arguments the backward calls must repeat
+    header   int64[32]   0 magic, 1 version, 2 state (1: forward done, 2: backward_data done),
+                         3 zero, 4…7 region offsets (engine, x, dw, total),
+                         8…23 the forward's arguments the backward calls must repeat
                          (``_RECORDED``: the descriptor but desc->num_threads, layout, T, N and
                          a digest of seq_lengths), so that a mismatch is named
     engine   uint8[E]    the engine's reserve (E = cgru.reserve_nbytes)
@@ -24,23 +24,26 @@ The C ABI reserve space (training), carved by ``_plan`` (regions 64-byte aligned
 into ``dw``); ``cgru_rnn_backward_weights`` adds ``dw`` to the dweight space or copies it there.
 The workspace is not used (size 0): the engine allocates its temporaries itself.
 
+The cell mode (``desc->cell_mode``: cuDNN's GRU, LSTM — with ``desc->proj_size`` —, RNN_TANH,
+RNN_RELU) picks the network's cell; the LSTM's cell states travel in cx/cy/dcy/dcx.
+
 Bounds.  The size queries and the compute calls apply the same ones (``_model``, ``_bounds``):
-T·N and 3H within the kernels' 32-bit BLAS ints, L·D pseudo-layers within int32 (the C ABI's
+T·N and G·H within the kernels' 32-bit BLAS ints, L·D pseudo-layers within int32 (the C ABI's
 indices), every buffer below 2^62 bytes.  Sizes and offsets are closed forms (no loop over the
 layers), so a query on any descriptor answers at once.
 """
 from collections import namedtuple
 import ctypes
 import functools
-import hashlib
 import math
 import struct
 
 import numpy as np
 
-from cgru.core.cells import Cell
+from cgru.core.cells import GRUCell, LSTMCell, RNNCell
 from cgru.core.engine import backward, forward, reserve_nbytes
-from cgru.core.network import LayerParams, Params, Topology
+from cgru.core.network import LayerParams, Network, Topology
+from cgru._kernels.loops import digest
 
 # cgru_status_t (include/cgru.h)
 SUCCESS = 0
@@ -58,20 +61,21 @@ _INPUT_MODES = {0: "linear", 1: "skip"}
 _FWD_MODES = {0: False, 1: True}            # CGRU_FWD_MODE_INFERENCE / _TRAINING -> training
 _LAYOUTS = {0: False, 1: True}              # CGRU_LAYOUT_TIME_MAJOR / _BATCH_MAJOR -> batch_major
 _WGRAD_MODES = {0: "add", 1: "set"}
+# cgru_cell_mode_t: cuDNN's cudnnRNNMode_t numbers
+_CELL_MODES = {0: "rnn_relu", 1: "rnn_tanh", 2: "lstm", 3: "gru"}
+_CELL_MODE_NAMES = ("CGRU_RNN_RELU (0), CGRU_RNN_TANH (1), CGRU_LSTM (2) or CGRU_GRU (3)")
 
 _MAGIC = 0x49424143_75726763  # "cgruCABI"
-_VERSION = 2                  # 2: the header records the forward's arguments (slots 8…21)
+_VERSION = 3                  # 3: the header records the forward's arguments (slots 8…23),
+                              # cell mode and projection size among them
 _ALIGN = 64
-_HEADER_SLOTS = 24
+_HEADER_SLOTS = 32
 _HEADER_BYTES = 8 * _HEADER_SLOTS
 _RECORD_SLOT = 8
 _STATE_FORWARD = 1
 _STATE_BACKWARD_DATA = 2
 _MAX_BYTES = 2 ** 62
 _INT_MAX = 2 ** 31 - 1        # the kernels' BLAS ints, the C ABI's int32 indices
-# Deeper stacks have their engine reserve size extrapolated, not laid out layer by layer
-# (_engine_reserve_bytes).
-_DIRECT_RESERVE_LAYERS = 8
 
 
 class _Fail(Exception):
@@ -117,12 +121,13 @@ def _enum(value, table, what, names):
 def _model(desc):
     """The descriptor tuple (see capi.c DESC_FORMAT) as topology, dtype, cell and options."""
     (data_type, input_size, hidden_size, num_layers, direction, input_mode, reset_after,
-     num_threads, dropout, seed, seed2) = desc
+     num_threads, dropout, seed, seed2, cell_mode, proj_size) = desc
     if data_type == _DATA_HALF:
         raise _Fail(NOT_SUPPORTED, "desc->data_type: CGRU_DATA_HALF is not supported; use "
                                    "CGRU_DATA_FLOAT or CGRU_DATA_DOUBLE")
     dtype = _enum(data_type, _DTYPES, "desc->data_type",
                   "CGRU_DATA_FLOAT (0) or CGRU_DATA_DOUBLE (1)")
+    mode = _enum(cell_mode, _CELL_MODES, "desc->cell_mode", _CELL_MODE_NAMES)
     for what, v in (("desc->input_size", input_size), ("desc->hidden_size", hidden_size),
                     ("desc->num_layers", num_layers)):
         if v < 1:
@@ -137,23 +142,33 @@ def _model(desc):
                                f"hidden_size={hidden_size}")
     if reset_after not in (0, 1):
         raise _Fail(BAD_PARAM, f"desc->reset_after: expected 0 or 1, got {reset_after}")
+    if proj_size != 0 and mode != "lstm":
+        raise _Fail(BAD_PARAM, f"desc->proj_size: a recurrent projection exists for "
+                               f"CGRU_LSTM only, got proj_size={proj_size} with cell_mode "
+                               f"{cell_mode}")
+    if not 0 <= proj_size <= hidden_size:
+        raise _Fail(BAD_PARAM, f"desc->proj_size: expected 0 (none) or 1…hidden_size="
+                               f"{hidden_size}, got {proj_size}")
     if num_threads < 0:
         raise _Fail(BAD_PARAM, f"desc->num_threads: expected ≥ 0 (0: all usable cores), got "
                                f"{num_threads}")
     if not (math.isfinite(dropout) and 0.0 <= dropout < 1.0):
         raise _Fail(BAD_PARAM, f"desc->dropout: expected a probability in [0, 1), got {dropout}")
-    if 3 * hidden_size > _INT_MAX:
-        raise _Fail(BAD_PARAM, f"desc->hidden_size: 3H = {3 * hidden_size} exceeds the 32-bit "
+    cell = {"gru": GRUCell(reset_after=bool(reset_after)), "lstm": LSTMCell(),
+            "rnn_tanh": RNNCell("tanh"), "rnn_relu": RNNCell("relu")}[mode]
+    G = cell.gates
+    if G * hidden_size > _INT_MAX:
+        raise _Fail(BAD_PARAM, f"desc->hidden_size: {G}H = {G * hidden_size} exceeds the 32-bit "
                                f"BLAS limit {_INT_MAX} of cgru's kernels; expected hidden_size "
-                               f"≤ {_INT_MAX // 3}, got {hidden_size}")
+                               f"≤ {_INT_MAX // G}, got {hidden_size}")
     D = 2 if direction == "bidirectional" else 1
     if num_layers * D > _INT_MAX:
         raise _Fail(BAD_PARAM, f"desc->num_layers: L·D = {num_layers * D} pseudo-layers exceeds "
                                f"{_INT_MAX} (pseudo-layer indices are int32); expected "
                                f"num_layers ≤ {_INT_MAX // D} with D = {D}, got {num_layers}")
-    topo = Topology(input_size, hidden_size, num_layers, direction, input_mode)
-    return _Model(desc, topo, dtype, Cell(reset_after=bool(reset_after)), dropout, seed, seed2,
-                  num_threads or None)
+    topo = Topology(input_size, hidden_size, num_layers, direction, input_mode,
+                    proj_size=proj_size)
+    return _Model(desc, topo, dtype, cell, dropout, seed, seed2, num_threads or None)
 
 
 def _dims(T, N):
@@ -186,7 +201,7 @@ def _bounds(m, T, N):
     topo, item = m.topo, m.dtype.itemsize
     _checked_size(T * N * topo.input_size * item, "x")
     _checked_size(T * N * topo.output_size * item, "y")
-    _checked_size(topo.num_layer_directions * N * topo.hidden_size * item, "hx")
+    _checked_size(topo.num_layer_directions * N * topo.hidden_size * item, "hx, cx")
     return T, N
 
 
@@ -195,42 +210,31 @@ def _layer0_width(topo):
     return 0 if topo.input_mode == "skip" else topo.input_size
 
 
-def _matrix_elements(topo, count):
+def _matrix_elements(topo, G, count):
     """Elements of the matrices of the first ``count`` pseudo-layers (include/cgru.h WEIGHT
-    SPACE): W [3H, width] then R [3H, H] each, width = I (0 with skip input) for the D
-    pseudo-layers of layer 0, D·H above.  A closed form: no loop over the layers."""
-    H, D = topo.hidden_size, topo.num_directions
+    SPACE): the G input matrices [H, width], the G recurrent ones [H, S] and the projection
+    [P, H] each, width = I (0 with skip input) for the D pseudo-layers of layer 0, D·S above.
+    A closed form: no loop over the layers."""
+    H, D, S, P = topo.hidden_size, topo.num_directions, topo.state_size, topo.proj_size
     first = min(count, D)
-    return 3 * H * (first * (_layer0_width(topo) + H) + (count - first) * (D * H + H))
+    per = G * H * S + P * H
+    return first * (G * H * _layer0_width(topo) + per) + (count - first) * (G * H * D * S + per)
 
 
-def _weight_elements(topo):
-    """Elements of the weight space: every matrix, then 6H biases per pseudo-layer."""
+def _weight_elements(m):
+    """Elements of the weight space: every matrix, then 2·G·H biases per pseudo-layer."""
+    topo, G = m.topo, m.cell.gates
     LD = topo.num_layer_directions
-    return _matrix_elements(topo, LD) + 6 * topo.hidden_size * LD
+    return _matrix_elements(topo, G, LD) + 2 * G * topo.hidden_size * LD
 
 
 def _weight_bytes(m):
-    return _checked_size(_weight_elements(m.topo) * m.dtype.itemsize,
-                         "desc (its weight space)")
+    return _checked_size(_weight_elements(m) * m.dtype.itemsize, "desc (its weight space)")
 
 
 def _engine_reserve_bytes(m, T, N):
-    """``cgru.reserve_nbytes`` of the engine's reserve.  The engine lays its reserve out region
-    by region, layer by layer; every layer above the first has the same regions (the same
-    shapes), so the size is affine in the number of layers from two layers on, and deep stacks
-    take it from the sizes of 3 and 4 layers (tests/test_capi.py checks it against
-    ``reserve_nbytes`` itself) instead of a loop over up to 2^31 layers."""
-    topo = m.topo
-    if topo.num_layers <= _DIRECT_RESERVE_LAYERS:
-        return reserve_nbytes(topo, T, N, cell=m.cell, dtype=m.dtype)
-
-    def size(layers):
-        return reserve_nbytes(Topology(topo.input_size, topo.hidden_size, layers,
-                                       topo.direction, topo.input_mode),
-                              T, N, cell=m.cell, dtype=m.dtype)
-    three, four = size(3), size(4)
-    return three + (topo.num_layers - 3) * (four - three)
+    """The engine's reserve (``cgru.reserve_nbytes``, a closed form)."""
+    return reserve_nbytes(m.topo, T, N, cell=m.cell, dtype=m.dtype)
 
 
 _Plan = namedtuple("_Plan", "engine engine_bytes x x_bytes dw dw_bytes total")
@@ -312,28 +316,30 @@ def _refuse_overlaps(buffers):
 
 
 def _params_view(m, space, writable):
-    """``Params`` whose arrays are views of a weight space (opaque layout, no copy).
+    """The ``Network`` whose arrays are views of a weight space (opaque layout, no copy).
 
-    In the opaque layout the three gate matrices of one kind are adjacent, so ``W`` [3H, in],
-    ``R`` [3H, H], ``b_W`` [3H] and ``b_R`` [3H] of each pseudo-layer are contiguous blocks.
+    In the opaque layout the G gate matrices of one kind are adjacent, so ``W`` [G·H, in],
+    ``R`` [G·H, S], the projection ``W_p`` [P, H], ``b_W`` [G·H] and ``b_R`` [G·H] of each
+    pseudo-layer are contiguous blocks.
     """
-    topo = m.topo
+    topo, G = m.topo, m.cell.gates
     flat = space[:_weight_bytes(m)].view(m.dtype)
     flat.flags.writeable = writable
-    H = topo.hidden_size
+    GH = G * topo.hidden_size
     layers, pos = [], 0
     for i in range(topo.num_layer_directions):
-        rows, cols = topo.shapes(i)["W"]
-        W = flat[pos:pos + rows * cols].reshape(rows, cols)
-        pos += W.size
-        R = flat[pos:pos + 3 * H * H].reshape(3 * H, H)
-        pos += R.size
-        layers.append([W, R])
-    for i in range(topo.num_layer_directions):
-        layers[i].append(flat[pos:pos + 3 * H])
-        layers[i].append(flat[pos + 3 * H:pos + 6 * H])
-        pos += 6 * H
-    return Params(topo, [LayerParams(*lp) for lp in layers])
+        shapes = topo.shapes(i, G)
+        arrays = {}
+        for name in ("W", "R", "W_p"):
+            if name in shapes:
+                rows, cols = shapes[name]
+                arrays[name] = flat[pos:pos + rows * cols].reshape(rows, cols)
+                pos += rows * cols
+        layers.append(arrays)
+    for arrays in layers:
+        arrays["b_W"], arrays["b_R"] = flat[pos:pos + GH], flat[pos + GH:pos + 2 * GH]
+        pos += 2 * GH
+    return Network(topo, [LayerParams(**a) for a in layers], m.cell)
 
 
 def _lengths(addr, T, N):
@@ -351,34 +357,29 @@ def _lengths(addr, T, N):
     return lengths
 
 
-def _digest(data):
-    """63-bit digest of ``data`` (bytes)."""
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
-
-
 # What a training forward records in its reserve space (header slots 8…) and the backward
 # calls must repeat, by the name messages give it.  Not desc->num_threads: results are the
-# same for every thread count, so the calls of one sequence may use different ones.
+# same for every thread count, so the calls of one sequence may use different ones.  (The
+# binding to the data — the weights, and x, which the reserve space keeps a copy of — is the
+# engine reserve's own: cgru.core.reserve.)
 _RECORDED = ("desc->data_type", "desc->input_size", "desc->hidden_size", "desc->num_layers",
              "desc->direction", "desc->input_mode", "desc->reset_after", "desc->dropout",
-             "desc->seed", "desc->seed2", "layout", "max_seq_length", "batch_size",
-             "seq_lengths")
+             "desc->seed", "desc->seed2", "desc->cell_mode", "desc->proj_size", "layout",
+             "max_seq_length", "batch_size", "seq_lengths")
 
 
 def _record(m, batch_major, T, N, lengths):
     """The int64 values of ``_RECORDED`` for a call (dropout as its float64 bits, seq_lengths
-    as a digest)."""
+    as their digest; desc->reset_after counts for GRUs only)."""
     (data_type, input_size, hidden_size, num_layers, direction, input_mode, reset_after,
-     _num_threads, dropout, seed, seed2) = m.desc
+     _num_threads, dropout, seed, seed2, cell_mode, proj_size) = m.desc
     dropout_bits = struct.unpack("<q", struct.pack("<d", dropout))[0]
-    lengths_digest = _digest(b"all" if lengths is None else lengths.tobytes())
+    lengths_digest = 0 if lengths is None else digest(lengths)
+    if m.cell.kind != "gru":
+        reset_after = 0
     return [data_type, input_size, hidden_size, num_layers, direction, input_mode, reset_after,
-            dropout_bits, seed, seed2, int(bool(batch_major)), T, N, lengths_digest]
-
-
-def _fingerprint(record):
-    """63-bit digest of a ``_record``: what a forward/backward sequence must share."""
-    return _digest(repr(record).encode())
+            dropout_bits, seed, seed2, cell_mode, proj_size, int(bool(batch_major)), T, N,
+            lengths_digest]
 
 
 def _recorded_text(name, value):
@@ -405,26 +406,32 @@ def temp_space_sizes(desc, fwd_mode, T, N):
 @_entry
 def weight_params(desc, pseudo_layer, size, addr, lin_layer_id):
     m = _model(desc)
-    topo, item = m.topo, m.dtype.itemsize
+    topo, item, G = m.topo, m.dtype.itemsize, m.cell.gates
     LD = topo.num_layer_directions
     if not 0 <= pseudo_layer < LD:
         raise _Fail(BAD_PARAM, f"pseudo_layer: {pseudo_layer} is outside [0, L·D−1 = {LD - 1}]")
-    if not 0 <= lin_layer_id < 6:
-        raise _Fail(BAD_PARAM, f"lin_layer_id: {lin_layer_id} is outside [0, 5] (0…2 W_r W_z "
-                               f"W_n, 3…5 R_r R_z R_n)")
+    last = 2 * G if topo.proj_size else 2 * G - 1
+    if not 0 <= lin_layer_id <= last:
+        ids = {"gru": "0…2 W_r W_z W_n, 3…5 R_r R_z R_n",
+               "lstm": "0…3 W_i W_f W_g W_o, 4…7 R_i R_f R_g R_o" +
+                       (", 8 the projection W_p" if topo.proj_size else ""),
+               "rnn": "0 W, 1 R"}[m.cell.kind]
+        raise _Fail(BAD_PARAM, f"lin_layer_id: {lin_layer_id} is outside [0, {last}] ({ids})")
     _check_space(size, addr, _weight_bytes(m), "weight_space", "weight_space_size",
                  "cgru_get_weight_space_size")
-    H, D = topo.hidden_size, topo.num_directions
-    # matrices: pseudo-layers in order, each W [3H, width] then R [3H, H] (closed forms)
-    m_off = _matrix_elements(topo, pseudo_layer)
-    width = _layer0_width(topo) if pseudo_layer < D else D * H
-    if lin_layer_id < 3:
+    H, D, S, P = topo.hidden_size, topo.num_directions, topo.state_size, topo.proj_size
+    # matrices: pseudo-layers in order, each W [G·H, width], R [G·H, S], W_p [P, H]
+    m_off = _matrix_elements(topo, G, pseudo_layer)
+    width = _layer0_width(topo) if pseudo_layer < D else D * S
+    if lin_layer_id == 2 * G:                           # the projection: no bias
+        return (1, (m_off + G * H * (width + S)) * item, P, H, -1, 0)
+    if lin_layer_id < G:
         m_off += lin_layer_id * H * width
         cols = width
     else:
-        m_off += 3 * H * width + (lin_layer_id - 3) * H * H
-        cols = H
-    b_off = _matrix_elements(topo, LD) + (pseudo_layer * 6 + lin_layer_id) * H
+        m_off += G * H * width + (lin_layer_id - G) * H * S
+        cols = S
+    b_off = _matrix_elements(topo, G, LD) + (pseudo_layer * 2 * G + lin_layer_id) * H
     stored = cols > 0
     return (stored, m_off * item, H, cols, b_off * item, H)
 
@@ -446,14 +453,25 @@ def _nbytes(a):
 
 
 def _seq_shapes(m, batch_major, T, N):
-    """((names, shape) of x, of y, of the states)."""
-    I, DH = m.topo.input_size, m.topo.output_size
-    LD, H = m.topo.num_layer_directions, m.topo.hidden_size
+    """((names, shape) of x, of y, of the states h, of the cell states c)."""
+    topo = m.topo
+    I, DS = topo.input_size, topo.output_size
+    LD, H, S = topo.num_layer_directions, topo.hidden_size, topo.state_size
+    s_name = "P" if topo.proj_size else "H"
     if batch_major:
-        xs, ys = (("N", "T", "I"), (N, T, I)), (("N", "T", "D·H"), (N, T, DH))
+        xs, ys = (("N", "T", "I"), (N, T, I)), (("N", "T", f"D·{s_name}"), (N, T, DS))
     else:
-        xs, ys = (("T", "N", "I"), (T, N, I)), (("T", "N", "D·H"), (T, N, DH))
-    return xs, ys, (("L·D", "N", "H"), (LD, N, H))
+        xs, ys = (("T", "N", "I"), (T, N, I)), (("T", "N", f"D·{s_name}"), (T, N, DS))
+    return xs, ys, (("L·D", "N", s_name), (LD, N, S)), (("L·D", "N", "H"), (LD, N, H))
+
+
+def _cell_states(m, addr, what, cs, writable):
+    """cx / cy / dcy / dcx: the caller's optional buffer for an LSTM; NULL for the others."""
+    if not m.cell.has_cell_state:
+        if addr:
+            raise _Fail(BAD_PARAM, f"{what}: expected NULL: only CGRU_LSTM has a cell state")
+        return None
+    return _array(addr, what, *cs, m.dtype, writable=writable, optional=True)
 
 
 def _reserve_header(space):
@@ -491,16 +509,12 @@ def _open_reserve(m, batch_major, T, N, lengths, size, addr, need_state, caller)
                                f"version (reserve format version {head[1]}, expected "
                                f"{_VERSION}); run the forward with this libcgru")
     record = _record(m, batch_major, T, N, lengths)
-    if head[3] != _fingerprint(record):
-        stored = [int(v) for v in head[_RECORD_SLOT:_RECORD_SLOT + len(record)]]
+    stored = [int(v) for v in head[_RECORD_SLOT:_RECORD_SLOT + len(record)]]
+    if stored != record:
         differ = [f"{name} (the forward's {_recorded_text(name, a)}, this call's "
                   f"{_recorded_text(name, b)})" if name != "seq_lengths" else
                   "seq_lengths (other values)"
                   for name, a, b in zip(_RECORDED, stored, record) if a != b]
-        if not differ:
-            raise _Fail(BAD_PARAM, "reserve_space: not written by a training cgru_rnn_forward "
-                                   "(bad header: its fingerprint does not match its "
-                                   "arguments); pass the reserve space of the training forward")
         raise _Fail(BAD_PARAM, f"reserve_space: written by a training forward with a different "
                                f"{' and '.join(differ)} than this {caller} call; pass the "
                                f"reserve space of this sequence's forward (every call of a "
@@ -525,7 +539,7 @@ def _open_reserve(m, batch_major, T, N, lengths, size, addr, need_state, caller)
 
 
 @_entry
-def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, ws_size, ws,
+def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, cx, cy, ws_size, ws,
                 work_size, work, reserve_size, reserve):
     training = _enum(fwd_mode, _FWD_MODES, "fwd_mode",
                      "CGRU_FWD_MODE_INFERENCE (0) or CGRU_FWD_MODE_TRAINING (1)")
@@ -537,29 +551,34 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, ws_size
     if training:
         space = _space(reserve_size, reserve, plan.total, "reserve_space", "reserve_space_size",
                        "cgru_get_temp_space_sizes with CGRU_FWD_MODE_TRAINING")
-    xs, ys, hs = _seq_shapes(m, batch_major, T, N)
+    xs, ys, hs, cs = _seq_shapes(m, batch_major, T, N)
     xa = _array(x, "x", *xs, m.dtype, writable=False)
     ya = _array(y, "y", *ys, m.dtype, writable=True)
     h0 = _array(hx, "hx", *hs, m.dtype, writable=False, optional=True)
     hya = _array(hy, "hy", *hs, m.dtype, writable=True, optional=True)
+    c0 = _cell_states(m, cx, "cx", cs, False)
+    cya = _cell_states(m, cy, "cy", cs, True)
     _refuse_overlaps([("seq_lengths", seq_lengths, 4 * N, False), ("x", x, xa.nbytes, False),
                       ("y", y, ya.nbytes, True), ("hx", hx, _nbytes(h0), False),
-                      ("hy", hy, _nbytes(hya), True),
+                      ("hy", hy, _nbytes(hya), True), ("cx", cx, _nbytes(c0), False),
+                      ("cy", cy, _nbytes(cya), True),
                       ("weight_space", ws, _weight_bytes(m), False),
                       ("reserve_space", reserve, plan.total if training else 0, True)])
 
-    f = forward(params, xa, h0, cell=m.cell, lengths=lengths, batch_major=batch_major,
+    f = forward(params, xa, h0, c0=c0, lengths=lengths, batch_major=batch_major,
                 training=training, dropout=m.dropout, seed=(m.seed, m.seed2),
                 num_threads=m.num_threads)
     ya[...] = f.y
     if hya is not None:
         hya[...] = f.hy
+    if cya is not None:
+        cya[...] = f.cy
     if training:
         head = _reserve_header(space)
         record = _record(m, batch_major, T, N, lengths)
         head[:] = 0
-        head[:_RECORD_SLOT] = [_MAGIC, _VERSION, _STATE_FORWARD, _fingerprint(record),
-                               plan.engine, plan.x, plan.dw, plan.total]
+        head[:_RECORD_SLOT] = [_MAGIC, _VERSION, _STATE_FORWARD, 0, plan.engine, plan.x,
+                               plan.dw, plan.total]
         head[_RECORD_SLOT:_RECORD_SLOT + len(record)] = record
         space[plan.engine:plan.engine + plan.engine_bytes] = f.reserve
         space[plan.x:plan.x + plan.x_bytes] = xa.reshape(-1).view(np.uint8)
@@ -567,21 +586,24 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, ws_size
 
 
 @_entry
-def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, ws_size, ws,
+def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, dcy, dcx, ws_size, ws,
                       work_size, work, reserve_size, reserve):
     m, batch_major, T, N, lengths = _common(desc, layout, T, N, seq_lengths)
     params = _params_view(m, _space(ws_size, ws, _weight_bytes(m), "weight_space",
                                     "weight_space_size", "cgru_get_weight_space_size"), False)
     plan, space, head = _open_reserve(m, batch_major, T, N, lengths, reserve_size, reserve,
                                       _STATE_FORWARD, "cgru_rnn_backward_data")
-    xs, ys, hs = _seq_shapes(m, batch_major, T, N)
+    xs, ys, hs, cs = _seq_shapes(m, batch_major, T, N)
     dya = _array(dy, "dy", *ys, m.dtype, writable=False, optional=True)
     dxa = _array(dx, "dx", *xs, m.dtype, writable=True)
     dhya = _array(dhy, "dhy", *hs, m.dtype, writable=False, optional=True)
     dhxa = _array(dhx, "dhx", *hs, m.dtype, writable=True, optional=True)
+    dcya = _cell_states(m, dcy, "dcy", cs, False)
+    dcxa = _cell_states(m, dcx, "dcx", cs, True)
     _refuse_overlaps([("seq_lengths", seq_lengths, 4 * N, False),
                       ("dy", dy, _nbytes(dya), False), ("dx", dx, dxa.nbytes, True),
                       ("dhy", dhy, _nbytes(dhya), False), ("dhx", dhx, _nbytes(dhxa), True),
+                      ("dcy", dcy, _nbytes(dcya), False), ("dcx", dcx, _nbytes(dcxa), True),
                       ("weight_space", ws, _weight_bytes(m), False),
                       ("reserve_space", reserve, plan.total, True)])
 
@@ -589,11 +611,13 @@ def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, ws_size
     engine_reserve = space[plan.engine:plan.engine + plan.engine_bytes]
     dparams = _params_view(m, space[plan.dw:plan.dw + plan.dw_bytes], True)
     head[2] = _STATE_FORWARD  # dw is being rewritten: not valid until this call succeeds
-    g = backward(params, x_saved, engine_reserve, dya, dhya, cell=m.cell, batch_major=batch_major,
+    g = backward(params, x_saved, engine_reserve, dya, dhya, dcy=dcya, batch_major=batch_major,
                  dparams=dparams, accumulate=False, num_threads=m.num_threads)
     dxa[...] = g.dx
     if dhxa is not None:
         dhxa[...] = g.dh0
+    if dcxa is not None:
+        dcxa[...] = g.dc0
     head[2] = _STATE_BACKWARD_DATA
     return ()
 
