@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import cgru  # noqa: E402
+from cgru.core import gradcheck  # noqa: E402
 from cgru import Activation, Cell, Params, Topology  # noqa: E402
 from cgru.core import reference
 from cgru import arraymancer as am  # noqa: E402

@@ -397,10 +397,12 @@ def _finite_padding(x, lengths):
 
 
 def open_reserve(reserve, params, x, *, cell, batch_major=False, state_mask=None, h0=None,
-                 c0=None, what="reserve", inference_hint=None, data=True):
+                 c0=None, lengths=None, what="reserve", inference_hint=None, data=True):
     """The checked reserve (``reserve.Opened``) of a training forward of this call (``cell``:
     the cell the call computes): the model and layout must be the forward's and, with
-    ``data``, also ``x``, the weights and the state mask (and ``h0``, ``c0`` when given)."""
+    ``data``, also ``x``, the weights and the state mask (and ``h0``, ``c0``, the sequence
+    ``lengths`` when given: frontends whose backward receives them again).  ``what`` names the
+    reserve in the caller's words."""
     topo, dtype = _check_network(params)
     T, N = _check_x(x, topo, dtype, batch_major, cell.gates)
     layout = reserve_mod.Layout(topo, cell, T, N, dtype)
@@ -412,6 +414,9 @@ def open_reserve(reserve, params, x, *, cell, batch_major=False, state_mask=None
     opened.check("params", reserve_mod.weights_digest(params), "params (weights)")
     mask = _check_state_mask(state_mask, topo, dtype, T, N, batch_major)
     opened.check("state_mask", reserve_mod.data_digest(mask), "state_mask")
+    if lengths is not None and not np.array_equal(opened.lengths, lengths):
+        raise ValueError(f"{what}: written by a forward with other sequence lengths than this "
+                         f"backward's (the reserve belongs to one forward call)")
     if h0 is not None:
         h0 = _check_h(h0, "h0", topo, dtype, N)
         c0 = _check_h(c0, "c0", topo, dtype, N, topo.hidden_size)

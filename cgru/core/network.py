@@ -222,21 +222,22 @@ class Network:
         self.dtype = dtype
 
     # --- the cell a call computes ---------------------------------------------------------
-    def resolve_cell(self, cell):
+    def resolve_cell(self, cell, stacklevel=3):
         """The cell a call with ``cell=`` (``None``: not given) computes: the network's own.
 
         A network built without a cell accepts any ``cell`` (the old call form; deprecated); a
-        network with a cell refuses a different one and warns about a redundant one."""
+        network with a cell refuses a different one and warns about a redundant one.
+        ``stacklevel`` points the warning at the caller's caller (the user's line)."""
         if cell is None:
             return self.cell
         if not is_cell(cell):
             raise TypeError(f"cell: expected a cgru.Cell (or another cgru cell kind), got "
                             f"{type(cell).__name__}")
         if not self._cell_given:
-            warnings.warn("cell=: passing the cell to forward/backward is deprecated; build the "
+            warnings.warn("cell=: passing a cell along with a network is deprecated; build the "
                           "network with it (cgru.Network(topology, layers, cell=...), "
                           "Network.random(..., cell=...)) — cgru.convert.from_* already do",
-                          DeprecationWarning, stacklevel=3)
+                          DeprecationWarning, stacklevel=stacklevel)
             if cell.gates != self.cell.gates:
                 raise ValueError(f"cell: a {cell.kind} cell ({cell.gates} gates) cannot run "
                                  f"weights shaped for {self.cell.gates} gates")
@@ -246,7 +247,7 @@ class Network:
                              f"the network carries its cell — drop the cell= argument (or "
                              f"build the network with the cell you mean)")
         warnings.warn("cell=: redundant, the network carries its cell; drop the argument",
-                      DeprecationWarning, stacklevel=3)
+                      DeprecationWarning, stacklevel=stacklevel)
         return cell
 
     def with_cell(self, cell):

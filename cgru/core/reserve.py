@@ -178,10 +178,21 @@ def create(layout, *, lengths, dropout, seed, seed2, batch_major, x, weights, h0
     return reserve, (header, lens, lds, xin)
 
 
+def is_reserve(buf):
+    """True when ``buf`` (a 1-D uint8 array) starts as every cgru reserve does (magic and this
+    version), whatever its call."""
+    if not (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.ndim == 1
+            and buf.size >= HEADER * 8):
+        return False
+    head = np.frombuffer(buf[:16].tobytes(), np.int64)
+    return bool(head[0] == MAGIC and head[1] == VERSION)
+
+
 class Opened:
     """A checked reserve: its views and what its header records."""
 
-    def __init__(self, views, header):
+    def __init__(self, views, header, what="reserve"):
+        self.what = what
         self.header, self.lengths, self.lds, self.xin = views
         self.dropout = float(np.int64(header[6]).view(np.float64))
         self.seed, self.seed2 = int(header[7]), int(header[8])
@@ -191,8 +202,9 @@ class Opened:
         """Refuse when ``what`` (``"x"``, ``"params"``, ``"h0"``, ``"state_mask"``) differs from
         the forward's; ``words`` names it in the caller's vocabulary."""
         if int(self.header[_SLOTS[what]]) != value_digest:
-            raise ValueError(f"reserve: written by a forward with a different {words or what} "
-                             f"than this backward's (the reserve belongs to one forward call)")
+            raise ValueError(f"{self.what}: written by a forward with a different "
+                             f"{words or what} than this backward's (the reserve belongs to "
+                             f"one forward call)")
 
 
 def read(reserve, layout, *, batch_major, what="reserve", inference_hint=None):
@@ -232,7 +244,7 @@ def read(reserve, layout, *, batch_major, what="reserve", inference_hint=None):
     lengths = views[1]
     if ((lengths < 0) | (lengths > layout.T)).any():
         raise ValueError(f"{what}: corrupt sequence lengths")
-    opened = Opened(views, head)
+    opened = Opened(views, head, what)
     if not (0.0 <= opened.dropout < 1.0):
         raise ValueError(f"{what}: corrupt header (dropout field); pass the reserve of the "
                          f"matching training forward")
