@@ -2,9 +2,10 @@
 
 Arraymancer computes the cuDNN/PyTorch cell (reset after the recurrent product, sigmoid/tanh,
 ``h' = (1 − z)·n + z·h``), time-major, unidirectional, no sequence lengths, gates ``r, z, n``
-in every packed tensor.  Its tensors map onto the canonical parameters one to one::
+in every packed tensor.  Its tensors map onto the canonical parameters one to one
+(``cgru.systems.arraymancer``)::
 
-    w3s0  [3H, I]        = W of layer 0                  (Arraymancer's W3s0)
+    w3s0  [3H, I]        = W of layer 0                  (the functions' argument W3s0)
     w3sN  [L−1, 3H, H]   = W of layers 1 … L−1           (W3sN)
     u3s   [L, 3H, H]     = R of every layer              (U3s)
     bW3s  [L, 1, 3H]     = b_W of every layer            (bW3s)
@@ -19,70 +20,36 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cgru.cell import Cell
-from cgru._checks import float_array, input_sizes
-from cgru.engine import backward, forward
-from cgru.params import LayerParams, Params, Topology, as_dtype
+from cgru.core import engine, validate
+from cgru.core.network import Network
+from cgru.systems import arraymancer as am_system
+from cgru.systems.arraymancer import ARGUMENTS, FIELDS
 
 __all__ = ["GRULayer", "GRUCache", "gru", "gru_forward", "gru_backward"]
 
+
 def _check(a, what, dtype, shape):
-    float_array(a, what, dtype, like="(the dtype of W3s0)")
-    if a.ndim != len(shape) or any(s is not None and s != e for s, e in zip(shape, a.shape)):
-        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        raise ValueError(f"{what}: expected shape {want}, got {list(a.shape)}")
-    return a
+    return am_system.check(a, what, dtype, shape, like="(the dtype of W3s0)")
 
 
-def _to_params(W3s0, W3sN, U3s, bW3s, bU3s, input=None, hidden0=None):
-    """Validate Arraymancer's weight tensors (and ``input``, ``hidden0`` when ``input`` is
-    given: before the topology, so that an empty input width is blamed on ``input``) and
-    return canonical ``Params``."""
-    _check(W3s0, "W3s0", None, (None, None))
-    dtype = W3s0.dtype
-    H3, I = W3s0.shape
-    if H3 == 0 or H3 % 3:
-        raise ValueError(f"W3s0: expected shape [3H, I] with H ≥ 1, got {list(W3s0.shape)}")
-    H = H3 // 3
-    _check(U3s, "U3s", dtype, (None, 3 * H, H))
-    L = U3s.shape[0]
-    if L == 0:
-        raise ValueError(f"U3s: expected at least one layer, got shape {list(U3s.shape)}")
-    _check(W3sN, "W3sN", dtype, (L - 1, 3 * H, H))
-    _check(bW3s, "bW3s", dtype, (L, 1, 3 * H))
-    _check(bU3s, "bU3s", dtype, (L, 1, 3 * H))
+def _network(arrays, input=None, hidden0=None):
+    """Validate Arraymancer's weight tensors (``ARGUMENTS`` order) and ``input``, ``hidden0``
+    (when ``input`` is given: before the input width, so that an empty one is blamed on
+    ``input``), and return the ``cgru.Network`` over them (views, no copies)."""
+    dtype, I, H, L = am_system.check_tensors(arrays, ARGUMENTS)
     if input is not None:
-        _check_state(input, hidden0, dtype, I, H, L)
-    elif I == 0:
-        raise ValueError(f"W3s0: expected shape [3H, I] with I ≥ 1, got {list(W3s0.shape)}")
-    layers = [LayerParams(W=W3s0 if l == 0 else W3sN[l - 1], R=U3s[l], b_W=bW3s[l, 0],
-                          b_R=bU3s[l, 0]) for l in range(L)]
-    return Params(Topology(I, H, L, "forward"), layers)
-
-
-def _from_params(p):
-    """Arraymancer's five weight tensors from canonical ``Params`` (copies)."""
-    topo = p.topology
-    H, L = topo.hidden_size, topo.num_layers
-    w3sN = np.empty((L - 1, 3 * H, H), p.dtype)
-    for l in range(1, L):
-        w3sN[l - 1] = p[l].W
-    return (p[0].W.copy(), w3sN, np.stack([lp.R for lp in p]),
-            np.stack([lp.b_W for lp in p])[:, None, :], np.stack([lp.b_R for lp in p])[:, None, :])
-
-
-def _check_state(input, hidden0, dtype, I, H, L):
-    _check(input, "input", dtype, (None, None, I))
-    T, N, _ = input.shape
-    input_sizes("input", input.shape, T, N, "[T, N, I]")
-    _check(hidden0, "hidden0", dtype, (L, N, H))
+        _check(input, "input", dtype, (None, None, I))
+        T, N, _ = input.shape
+        validate.input_sizes("input", input.shape, T, N, "[T, N, I]")
+        _check(hidden0, "hidden0", dtype, (L, N, H))
+    return am_system.network(arrays, ARGUMENTS)
 
 
 @dataclass(frozen=True)
 class GRUCache:
     """What ``gru_forward`` saves for ``gru_backward``: the canonical parameters, the input
     and the core's training reserve (cuDNN-style: gates, states, ``U_n·h + bU_n``)."""
-    params: Params
+    params: Network
     input: np.ndarray
     reserve: np.ndarray
 
@@ -93,16 +60,16 @@ def gru(input, hidden0, W3s0, W3sN, U3s, bW3s, bU3s):
     ``input [T, N, I]``, ``hidden0 [L, N, H]``, the weights as in the module docstring; all
     arrays float32 or float64 of one dtype.
     """
-    params = _to_params(W3s0, W3sN, U3s, bW3s, bU3s, input, hidden0)
-    y, hy, _ = forward(params, input, hidden0, cell=Cell())
+    net = _network((W3s0, W3sN, U3s, bW3s, bU3s), input, hidden0)
+    y, hy, _ = engine.forward(net, input, hidden0)
     return y, hy
 
 
 def gru_forward(input, hidden0, W3s0, W3sN, U3s, bW3s, bU3s):
     """``gru`` that also returns the cache for ``gru_backward``: ``(output, hiddenN, cache)``."""
-    params = _to_params(W3s0, W3sN, U3s, bW3s, bU3s, input, hidden0)
-    y, hy, reserve = forward(params, input, hidden0, cell=Cell(), training=True)
-    return y, hy, GRUCache(params, input.copy(), reserve)
+    net = _network((W3s0, W3sN, U3s, bW3s, bU3s), input, hidden0)
+    y, hy, reserve = engine.forward(net, input, hidden0, training=True)
+    return y, hy, GRUCache(net, input.copy(), reserve)
 
 
 def gru_backward(d_output, d_hiddenN, cache):
@@ -121,8 +88,8 @@ def gru_backward(d_output, d_hiddenN, cache):
         _check(d_output, "d_output", p.dtype, (T, N, topo.hidden_size))
     if d_hiddenN is not None:
         _check(d_hiddenN, "d_hiddenN", p.dtype, (topo.num_layers, N, topo.hidden_size))
-    dx, dh0, dp = backward(p, cache.input, cache.reserve, d_output, d_hiddenN, cell=Cell())
-    return (dx, dh0) + _from_params(dp)
+    dx, dh0, dp = engine.backward(p, cache.input, cache.reserve, d_output, d_hiddenN)
+    return (dx, dh0) + am_system.tensors(dp)
 
 
 class GRULayer:
@@ -133,7 +100,7 @@ class GRULayer:
     """
 
     def __init__(self, w3s0, w3sN, u3s, bW3s, bU3s):
-        _to_params(w3s0, w3sN, u3s, bW3s, bU3s)          # validates shapes and dtypes
+        am_system.network((w3s0, w3sN, u3s, bW3s, bU3s), FIELDS)   # validates them
         self.w3s0, self.w3sN, self.u3s, self.bW3s, self.bU3s = w3s0, w3sN, u3s, bW3s, bU3s
 
     @classmethod
@@ -150,7 +117,7 @@ class GRULayer:
                         ("hidden_size", hidden_size), ("layers", layers)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
-        dt = as_dtype(dtype)
+        dt = validate.as_dtype(dtype)
         if seed is not None:
             if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
                 raise TypeError(f"seed: expected a non-negative int or None, got {seed!r}")

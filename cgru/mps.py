@@ -18,43 +18,39 @@ order ``[z, r, o]`` (``[r, z, o]`` with ``reset_gate_first``) in ``input_weight`
 recurrent candidate bias inside it (reset_after only).  Without ``input_weight`` the source
 holds ``x·Wᵀ`` itself (the three pre-activations of each direction).
 
-Decisions where Apple's documentation contradicts itself (SPEC §4.2):
+Decisions where Apple's documentation contradicts itself:
 
 * ``flip_z`` follows the *operation's* documentation (the ``GRUWithSourceTensor:`` comment):
   ``flip_z=False`` → ``h' = z⊙h + (1−z)⊙o`` (every other system's blend), ``flip_z=True`` →
   ``h' = (1−z)⊙h + z⊙o``.  The ``flipZ`` *property* comment states the opposite pairing.
 * ``hard_sigmoid`` is ``clip(0.2·x + 0.5, 0, 1)`` (Apple documents no slope/offset).
 
-Mapping onto the core (``cgru.forward`` / ``cgru.backward``): the weights go through
-``cgru.convert.from_mps`` (gate order → canonical r, z, n; ``bias`` → ``b_W``, ``b_R = 0``
-except ``b_Rn = secondary_bias``), the descriptor becomes a ``cgru.Cell(reset_after, flip_z,
-f_r, f_z, g)``, ``reverse``/``bidirectional`` a ``Topology`` direction (``reverse`` is ignored
-with ``bidirectional``, as documented), the mask the core's ``state_mask`` (``mask[t]`` is
-applied at the step that produces ``output[t]``, in original time, for either direction), and
-a missing ``input_weight`` the ``"projected"`` input mode (the source reordered to r, z, n).
-Gradients come back through ``cgru.convert.to_mps``.
+Mapping onto the core (``cgru.core.engine``): the weights go through ``cgru.systems.mps``
+(gate order → canonical r, z, n; ``bias`` → ``b_W``, ``b_R = 0`` except
+``b_Rn = secondary_bias``), the descriptor becomes the network's ``cgru.Cell(reset_after,
+flip_z, f_r, f_z, g)``, ``reverse``/``bidirectional`` a ``Topology`` direction (``reverse`` is
+ignored with ``bidirectional``, as documented), the mask the core's ``state_mask``
+(``mask[t]`` is applied at the step that produces ``output[t]``, in original time, for either
+direction), and a missing ``input_weight`` the ``"projected"`` input mode (the source reordered
+to r, z, n).  Gradients come back through ``cgru.systems.mps`` too.
 
 ``z_state`` (the training state; Apple leaves its content open): ``[T, N, 3H]``
 (``[T, N, 6H]`` bidirectional, forward direction first) holding each direction's *activated*
 gates in cgru's canonical order ``[r, z, n]`` (not the descriptor's order), ``z_state[t]``
 being the gates of the step that produces ``output[t]`` (original time, for either direction).
 With ``output_fwd`` it is all ``gru_gradients`` needs: the core's reserve is rebuilt from it
-(``cgru.engine.reserve_from_gates``) without re-running the forward time loop.
+(``cgru.core.engine.reserve_from_gates``) without re-running the forward time loop.
 """
 from dataclasses import dataclass
 
 import numpy as np
 
-from cgru import engine
-from cgru._checks import input_sizes
-from cgru.convert import _gates, _mps_order, from_mps, to_mps
-from cgru.params import DTYPES, LayerParams, Params, Topology
+from cgru.core import engine, validate
+from cgru.systems import _rules, mps as mps_system
+from cgru.systems.mps import ACTIVATIONS as MPS_ACTIVATIONS, FLAGS
 
 __all__ = ["GRUDescriptor", "gru", "gru_gradients", "MPS_ACTIVATIONS"]
 
-# MPSGraphRNNActivation: None = 0, Relu = 1, Tanh = 2, Sigmoid = 3, HardSigmoid = 4.
-MPS_ACTIVATIONS = ("none", "relu", "tanh", "sigmoid", "hard_sigmoid")
-_FLAGS = ("reverse", "bidirectional", "training", "reset_gate_first", "reset_after", "flip_z")
 _ACTS = ("update_gate_activation", "reset_gate_activation", "output_gate_activation")
 
 
@@ -69,8 +65,8 @@ class GRUDescriptor:
     ``reset_after``: the reset gate multiplies ``(h ⊙ m)·R_oᵀ + secondary_bias`` instead of
     ``h`` before the product.  ``flip_z``: ``False`` → ``h' = z⊙h + (1−z)⊙o``, ``True`` →
     ``h' = (1−z)⊙h + z⊙o`` (the operation's documentation; Apple's property comment says the
-    opposite).  Activations: ``"none"``, ``"relu"``, ``"tanh"``, ``"sigmoid"``,
-    ``"hard_sigmoid"`` (``clip(0.2·x + 0.5, 0, 1)``).
+    opposite).  Activations (``str`` or ``bytes``): ``"none"``, ``"relu"``, ``"tanh"``,
+    ``"sigmoid"``, ``"hard_sigmoid"`` (``clip(0.2·x + 0.5, 0, 1)``).
     """
     reverse: bool = False
     bidirectional: bool = False
@@ -91,34 +87,18 @@ def _check_descriptor(desc):
     if not isinstance(desc, GRUDescriptor):
         raise TypeError(f"descriptor: expected a cgru.mps.GRUDescriptor, got "
                         f"{type(desc).__name__}")
-    for name in _FLAGS:
-        v = getattr(desc, name)
-        if not isinstance(v, (bool, np.bool_)):
-            raise TypeError(f"descriptor.{name}: expected a bool, got {v!r}")
+    for name in FLAGS:
+        validate.flag(getattr(desc, name), f"descriptor.{name}")
     for name in _ACTS:
-        v = getattr(desc, name)
-        if not isinstance(v, str) or v not in MPS_ACTIVATIONS:
-            raise ValueError(f"descriptor.{name}: expected one of "
-                             f"{', '.join(map(repr, MPS_ACTIVATIONS))}, got {v!r}")
+        _rules.option(getattr(desc, name), f"descriptor.{name}", MPS_ACTIVATIONS)
     return desc
 
 
 # --- validation ------------------------------------------------------------------------------
-def _array(a, what, dtype):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{what}: expected a numpy array, got {type(a).__name__}")
-    if a.dtype != dtype:
-        raise TypeError(f"{what}: expected dtype {dtype} (the dtype of source), got {a.dtype}")
-    return a
-
-
 def _shaped(a, what, dtype, shape, names):
-    """``a`` checked against ``shape``; ``names`` spell each axis (``"3H"``, ``"N"``, …)."""
-    _array(a, what, dtype)
-    if a.shape != tuple(shape):
-        want = "[" + ", ".join(f"{n}={s}" for n, s in zip(names, shape)) + "]"
-        raise ValueError(f"{what}: expected shape {want}, got {list(a.shape)}")
-    return a
+    """``a`` checked against ``dtype`` and ``shape``; ``names`` spell each axis (``"3H"``, …)."""
+    validate.float_array(a, what, dtype, like="(the dtype of source)")
+    return validate.named_shape(a, what, shape, names)
 
 
 class _Plan:
@@ -127,19 +107,17 @@ class _Plan:
     def __init__(self, source, recurrent_weight, input_weight, bias, init_state, mask,
                  secondary_bias, descriptor):
         desc = _check_descriptor(descriptor)
-        if not isinstance(source, np.ndarray):
-            raise TypeError(f"source: expected a numpy array [T, N, I], got "
-                            f"{type(source).__name__}")
-        if source.dtype not in DTYPES:
-            raise TypeError(f"source: expected dtype float32 or float64, got {source.dtype}")
-        dtype = source.dtype
+        validate.plain_array(source, "source", "[T, N, I]")
+        dtype = validate.float_array(source, "source").dtype
         if source.ndim != 3:
             raise ValueError(f"source: expected a 3-D array [T, N, I], got shape "
                              f"{list(source.shape)}")
         T, N, I = source.shape
-        input_sizes("source", source.shape, T, N, "[T, N, I]")
+        validate.input_sizes("source", source.shape, T, N, "[T, N, I]")
         D = 2 if desc.bidirectional else 1
-        _array(recurrent_weight, "recurrent_weight", dtype)
+        G = "6H" if D == 2 else "3H"
+        validate.float_array(recurrent_weight, "recurrent_weight", dtype,
+                             like="(the dtype of source)")
         H = recurrent_weight.shape[-1] if recurrent_weight.ndim else 0
         if D == 1:
             _shaped(recurrent_weight, "recurrent_weight", dtype, (3 * H, H), ("3H", "H"))
@@ -153,16 +131,13 @@ class _Plan:
             if I != D * 3 * H:
                 raise ValueError(f"source: without input_weight the source holds the gate "
                                  f"pre-activations, expected shape [T={T}, N={N}, "
-                                 f"{'6H' if D == 2 else '3H'}={D * 3 * H}], got "
-                                 f"{list(source.shape)}")
+                                 f"{G}={D * 3 * H}], got {list(source.shape)}")
         else:
-            _shaped(input_weight, "input_weight", dtype, (D * 3 * H, I),
-                    ("6H" if D == 2 else "3H", "I"))
+            _shaped(input_weight, "input_weight", dtype, (D * 3 * H, I), (G, "I"))
         if bias is not None:
-            _shaped(bias, "bias", dtype, (D * 3 * H,), ("6H" if D == 2 else "3H",))
+            _shaped(bias, "bias", dtype, (D * 3 * H,), (G,))
         if init_state is not None:
-            _shaped(init_state, "init_state", dtype, (N, D * H),
-                    ("N", "2H" if D == 2 else "H"))
+            _shaped(init_state, "init_state", dtype, (N, D * H), ("N", "2H" if D == 2 else "H"))
         if secondary_bias is not None:
             if not desc.reset_after:
                 raise ValueError("secondary_bias: given, but descriptor.reset_after is False; "
@@ -172,8 +147,7 @@ class _Plan:
                     ("2H" if D == 2 else "H",))
         self.state_mask = None
         if mask is not None:
-            if not isinstance(mask, np.ndarray):
-                raise TypeError(f"mask: expected a numpy array, got {type(mask).__name__}")
+            validate.plain_array(mask, "mask")
             if mask.dtype != dtype and mask.dtype != np.bool_:
                 raise TypeError(f"mask: expected dtype {dtype} (the dtype of source) or bool, "
                                 f"got {mask.dtype}")
@@ -189,44 +163,24 @@ class _Plan:
         self.desc, self.dtype = desc, dtype
         self.T, self.N, self.I, self.H, self.D = T, N, I, H, D
         self.projected = input_weight is None
-        # Canonical weights and cell via the MPSGraph converter.  from_mps refuses a projected
-        # source in [z, r, o] order, so it always gets input weights (a [D·3H, 1] placeholder
-        # when there are none) and the projected topology is assembled here.
-        layer = {"recurrent_weight": recurrent_weight, "bias": bias,
-                 "input_weight": np.zeros((D * 3 * H, 1), dtype) if self.projected
-                 else input_weight,
-                 "secondary_bias": secondary_bias}
-        params, self.cell = from_mps(
-            [layer], reverse=desc.reverse, bidirectional=desc.bidirectional,
-            reset_gate_first=desc.reset_gate_first, reset_after=desc.reset_after,
-            flip_z=desc.flip_z, update_gate_activation=desc.update_gate_activation,
+        # The network of the op (its cell from the descriptor).  A projected source is
+        # reordered into canonical order here, so either gate order maps to the projected mode.
+        cell = mps_system.cell_from_descriptor(
+            reset_after=desc.reset_after, flip_z=desc.flip_z,
+            update_gate_activation=desc.update_gate_activation,
             reset_gate_activation=desc.reset_gate_activation,
-            output_gate_activation=desc.output_gate_activation)
-        topo = params.topology
-        if self.projected:
-            topo = Topology(D * 3 * H, H, 1, topo.direction, "projected")
-            params = Params(topo, [LayerParams(np.zeros((3 * H, 0), dtype), lp.R, lp.b_W, lp.b_R)
-                                   for lp in params])
-            self.x = self.source_to_canonical(source)
-        else:
-            self.x = np.ascontiguousarray(source)
-        self.params, self.topology = params, topo
+            output_gate_activation=desc.output_gate_activation, what="descriptor.")
+        layer = {"recurrent_weight": recurrent_weight, "input_weight": input_weight,
+                 "bias": bias, "secondary_bias": secondary_bias}
+        self.net = mps_system.network([layer], reverse=desc.reverse,
+                                      bidirectional=desc.bidirectional,
+                                      reset_gate_first=desc.reset_gate_first, cell=cell,
+                                      canonical_source=True)
+        self.x = mps_system.source_to_canonical(source, H, D, desc.reset_gate_first) \
+            if self.projected else np.ascontiguousarray(source)
         # init_state [N, D·H] = [fwd | bwd]  →  h0 [D, N, H]
         self.h0 = None if init_state is None else \
             np.ascontiguousarray(init_state.reshape(N, D, H).transpose(1, 0, 2))
-
-    # cgru.convert's gate permutation (private helpers, reused so the order lives in one place)
-    def source_to_canonical(self, a):
-        """``[T, N, D·3H]`` in the descriptor's gate order → canonical r, z, n per direction."""
-        H, inv = self.H, np.argsort(_mps_order(self.desc.reset_gate_first))
-        return np.concatenate([_gates(a[..., d * 3 * H:(d + 1) * 3 * H], H, inv, axis=-1)
-                               for d in range(self.D)], axis=-1)
-
-    def canonical_to_source(self, a):
-        """Inverse of ``source_to_canonical`` (for the source gradient)."""
-        H, order = self.H, _mps_order(self.desc.reset_gate_first)
-        return np.concatenate([_gates(a[..., d * 3 * H:(d + 1) * 3 * H], H, order, axis=-1)
-                               for d in range(self.D)], axis=-1)
 
     def shape_names(self, what):
         """Axis names for error messages: ``"out"`` (output), ``"z"`` (z_state), ``"state"``."""
@@ -267,11 +221,11 @@ def gru(source, recurrent_weight, input_weight=None, bias=None, init_state=None,
     plan = _Plan(source, recurrent_weight, input_weight, bias, init_state, mask,
                  secondary_bias, descriptor)
     training = plan.desc.training
-    fwd = engine.forward(plan.params, plan.x, plan.h0, cell=plan.cell,
-                         state_mask=plan.state_mask, training=training)
+    fwd = engine.forward(plan.net, plan.x, plan.h0, state_mask=plan.state_mask,
+                         training=training)
     if not training:
         return [fwd.y]
-    gates = engine.reserve_gates(fwd.reserve, plan.params, plan.x, cell=plan.cell)
+    gates = engine.reserve_gates(fwd.reserve, plan.net, plan.x)
     z_state = np.concatenate(gates, axis=-1)
     return [fwd.y, z_state]
 
@@ -313,20 +267,18 @@ def gru_gradients(source, recurrent_weight, source_gradient, z_state, output_fwd
         dhy = np.ascontiguousarray(state_gradient.reshape(N, D, H).transpose(1, 0, 2))
 
     gates = [np.ascontiguousarray(z_state[..., d * 3 * H:(d + 1) * 3 * H]) for d in range(D)]
-    reserve = engine.reserve_from_gates(plan.params, plan.x, gates,
+    reserve = engine.reserve_from_gates(plan.net, plan.x, gates,
                                         np.ascontiguousarray(output_fwd), plan.h0,
-                                        cell=plan.cell, state_mask=plan.state_mask)
+                                        state_mask=plan.state_mask)
     dx, dh0, dparams = engine.backward(
-        plan.params, plan.x, reserve,
+        plan.net, plan.x, reserve,
         None if source_gradient is None else np.ascontiguousarray(source_gradient), dhy,
-        cell=plan.cell, state_mask=plan.state_mask)
+        state_mask=plan.state_mask)
 
-    # Back to MPSGraph's tensors through to_mps.  ∂L/∂bias is the core's db_W (bias → b_W);
-    # db_R equals db_W for r, z (and n, reset-before), so it is zeroed there to keep to_mps
-    # from summing it in; with reset_after db_Rn is ∂L/∂secondary_bias.
-    grad = _mps_gradients(plan, dparams)
-    out = [plan.canonical_to_source(dx) if plan.projected else dx,
-           grad["recurrent_weight"]]
+    # Back to MPSGraph's tensors (the descriptor's gate order, MPSGraph's bias rules).
+    grad = mps_system.gradient_tensors(dparams, plan.desc.reset_gate_first)
+    out = [mps_system.canonical_to_source(dx, H, D, plan.desc.reset_gate_first)
+           if plan.projected else dx, grad["recurrent_weight"]]
     if input_weight is not None:
         out.append(grad["input_weight"])
     if bias is not None:
@@ -337,20 +289,3 @@ def gru_gradients(source, recurrent_weight, source_gradient, z_state, output_fwd
     if secondary_bias is not None:
         out.append(grad["secondary_bias"])
     return out
-
-
-def _mps_gradients(plan, dparams):
-    """The core's ``dparams`` as MPSGraph tensors (``to_mps`` keys) in the descriptor's order."""
-    H, dtype = plan.H, plan.dtype
-    layers = []
-    for g in dparams:
-        b_R = np.zeros(3 * H, dtype)
-        if plan.cell.reset_after:
-            b_R[2 * H:] = g.b_R[2 * H:]
-        # a projected topology has W [3H, 0]: a placeholder column keeps to_mps in linear mode
-        W = np.zeros((3 * H, 1), dtype) if plan.projected else g.W
-        layers.append(LayerParams(W, g.R, g.b_W, b_R))
-    topo = Topology(1 if plan.projected else plan.I, H, 1, plan.topology.direction)
-    (grad,), _ = to_mps(Params(topo, layers), plan.cell,
-                        reset_gate_first=plan.desc.reset_gate_first)
-    return grad

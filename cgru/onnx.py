@@ -1,152 +1,31 @@
 """The ONNX ``GRU`` operator (opset 7/14/22) on the CPU: ``gru`` and ``run``.
 
-One ONNX node is one layer.  Its names map onto the core like this (gates: ONNX ``z, r, h`` →
-canonical ``r, z, n``)::
-
-    W [D, 3H, I]  = [W_z; W_r; W_h] per direction      → W   = [W_r; W_z; W_n]
-    R [D, 3H, H]  = [R_z; R_r; R_h]                     → R   = [R_r; R_z; R_n]
-    B [D, 6H]     = [Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h] → b_W = [Wb_r, Wb_z, Wb_h],
-                                                          b_R = [Rb_r, Rb_z, Rb_h]
-    linear_before_reset = 0 / 1                         → Cell(reset_after=False / True)
-    activations [f, g] (per direction)                  → Cell(f_r=f, f_z=f, g=g)
-    clip                                                → Cell(clip=clip)
-    direction forward / reverse / bidirectional         → Topology(direction=...)
+One ONNX node is one layer, one core call (two when the directions' activations differ).
+Validated in ONNX's words, its ``W``/``R``/``B`` tensors and attributes map onto a
+``cgru.Network`` through ``cgru.systems.onnx`` (its docstring has the table: gates ONNX
+``z, r, h`` → canonical ``r, z, n``; ``linear_before_reset`` → the cell's ``reset_after``;
+``activations`` → ``f_r = f_z = f``, ``g``; ``clip``; ``direction``).
 
 ``sequence_lens`` follows onnxruntime's CPU kernel (the ONNX specification is silent): outputs
 at ``t ≥ len`` are 0, the reverse direction starts at ``len − 1``, ``Y_h`` is the state after
-the last processed step, and ``Y_h = 0`` for a sequence of length 0.
+the last processed step, and ``Y_h = 0`` for a sequence of length 0.  Attribute values may be
+``str`` or ``bytes`` (``onnx.helper.get_attribute_value`` gives bytes).
 """
 import numbers
 import os
 
 import numpy as np
 
-from cgru.cell import Activation, Cell
-from cgru._checks import float_array, input_sizes
-from cgru.engine import forward
-from cgru.params import LayerParams, Params, Topology
+from cgru.core import engine, validate
+from cgru.core.network import Network, Topology
+from cgru.systems import _rules, onnx as onnx_system
+from cgru.systems.onnx import ACTIVATIONS as ONNX_ACTIVATIONS
 
 __all__ = ["gru", "run", "ONNX_ACTIVATIONS"]
 
-# ONNX activation name (lower case) -> (cgru activation name, takes alpha, takes beta).
-ONNX_ACTIVATIONS = {
-    "relu": ("relu", False, False),
-    "tanh": ("tanh", False, False),
-    "sigmoid": ("sigmoid", False, False),
-    "affine": ("affine", True, True),
-    "leakyrelu": ("leaky_relu", True, False),
-    "thresholdedrelu": ("thresholded_relu", True, False),
-    "scaledtanh": ("scaled_tanh", True, True),
-    "hardsigmoid": ("hard_sigmoid", True, True),
-    "elu": ("elu", True, False),
-    "softsign": ("softsign", False, False),
-    "softplus": ("softplus", False, False),
-}
-_ONNX_SPELLING = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "affine": "Affine",
-                  "leakyrelu": "LeakyRelu", "thresholdedrelu": "ThresholdedRelu",
-                  "scaledtanh": "ScaledTanh", "hardsigmoid": "HardSigmoid", "elu": "Elu",
-                  "softsign": "Softsign", "softplus": "Softplus"}
-_DIRECTIONS = ("forward", "reverse", "bidirectional")
-# ONNX gate order (z, r, h) as indices into the canonical order (r, z, n), and back: the
-# permutation swaps the first two blocks, so it is its own inverse.
-_ZRH = (1, 0, 2)
-
-
-def _swap_zr(a, H, axis=-1):
-    """Blocks of ``H`` along ``axis`` reordered (z, r, h) ↔ (r, z, n)."""
-    blocks = [np.take(a, range(g * H, (g + 1) * H), axis=axis) for g in _ZRH]
-    return np.concatenate(blocks, axis=axis)
-
 
 def _float_array(a, what, dtype=None):
-    return float_array(a, what, dtype, like="(the dtype of X)")
-
-
-def _expect_shape(a, what, shape, names):
-    if a.shape != tuple(shape):
-        want = "[" + ", ".join(f"{n}={s}" for n, s in zip(names, shape)) + "]"
-        raise ValueError(f"{what}: expected shape {want}, got {list(a.shape)}")
-
-
-def check_attribute(value, what, choices):
-    """``value`` if it is one of ``choices`` and of their type (a str, or an int that is not a
-    bool), else a ``ValueError`` naming ``what``: a NumPy array must not pass an elementwise
-    ``in``."""
-    kind = str if isinstance(choices[0], str) else numbers.Integral
-    if isinstance(value, bool) or not isinstance(value, kind) or value not in choices:
-        raise ValueError(f"{what}: expected one of {', '.join(map(repr, choices))}, got "
-                         f"{value!r}")
-    return value
-
-
-def _float_list(values, what):
-    if values is None:
-        return []
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise TypeError(f"{what}: expected a list of floats, got {values!r}")
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise TypeError(f"{what}: expected a list of floats, got element {v!r}")
-        out.append(float(v))
-    return out
-
-
-def activations_to_cells(activations, activation_alpha, activation_beta, clip,
-                         linear_before_reset, num_directions):
-    """One ``cgru.Cell`` per direction from the ONNX activation attributes.
-
-    ``activations`` holds ``2·D`` names (``f, g`` per direction, forward first), matched
-    case-insensitively; ``None`` means ``Sigmoid, Tanh``.  The alpha (beta) list is consumed in
-    activation order, one value per activation that takes an alpha (beta); a missing value is
-    the default of the matching ONNX operator (``Activation``'s defaults).
-    """
-    D = num_directions
-    if activations is None:
-        names = ["Sigmoid", "Tanh"] * D
-    else:
-        if isinstance(activations, (str, bytes)) or not hasattr(activations, "__iter__"):
-            raise TypeError(f"activations: expected a list of names, got {activations!r}")
-        names = [a.decode() if isinstance(a, bytes) else a for a in activations]
-        if len(names) != 2 * D:
-            raise ValueError(f"activations: expected {2 * D} names (f, g for each of the "
-                             f"{D} direction(s)), got {len(names)}: {names}")
-    alphas = _float_list(activation_alpha, "activation_alpha")
-    betas = _float_list(activation_beta, "activation_beta")
-    acts = []
-    for i, name in enumerate(names):
-        if not isinstance(name, str):
-            raise TypeError(f"activations[{i}]: expected a name (str), got {name!r}")
-        key = name.lower()
-        if key not in ONNX_ACTIVATIONS:
-            raise ValueError(f"activations[{i}]: unknown ONNX activation {name!r}; expected one "
-                             f"of {', '.join(_ONNX_SPELLING.values())} (any case)")
-        cgru_name, takes_alpha, takes_beta = ONNX_ACTIVATIONS[key]
-        alpha = alphas.pop(0) if takes_alpha and alphas else None
-        beta = betas.pop(0) if takes_beta and betas else None
-        acts.append(Activation(cgru_name, alpha, beta))
-    if alphas or betas:
-        raise ValueError(f"activation_alpha/activation_beta: {len(alphas)} alpha and "
-                         f"{len(betas)} beta value(s) left over after the activations {names} "
-                         f"took theirs")
-    if clip is not None:
-        if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not clip > 0:
-            raise ValueError(f"clip: expected None or a positive float, got {clip!r}")
-    check_attribute(linear_before_reset, "linear_before_reset", (0, 1))
-    return [Cell(reset_after=bool(linear_before_reset), f_r=acts[2 * d], f_z=acts[2 * d],
-                 g=acts[2 * d + 1], clip=None if clip is None else float(clip))
-            for d in range(D)]
-
-
-def params_from_onnx(W, R, B, num_directions):
-    """Canonical ``LayerParams`` per direction from ONNX ``W``, ``R``, ``B`` (``B`` may be None)."""
-    H = R.shape[-1]
-    out = []
-    for d in range(num_directions):
-        b = np.zeros(6 * H, W.dtype) if B is None else B[d]
-        out.append(LayerParams(W=_swap_zr(W[d], H, 0), R=_swap_zr(R[d], H, 0),
-                               b_W=_swap_zr(b[:3 * H], H), b_R=_swap_zr(b[3 * H:], H)))
-    return out
+    return validate.float_array(a, what, dtype, like="(the dtype of X)")
 
 
 def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None,
@@ -181,15 +60,15 @@ def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None
     """
     X = _float_array(X, "X")
     dtype = X.dtype
-    check_attribute(layout, "layout", (0, 1))
-    check_attribute(direction, "direction", _DIRECTIONS)
+    _rules.option(layout, "layout", (0, 1))
+    direction = _rules.option(direction, "direction", onnx_system.DIRECTIONS)
     D = 2 if direction == "bidirectional" else 1
     x_layout = "[N, T, I]" if layout else "[T, N, I]"
     if X.ndim != 3:
         raise ValueError(f"X: expected a 3-D array {x_layout}, got shape {list(X.shape)}")
     N, T = (X.shape[0], X.shape[1]) if layout else (X.shape[1], X.shape[0])
     I = X.shape[2]
-    input_sizes("X", X.shape, T, N, x_layout)
+    validate.input_sizes("X", X.shape, T, N, x_layout)
     R = _float_array(R, "R", dtype)
     if R.ndim != 3:
         raise ValueError(f"R: expected a 3-D array [D, 3H, H], got shape {list(R.shape)}")
@@ -203,32 +82,24 @@ def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None
                              f"(R shape {list(R.shape)})")
     if H == 0:
         raise ValueError(f"R: expected H ≥ 1, got shape {list(R.shape)}")
-    _expect_shape(R, "R", (D, 3 * H, H), ("D", "3H", "H"))
+    validate.named_shape(R, "R", (D, 3 * H, H), ("D", "3H", "H"))
     W = _float_array(W, "W", dtype)
-    _expect_shape(W, "W", (D, 3 * H, I), ("D", "3H", "I"))
+    validate.named_shape(W, "W", (D, 3 * H, I), ("D", "3H", "I"))
     if B is not None:
         B = _float_array(B, "B", dtype)
-        _expect_shape(B, "B", (D, 6 * H), ("D", "6H"))
+        validate.named_shape(B, "B", (D, 6 * H), ("D", "6H"))
     if initial_h is not None:
         initial_h = _float_array(initial_h, "initial_h", dtype)
         if layout:
-            _expect_shape(initial_h, "initial_h", (N, D, H), ("N", "D", "H"))
+            validate.named_shape(initial_h, "initial_h", (N, D, H), ("N", "D", "H"))
             initial_h = initial_h.transpose(1, 0, 2)
         else:
-            _expect_shape(initial_h, "initial_h", (D, N, H), ("D", "N", "H"))
-    lengths = None
-    if sequence_lens is not None:
-        lengths = np.asarray(sequence_lens)
-        if lengths.dtype.kind not in "iu":
-            raise TypeError(f"sequence_lens: expected an integer array [N={N}], got dtype "
-                            f"{lengths.dtype}")
-        _expect_shape(lengths, "sequence_lens", (N,), ("N",))
-        if ((lengths < 0) | (lengths > T)).any():
-            raise ValueError(f"sequence_lens: expected values in [0, T={T}], got "
-                             f"{lengths.tolist()}")
-    cells = activations_to_cells(activations, activation_alpha, activation_beta, clip,
-                                 linear_before_reset, D)
-    layers = params_from_onnx(W, R, B, D)
+            validate.named_shape(initial_h, "initial_h", (D, N, H), ("D", "N", "H"))
+    lengths = None if sequence_lens is None else \
+        validate.lengths(sequence_lens, T, N, "sequence_lens", "T")
+    cells = onnx_system.activations_to_cells(activations, activation_alpha, activation_beta,
+                                             clip, linear_before_reset, D)
+    layers = onnx_system.layer_params(W, R, B, D)
 
     # One core call when both directions share the cell; else one call per direction.
     if D == 1 or cells[0] == cells[1]:
@@ -239,10 +110,9 @@ def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None
     Y = np.empty((N, T, D, H) if layout else (T, D, N, H), dtype)
     Y_h = np.empty((D, N, H), dtype)
     for run_direction, run_layers, cell, ds in runs:
-        params = Params(Topology(I, H, 1, run_direction), run_layers)
+        net = Network(Topology(I, H, 1, run_direction), run_layers, cell)
         h0 = None if initial_h is None else np.ascontiguousarray(initial_h[ds])
-        y, hy, _ = forward(params, X, h0, cell=cell, lengths=lengths,
-                           batch_major=bool(layout))
+        y, hy, _ = engine.forward(net, X, h0, lengths=lengths, batch_major=bool(layout))
         nd = ds.stop - ds.start
         if layout:   # y [N, T, nd·H] → Y[:, :, ds] [N, T, nd, H]
             Y[:, :, ds] = y.reshape(N, T, nd, H)
@@ -331,12 +201,7 @@ def run(model, inputs):
     for a in node.attribute:
         if a.name not in _ATTRIBUTES:
             raise ValueError(f"model: unsupported GRU attribute {a.name!r}")
-        v = onnx.helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode()
-        elif isinstance(v, list):
-            v = [e.decode() if isinstance(e, bytes) else e for e in v]
-        attrs[a.name] = v
+        attrs[a.name] = onnx.helper.get_attribute_value(a)      # str values come as bytes
     Y, Y_h = gru(args["X"], args["W"], args["R"], args.get("B"), args.get("sequence_lens"),
                  args.get("initial_h"), **attrs)
     out = {}

@@ -2,7 +2,7 @@
 
 TensorFlow registers ``CudnnRNN*`` kernels for GPUs only.  This module is the missing CPU
 kernel set for GRUs: the same inputs, attributes and outputs (as NumPy arrays), mapped onto
-cgru's engine (``cgru.forward`` / ``cgru.backward``)::
+cgru's engine (``cgru.core.engine``; weights through ``cgru.systems.tf``)::
 
     params_size(num_layers, num_units, input_size, *, dtype, ...)          -> int
     params_to_canonical(num_layers, num_units, input_size, params, *, ...) -> (weights, biases)
@@ -23,7 +23,8 @@ Attributes (keyword-only, TF's names and defaults except ``rnn_mode``): ``rnn_mo
 ("linear_input", "skip_input", "auto_select" — skip when ``input_size == num_units``, else
 linear, as TF's ``ToRNNInputMode``), ``direction`` ("unidirectional", "bidirectional"),
 ``dropout``, ``seed``, ``seed2``, ``num_proj`` (must be 0: projection is LSTM-only),
-``is_training``, ``time_major`` (V3).  TF's ``T`` is the dtype of the arrays (float32 or
+``is_training``, ``time_major`` (V3).  String attributes may be ``str`` or ``bytes`` (TF's
+``op.get_attr`` gives bytes).  TF's ``T`` is the dtype of the arrays (float32 or
 float64); the sizes of V1/V3 calls come from the shapes, as in TF (``input_size`` = last axis
 of ``input``, ``num_units`` = last axis of ``input_h``, ``num_layers`` = its layer axis / D).
 The forward and backprop ops also take ``num_threads`` (cgru's, not a TF attribute: threads for
@@ -56,7 +57,7 @@ many biases, index ``i = (l·D + d)·6 + k`` with ``k`` cuDNN's linLayerID::
 and are not stored: their slots in the weights list hold ``[H, 0]`` arrays (and
 ``canonical_to_params`` expects ``[H, 0]`` there); their biases still exist and apply.
 
-Opaque ``params`` layout (cgru's, the same as the C ABI weight space, ``cgru.Params.flat``):
+Opaque ``params`` layout (cgru's, the same as the C ABI weight space, ``cgru.Network.flat``):
 every matrix of pseudo-layer 0 (= ``l·D + d``) in linLayerID order 0…5, each ``[H, width]``
 row-major, then those of pseudo-layer 1, …; then every bias in the same order.  That is::
 
@@ -68,14 +69,13 @@ six biases), so such buffers move between TF/cuDNN and cgru unchanged.  cuDNN it
 its buffer opaque: for other configurations move parameters between a real cuDNN and cgru
 through the canonical lists (``tf.raw_ops.CudnnRNNParamsToCanonical`` on the GPU side).
 
-``reserve_space`` (training only) is a 1-D ``uint8`` array: a 64-byte header
-``int64[8]`` = (magic, version, flags (time_major, bidirectional, skip input), dropout as
-float64 bits, seed, seed2, a CRC-32 of the call's ``input``, ``input_h``, ``params`` and
-sequence lengths, the size of the rest), followed by the engine's reserve (``cgru.engine``
-docstring: gate values and states of every step, each layer's input).  The backprop ops check
-it against their own arguments and raise ``ValueError`` for an inference (empty) reserve, a
-reserve of another call (different inputs, params, lengths, shapes, layout or attributes —
-``seed``/``seed2`` count only with dropout) or a damaged one — they never read garbage.
+``reserve_space`` (training only) is the core's reserve itself (``cgru.core.reserve``): a 1-D
+``uint8`` array holding a header (the model's and the call's digests — ``input``, ``params``,
+``input_h`` —, the layout, dropout and seeds) and the sequence lengths, gate values and states
+of every step, each layer's input.  The backprop ops check it against their own arguments and
+raise ``ValueError`` for an inference (empty) reserve, a reserve of another call (different
+inputs, params, lengths, shapes, layout or attributes — ``seed``/``seed2`` count only with
+dropout) or a damaged one — they never read garbage.
 
 Deviations from TensorFlow (all deliberate):
 
@@ -97,14 +97,14 @@ Deviations from TensorFlow (all deliberate):
 * float16 / bfloat16 are not supported (``TypeError``).
 """
 from collections import namedtuple
-import zlib
 
 import numpy as np
 
-from cgru._checks import input_sizes
-from cgru.convert import _flag
-from cgru.engine import backward, forward
-from cgru.params import LayerParams, Params, Topology, as_dtype
+from cgru.core import engine, reserve as reserve_mod, validate
+from cgru.core.cells import GRUCell
+from cgru.core.network import Network, Topology
+from cgru.systems import _rules, tf as tf_system
+from cgru.systems.tf import tf_shape
 
 __all__ = ["params_size", "params_to_canonical", "canonical_to_params", "cudnn_rnn",
            "cudnn_rnn_v3", "cudnn_rnn_backprop", "cudnn_rnn_backprop_v3",
@@ -120,16 +120,12 @@ CudnnRNNBackprop.__doc__ = "Outputs of ``cudnn_rnn_backprop`` / ``cudnn_rnn_back
 CudnnRNNCanonical = namedtuple("CudnnRNNCanonical", "weights biases")
 CudnnRNNCanonical.__doc__ = "Outputs of ``params_to_canonical`` (two lists of ``6·L·D`` arrays)."
 
-_RNN_MODES = ("rnn_relu", "rnn_tanh", "lstm", "gru")
-_INPUT_MODES = ("linear_input", "skip_input", "auto_select")
-_DIRECTIONS = {"unidirectional": "forward", "bidirectional": "bidirectional"}
-_WEIGHT_NAMES = ("W_r", "W_z", "W_n", "R_r", "R_z", "R_n")
-_BIAS_NAMES = ("b_Wr", "b_Wz", "b_Wn", "b_Rr", "b_Rz", "b_Rn")
-
-_RESERVE_MAGIC = 0x0166745F75726763  # "cgru_tf" + 0x01
-_RESERVE_VERSION = 1
-_HEADER_BYTES = 64  # int64[8]; keeps the engine's reserve 64-byte aligned
-_FLAG_TIME_MAJOR, _FLAG_BIDIRECTIONAL, _FLAG_SKIP = 1, 2, 4
+_CELL = GRUCell()                   # cuDNN's CUDNN_GRU
+_INFERENCE_RESERVE = ("reserve_space: empty — it comes from a forward with is_training=False, "
+                      "which saves nothing; run the forward with is_training=True to backprop")
+_OTHER_CALL = ("reserve_space: does not come from a forward call with these input, input_h, "
+               "params and sequence_lengths (their contents or shapes differ from the "
+               "forward's)")
 
 
 # --- attributes ----------------------------------------------------------------------------
@@ -137,35 +133,22 @@ _Attrs = namedtuple("_Attrs", "input_mode direction dropout seed seed2")
 
 
 def _attrs(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj=0):
-    """Validated op attributes (TF's names; messages after TF's ``Invalid RNN …``)."""
-    if not isinstance(rnn_mode, str) or rnn_mode not in _RNN_MODES:
-        raise ValueError(f"Invalid RNN mode: {rnn_mode!r} (rnn_mode: expected one of "
-                         f"{', '.join(_RNN_MODES)})")
+    """Validated op attributes (TF's names, ``str`` or ``bytes``; TF's ``Invalid RNN …``)."""
+    rnn_mode = _rules.option(rnn_mode, "rnn_mode", tf_system.RNN_MODES, " (Invalid RNN mode)")
     if rnn_mode != "gru":
         raise NotImplementedError(f"rnn_mode={rnn_mode!r} is not implemented by cgru.tf; only "
                                   f"rnn_mode='gru' (cuDNN's GRU) is")
-    if not isinstance(input_mode, str) or input_mode not in _INPUT_MODES:
-        raise ValueError(f"Invalid RNN input mode: {input_mode!r} (input_mode: expected one of "
-                         f"{', '.join(_INPUT_MODES)})")
-    if not isinstance(direction, str) or direction not in _DIRECTIONS:
-        raise ValueError(f"Invalid RNN direction mode: {direction!r} (direction: expected one "
-                         f"of {', '.join(_DIRECTIONS)})")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float, np.integer,
-                                                             np.floating)):
-        raise TypeError(f"dropout: expected a float in [0, 1), got {dropout!r}")
-    if not 0.0 <= float(dropout) < 1.0:
-        raise ValueError(f"dropout: expected a float in [0, 1), got {dropout!r}")
-    for name, v in (("seed", seed), ("seed2", seed2)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{name}: expected an int, got {v!r}")
-        if not -2 ** 63 <= int(v) < 2 ** 63:
-            raise ValueError(f"{name}: expected a 64-bit int, got {v}")
+    input_mode = _rules.option(input_mode, "input_mode", tuple(tf_system.INPUT_MODES),
+                               " (Invalid RNN input mode)")
+    direction = _rules.option(direction, "direction", tuple(tf_system.DIRECTIONS),
+                              " (Invalid RNN direction mode)")
+    p, s1, s2 = validate.dropout_and_seed(dropout, (seed, seed2))
     if isinstance(num_proj, bool) or not isinstance(num_proj, (int, np.integer)):
         raise TypeError(f"num_proj: expected an int, got {num_proj!r}")
     if num_proj != 0:
         raise ValueError(f"num_proj: expected 0 for rnn_mode='gru' (projection is LSTM-only), "
                          f"got {num_proj}")
-    return _Attrs(input_mode, direction, float(dropout), int(seed), int(seed2))
+    return _Attrs(input_mode, direction, p, s1, s2)
 
 
 def _size_arg(value, name):
@@ -180,20 +163,17 @@ def _size_arg(value, name):
 
 
 def _topology(num_layers, num_units, input_size, attrs):
-    """The engine's ``Topology``; resolves ``auto_select`` as TF's ``ToRNNInputMode``."""
+    """The core's ``Topology``; resolves ``auto_select`` as TF's ``ToRNNInputMode``."""
     L = _size_arg(num_layers, "num_layers")
     H = _size_arg(num_units, "num_units")
     I = _size_arg(input_size, "input_size")
-    mode = attrs.input_mode
-    if mode == "auto_select":
-        mode = "skip_input" if I == H else "linear_input"
-    if mode == "skip_input" and I != H:
+    mode = tf_system.input_mode_of(attrs.input_mode, I, H)
+    if mode == "skip" and I != H:
         raise ValueError(f"input_mode='skip_input' needs input_size == num_units (cuDNN's "
                          f"CUDNN_SKIP_INPUT adds the input to the gates unprojected), got "
                          f"input_size={I}, num_units={H}")
     return Topology(input_size=I, hidden_size=H, num_layers=L,
-                    direction=_DIRECTIONS[attrs.direction],
-                    input_mode="skip" if mode == "skip_input" else "linear")
+                    direction=tf_system.DIRECTIONS[attrs.direction], input_mode=mode)
 
 
 def _describe(topo):
@@ -201,10 +181,6 @@ def _describe(topo):
     direction = "bidirectional" if topo.num_directions == 2 else "unidirectional"
     return (f"num_layers={topo.num_layers}, num_units={topo.hidden_size}, "
             f"input_size={topo.input_size}, input_mode={mode!r}, direction={direction!r}")
-
-
-def _tf_shape(shape):
-    return "[" + ",".join(str(int(s)) for s in shape) + "]"
 
 
 # --- params size and the canonical lists ---------------------------------------------------
@@ -215,19 +191,21 @@ def params_size(num_layers, num_units, input_size, *, dtype=np.float32, rnn_mode
 
     Per pseudo-layer ``l·D + d``: ``3H·width + 3H·H + 6H`` with ``width`` the layer's input
     width (0 for layer 0 in skip-input mode).  ``dtype`` (TF's ``T``) must be float32 or
-    float64 and does not change the count.
+    float64 and does not change the count.  Refused (``ValueError``) when the buffer would
+    exceed what cgru supports (2^62 bytes), as the calls would be.
     """
-    as_dtype(dtype, "dtype")
+    dt = validate.as_dtype(dtype, "dtype")
     attrs = _attrs(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj)
-    return _topology(num_layers, num_units, input_size, attrs).flat_size()
+    n = _topology(num_layers, num_units, input_size, attrs).flat_size()
+    validate.nbytes_limit(n * dt.itemsize, "params_size")
+    return n
 
 
-def _params_from_flat(topo, params, dtype=None):
-    """``cgru.Params`` from the opaque buffer, with TF-like size/dtype errors."""
-    if not isinstance(params, np.ndarray):
-        raise TypeError(f"params: expected a 1-D numpy array, got {type(params).__name__}")
+def _network(topo, params, dtype=None):
+    """The ``cgru.Network`` of the opaque buffer (a copy), with TF-like size/dtype errors."""
+    validate.plain_array(params, "params", "[params_size]")
     if dtype is None:
-        as_dtype(params.dtype, "params.dtype")
+        validate.as_dtype(params.dtype, "params.dtype")
     elif params.dtype != dtype:
         raise TypeError(f"params: expected dtype {dtype} (the dtype of input), got "
                         f"{params.dtype}")
@@ -235,8 +213,8 @@ def _params_from_flat(topo, params, dtype=None):
     if params.ndim != 1 or params.size != n:
         raise ValueError(f"Invalid params size: expected a 1-D array of {n} elements "
                          f"(params_size for {_describe(topo)}), got shape "
-                         f"{_tf_shape(params.shape)}")
-    return Params.from_flat(topo, params)
+                         f"{tf_shape(params.shape)}")
+    return Network.from_flat(topo, params, cell=_CELL)
 
 
 def _check_num_params(topo, **given):
@@ -262,29 +240,8 @@ def params_to_canonical(num_layers, num_units, input_size, params, *, num_params
     topo = _topology(num_layers, num_units, input_size, attrs)
     _check_num_params(topo, num_params=num_params, num_params_weights=num_params_weights,
                       num_params_biases=num_params_biases)
-    p = _params_from_flat(topo, params)
-    H = topo.hidden_size
-    weights, biases = [], []
-    for lp in p:  # pseudo-layer l·D + d
-        for M in (lp.W, lp.R):
-            weights += [M[k * H:(k + 1) * H] for k in range(3)]
-        for b in (lp.b_W, lp.b_R):
-            biases += [b[k * H:(k + 1) * H] for k in range(3)]
-    return CudnnRNNCanonical(weights, biases)
-
-
-def _canonical_array(a, what, shape, dtype):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{what}: expected a numpy array, got {type(a).__name__}")
-    if dtype is None:
-        dtype = as_dtype(a.dtype, f"{what}.dtype")
-    elif a.dtype != dtype:
-        raise TypeError(f"{what}: expected dtype {dtype} (the dtype of weights[0]), got "
-                        f"{a.dtype}")
-    if a.shape != shape:
-        raise ValueError(f"{what}: Params size mismatch: expected shape {_tf_shape(shape)}, got "
-                         f"{_tf_shape(a.shape)}")
-    return dtype
+    net = _network(topo, params)          # a copy: the lists may be views of it
+    return CudnnRNNCanonical(*tf_system.canonical_lists(net, copy=False))
 
 
 def canonical_to_params(num_layers, num_units, input_size, weights, biases, *, rnn_mode="gru",
@@ -307,164 +264,55 @@ def canonical_to_params(num_layers, num_units, input_size, weights, biases, *, r
             raise ValueError(f"{name}: expected {n} arrays (6 per layer and direction, index "
                              f"(l·D + d)·6 + linLayerID; L={topo.num_layers}, "
                              f"D={topo.num_directions}), got {len(lst)}")
-    H, D = topo.hidden_size, topo.num_directions
-    dtype = None
-    layers = []
-    for i in range(topo.num_layer_directions):
-        width = topo.shapes(i)["W"][1]
-        for k in range(6):
-            j = i * 6 + k
-            where = f"(layer {i // D}, direction {i % D}, linLayerID {k})"
-            dtype = _canonical_array(weights[j], f"weights[{j}] {_WEIGHT_NAMES[k]} {where}",
-                                     (H, width if k < 3 else H), dtype)
-            dtype = _canonical_array(biases[j], f"biases[{j}] {_BIAS_NAMES[k]} {where}",
-                                     (H,), dtype)
-        w, b = weights[i * 6:i * 6 + 6], biases[i * 6:i * 6 + 6]
-        layers.append(LayerParams(W=np.concatenate(w[:3]), R=np.concatenate(w[3:]),
-                                  b_W=np.concatenate(b[:3]), b_R=np.concatenate(b[3:])))
-    return Params(topo, layers).flat()
+    return tf_system.network_from_canonical(topo, weights, biases).flat()
 
 
 # --- shared checks of the forward and backprop ops -----------------------------------------
-_Call = namedtuple("_Call", "topo dtype T N params h0 lengths")
-
-
-def _fingerprint(call, input, input_h, params):
-    """CRC-32 of the dtype, shape and bytes of the call's arrays (and lengths), chained."""
-    lengths = np.full(call.N, call.T, np.int64) if call.lengths is None else call.lengths
-    crc = 0
-    for a in (input, input_h, params, lengths):
-        a = np.ascontiguousarray(a)
-        crc = zlib.crc32(repr((a.dtype.str, a.shape)).encode(), crc)
-        crc = zlib.crc32(memoryview(a.reshape(-1)).cast("B"), crc)
-    return crc
-
-
-def _check_lengths(sequence_lengths, T, N):
-    if sequence_lengths is None:
-        return None
-    arr = np.asarray(sequence_lengths)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"sequence_lengths: expected an integer array [N={N}], got dtype "
-                        f"{arr.dtype}")
-    if arr.shape != (N,):
-        raise ValueError(f"sequence_lengths: expected shape [{N}] (one length per batch "
-                         f"entry), got {_tf_shape(arr.shape)}")
-    bad = np.flatnonzero((arr < 0) | (arr > T))      # before the cast: uint64 may not fit
-    if bad.size:
-        b = int(bad[0])
-        raise ValueError(f"sequence_lengths: expected values in [0, max_seq_length={T}], got "
-                         f"sequence_lengths[{b}] = {arr[b]}")
-    return arr.astype(np.int64)
+_Call = namedtuple("_Call", "topo dtype T N net x h0 lengths")
 
 
 def _check_call(input, input_h, params, sequence_lengths, attrs, time_major):
-    """Validate the forward inputs (TF's ``ExtractForwardInput``) and map them to the engine."""
+    """Validate the forward inputs (TF's ``ExtractForwardInput``) and map them to the core."""
     layout = "[T, N, I]" if time_major else "[N, T, I]"
-    if not isinstance(input, np.ndarray):
-        raise TypeError(f"input: expected a numpy array {layout}, got {type(input).__name__}")
-    dtype = as_dtype(input.dtype, "input.dtype")
+    validate.plain_array(input, "input", layout)
+    dtype = validate.as_dtype(input.dtype, "input.dtype")
     if input.ndim != 3:
         raise ValueError(f"RNN input must be a 3-D array {layout}, got shape "
-                         f"{_tf_shape(input.shape)}")
+                         f"{tf_shape(input.shape)}")
     T, N = input.shape[:2] if time_major else input.shape[1::-1]
-    input_sizes("input", input.shape, T, N, layout,
-                       ("max_seq_length", "batch_size", "input_size"))
+    validate.input_sizes("input", input.shape, T, N, layout,
+                         ("max_seq_length", "batch_size", "input_size"))
     h_layout = "[L·D, N, H]" if time_major else "[N, L·D, H]"
-    if not isinstance(input_h, np.ndarray):
-        raise TypeError(f"input_h: expected a numpy array {h_layout}, got "
-                        f"{type(input_h).__name__}")
-    if input_h.dtype != dtype:
-        raise TypeError(f"input_h: expected dtype {dtype} (the dtype of input), got "
-                        f"{input_h.dtype}")
+    validate.float_array(input_h, "input_h", dtype, like="(the dtype of input)")
     if input_h.ndim != 3:
         raise ValueError(f"RNN input_h must be a 3-D array {h_layout}, got shape "
-                         f"{_tf_shape(input_h.shape)}")
+                         f"{tf_shape(input_h.shape)}")
     D = 2 if attrs.direction == "bidirectional" else 1
     L = input_h.shape[0 if time_major else 1] // D
     H = input_h.shape[2]
     want = (L * D, N, H) if time_major else (N, L * D, H)
     if L == 0 or H == 0 or input_h.shape != want:
-        raise ValueError(f"Invalid input_h shape: {_tf_shape(input_h.shape)} {_tf_shape(want)} "
+        raise ValueError(f"Invalid input_h shape: {tf_shape(input_h.shape)} {tf_shape(want)} "
                          f"(input_h: expected {h_layout} with N={N} from input, L·D a positive "
                          f"multiple of D={D} ({attrs.direction}) and H ≥ 1)")
     topo = _topology(L, H, input.shape[2], attrs)
-    p = _params_from_flat(topo, params, dtype)
-    lengths = _check_lengths(sequence_lengths, T, N)
+    net = _network(topo, params, dtype)
+    lengths = validate.lengths(sequence_lengths, T, N, "sequence_lengths", "max_seq_length")
     h0 = input_h if time_major else input_h.transpose(1, 0, 2)
-    return _Call(topo, dtype, T, N, p, h0, lengths)
-
-
-# --- the reserve space ---------------------------------------------------------------------
-def _header(call, fingerprint, attrs, time_major, engine_nbytes):
-    flags = ((_FLAG_TIME_MAJOR if time_major else 0)
-             | (_FLAG_BIDIRECTIONAL if call.topo.num_directions == 2 else 0)
-             | (_FLAG_SKIP if call.topo.input_mode == "skip" else 0))
-    return np.array([_RESERVE_MAGIC, _RESERVE_VERSION, flags,
-                     np.float64(attrs.dropout).view(np.int64), attrs.seed, attrs.seed2,
-                     fingerprint, engine_nbytes], dtype=np.int64)
-
-
-def _wrap_reserve(engine_reserve, call, fingerprint, attrs, time_major):
-    """``reserve_space`` = 64-byte header + the engine's reserve (module docstring)."""
-    out = np.empty(_HEADER_BYTES + engine_reserve.size, np.uint8)
-    head = _header(call, fingerprint, attrs, time_major, engine_reserve.size)
-    out[:_HEADER_BYTES] = head.view(np.uint8)
-    out[_HEADER_BYTES:] = engine_reserve
-    return out
-
-
-def _unwrap_reserve(reserve_space, call, fingerprint, attrs, time_major):
-    """The engine's reserve inside ``reserve_space``, after checking it belongs to this call."""
-    if not isinstance(reserve_space, np.ndarray):
-        raise TypeError(f"reserve_space: expected the uint8 array the training forward "
-                        f"returned, got {type(reserve_space).__name__}")
-    if reserve_space.dtype != np.uint8 or reserve_space.ndim != 1:
-        raise TypeError(f"reserve_space: expected a 1-D uint8 array, got {reserve_space.dtype} "
-                        f"with shape {_tf_shape(reserve_space.shape)}")
-    if reserve_space.size == 0:
-        raise ValueError("reserve_space: empty — it comes from a forward with "
-                         "is_training=False, which saves nothing; run the forward with "
-                         "is_training=True to backprop")
-    if reserve_space.size < _HEADER_BYTES:
-        raise ValueError(f"reserve_space: {reserve_space.size} bytes is too small for a cgru.tf "
-                         f"reserve space (from a different call?)")
-    head = np.frombuffer(reserve_space[:_HEADER_BYTES].tobytes(), np.int64)
-    if head[0] != _RESERVE_MAGIC or head[1] != _RESERVE_VERSION:
-        raise ValueError("reserve_space: not a cgru.tf reserve space (bad header); pass the "
-                         "reserve_space of the matching training forward")
-    if head[7] != reserve_space.size - _HEADER_BYTES:
-        raise ValueError(f"reserve_space: expected {int(head[7]) + _HEADER_BYTES} bytes as its "
-                         f"header says, got {reserve_space.size} (truncated or padded?)")
-    want = _header(call, fingerprint, attrs, time_major, head[7])
-    names = {2: "layout or model (time_major, direction, input_mode)", 3: "dropout"}
-    if attrs.dropout > 0:                   # the seeds matter only with dropout
-        names.update({4: "seed", 5: "seed2"})
-    for slot, what in names.items():
-        if head[slot] != want[slot]:
-            raise ValueError(f"reserve_space: the forward ran with a different {what} than "
-                             f"this backprop call")
-    if head[6] != want[6]:
-        raise ValueError("reserve_space: does not come from a forward call with these input, "
-                         "input_h, params and sequence_lengths (their contents or shapes "
-                         "differ from the forward's)")
-    return reserve_space[_HEADER_BYTES:]
+    return _Call(topo, dtype, T, N, net, input, h0, lengths)
 
 
 # --- forward ops ---------------------------------------------------------------------------
 def _forward(input, input_h, params, sequence_lengths, attrs, is_training, time_major,
              num_threads):
-    is_training = _flag(is_training, "is_training")
+    is_training = validate.flag(is_training, "is_training")
     call = _check_call(input, input_h, params, sequence_lengths, attrs, time_major)
-    fwd = forward(call.params, input, call.h0, lengths=call.lengths,
-                  batch_major=not time_major, training=is_training, dropout=attrs.dropout,
-                  seed=(attrs.seed, attrs.seed2), num_threads=num_threads)
+    fwd = engine.forward(call.net, input, call.h0, lengths=call.lengths,
+                         batch_major=not time_major, training=is_training,
+                         dropout=attrs.dropout, seed=(attrs.seed, attrs.seed2),
+                         num_threads=num_threads)
     output_h = fwd.hy if time_major else np.ascontiguousarray(fwd.hy.transpose(1, 0, 2))
-    if is_training:
-        reserve = _wrap_reserve(fwd.reserve, call, _fingerprint(call, input, input_h, params),
-                                attrs, time_major)
-    else:
-        reserve = np.empty(0, np.uint8)
+    reserve = fwd.reserve if is_training else np.empty(0, np.uint8)
     return fwd.y, output_h, np.empty(0, call.dtype), reserve
 
 
@@ -494,23 +342,61 @@ def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, *, rnn_
     host_reserved)``; ``host_reserved`` is an empty int8 array (TF's V3 writes a dummy).
     """
     attrs = _attrs(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj)
-    time_major = _flag(time_major, "time_major")
+    time_major = validate.flag(time_major, "time_major")
     out = _forward(input, input_h, params, sequence_lengths, attrs, is_training, time_major,
                    num_threads)
     return CudnnRNNV3(*out, np.empty(0, np.int8))
+
+
+# --- the reserve space ---------------------------------------------------------------------
+def _check_reserve(reserve_space, call, attrs, time_major):
+    """Refuse a ``reserve_space`` that is not the core reserve of a training forward with this
+    call's ``input``, ``input_h``, ``params``, ``sequence_lengths`` and attributes."""
+    def open_reserve(**data):
+        return engine.open_reserve(reserve_space, call.net, call.x, cell=_CELL,
+                                   batch_major=not time_major, what="reserve_space",
+                                   inference_hint=_INFERENCE_RESERVE, **data)
+    if not (isinstance(reserve_space, np.ndarray) and reserve_space.dtype == np.uint8
+            and reserve_space.ndim == 1 and reserve_space.size):
+        open_reserve(data=False)        # not a byte vector, or empty: the core refuses it
+    if reserve_space.size < reserve_mod.HEADER * 8:
+        raise ValueError(f"reserve_space: {reserve_space.size} bytes is too small for a cgru.tf "
+                         f"reserve space (from a different call?)")
+    if not reserve_mod.is_reserve(reserve_space):
+        raise ValueError("reserve_space: not a cgru.tf reserve space (bad header); pass the "
+                         "reserve_space of the matching training forward")
+    nbytes = engine.reserve_nbytes(call.net, call.T, call.N)
+    if reserve_space.size != nbytes:
+        raise ValueError(f"reserve_space: expected {nbytes} bytes for this call "
+                         f"({_describe(call.topo)}, max_seq_length={call.T}, "
+                         f"batch_size={call.N}, {call.dtype}), got {reserve_space.size} "
+                         f"(truncated or padded, or from a different call?)")
+    recorded = reserve_mod.read_header(reserve_space)
+    if recorded["batch_major"] == time_major:
+        raise ValueError(f"reserve_space: the forward ran with a different layout (time_major="
+                         f"{not recorded['batch_major']}) than this backprop call (time_major="
+                         f"{time_major})")
+    names = {"dropout": attrs.dropout}
+    if attrs.dropout > 0:                   # the seeds matter only with dropout
+        names.update(seed=attrs.seed, seed2=attrs.seed2)
+    for name, value in names.items():
+        if recorded[name] != value:
+            raise ValueError(f"reserve_space: the forward ran with a different {name} than "
+                             f"this backprop call ({recorded[name]} vs {value})")
+    try:
+        open_reserve(h0=call.h0, lengths=call.lengths)
+    except ValueError as e:     # the model, input, params, input_h or sequence_lengths differ
+        raise ValueError(_OTHER_CALL) from e
 
 
 # --- backprop ops --------------------------------------------------------------------------
 def _check_like(a, what, dtype, shape, optional):
     if a is None and optional:
         return None
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{what}: expected a numpy array, got {type(a).__name__}")
-    if a.dtype != dtype:
-        raise TypeError(f"{what}: expected dtype {dtype} (the dtype of input), got {a.dtype}")
+    validate.float_array(a, what, dtype, like="(the dtype of input)")
     if a.shape != shape:
-        raise ValueError(f"Invalid {what} shape: {_tf_shape(a.shape)} {_tf_shape(shape)} "
-                         f"({what}: expected {_tf_shape(shape)})")
+        raise ValueError(f"Invalid {what} shape: {tf_shape(a.shape)} {tf_shape(shape)} "
+                         f"({what}: expected {tf_shape(shape)})")
     return a
 
 
@@ -527,10 +413,9 @@ def _backprop(input, input_h, params, sequence_lengths, output, output_h, output
     dhy = _check_like(output_h_backprop, "output_h_backprop", dtype, h_shape, optional=True)
     if dhy is not None and not time_major:
         dhy = np.ascontiguousarray(dhy.transpose(1, 0, 2))
-    reserve = _unwrap_reserve(reserve_space, call, _fingerprint(call, input, input_h, params),
-                              attrs, time_major)
-    g = backward(call.params, input, reserve, dy, dhy, batch_major=not time_major,
-                 num_threads=num_threads)
+    _check_reserve(reserve_space, call, attrs, time_major)
+    g = engine.backward(call.net, input, reserve_space, dy, dhy, batch_major=not time_major,
+                        num_threads=num_threads)
     dh0 = g.dh0 if time_major else np.ascontiguousarray(g.dh0.transpose(1, 0, 2))
     return CudnnRNNBackprop(g.dx, dh0, np.empty(0, dtype), g.dparams.flat())
 
@@ -566,7 +451,7 @@ def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, out
     ``cudnn_rnn_backprop``.
     """
     attrs = _attrs(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj)
-    time_major = _flag(time_major, "time_major")
+    time_major = validate.flag(time_major, "time_major")
     return _backprop(input, input_h, params, sequence_lengths, output, output_h,
                      output_backprop, output_h_backprop, reserve_space, attrs, time_major,
                      num_threads)
