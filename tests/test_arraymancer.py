@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import cgru
-from cgru import reference
+from cgru.core import reference
 from cgru.arraymancer import GRULayer, gru, gru_backward, gru_forward
 
 # --- 1. Arraymancer's published reference vectors -------------------------------------------

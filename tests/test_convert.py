@@ -22,9 +22,10 @@ def _rng(seed):
     return np.random.default_rng(seed)
 
 
-def _params(I=3, H=2, L=1, direction="forward", seed=0, dtype=np.float64, input_mode="linear"):
-    return cgru.Params.random(cgru.Topology(I, H, L, direction, input_mode), dtype, seed=seed,
-                              scale=0.8)
+def _params(I=3, H=2, L=1, direction="forward", seed=0, dtype=np.float64, input_mode="linear",
+            cell=None):
+    return cgru.Network.random(cgru.Topology(I, H, L, direction, input_mode), dtype, seed=seed,
+                               scale=0.8, cell=cell)
 
 
 def _assert_params_equal(a, b):
@@ -36,8 +37,9 @@ def _assert_params_equal(a, b):
             np.testing.assert_array_equal(arr, other, err_msg=f"layer-direction {i} {name}")
 
 
-def _run(params, cell, x, h0=None, **kw):
-    return cgru.forward(params, x, h0, cell=cell, **kw)[:2]
+def _run(net, x, h0=None, **kw):
+    """The network's own function: no cell is passed (the network carries it)."""
+    return cgru.forward(net, x, h0, **kw)[:2]
 
 
 def _x(T, N, I, seed=1, dtype=np.float64):
@@ -54,12 +56,12 @@ def test_torch_module_outputs_and_gradients(L, bidirectional, bias):
     torch.manual_seed(L + 2 * bidirectional)
     m = torch.nn.GRU(4, 3, L, bias=bias, bidirectional=bidirectional).double()
     sd = {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
-    params, cell = convert.from_torch(sd)
-    assert cell == cgru.Cell()
+    net = convert.from_torch(sd)
+    assert isinstance(net, cgru.Network) and net.cell == cgru.Cell()
     D = 2 if bidirectional else 1
-    assert params.topology == cgru.Topology(4, 3, L, "bidirectional" if D == 2 else "forward")
+    assert net.topology == cgru.Topology(4, 3, L, "bidirectional" if D == 2 else "forward")
     # round trip state_dict → canonical → state_dict is bitwise
-    back = convert.to_torch(params, cell, bias=bias)
+    back = convert.to_torch(net, bias=bias)
     assert list(back) == list(sd)
     for k in sd:
         np.testing.assert_array_equal(back[k], sd[k])
@@ -73,14 +75,14 @@ def test_torch_module_outputs_and_gradients(L, bidirectional, bias):
     y_t, hy_t = m(tx, th0)
     ((y_t * torch.from_numpy(dy)).sum() + (hy_t * torch.from_numpy(dhy)).sum()).backward()
 
-    y, hy, reserve = cgru.forward(params, x, h0, cell=cell, training=True)
+    y, hy, reserve = cgru.forward(net, x, h0, training=True)
     np.testing.assert_allclose(y, y_t.detach().numpy(), **F64)
     np.testing.assert_allclose(hy, hy_t.detach().numpy(), **F64)
-    dx, dh0, dparams = cgru.backward(params, x, reserve, dy, dhy, cell=cell)
+    dx, dh0, dparams = cgru.backward(net, x, reserve, dy, dhy)
     np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(dh0, th0.grad.numpy(), rtol=1e-10, atol=1e-12)
     # gradients map to PyTorch's layout with the same converter as the weights
-    dsd = convert.to_torch(dparams, cell)
+    dsd = convert.to_torch(dparams)
     for name, p in m.named_parameters():
         np.testing.assert_allclose(dsd[name], p.grad.numpy(), rtol=1e-10, atol=1e-12,
                                    err_msg=name)
@@ -90,7 +92,7 @@ def test_torch_round_trip_from_canonical_and_tensors():
     torch = pytest.importorskip("torch")
     p = _params(3, 2, 2, "bidirectional", seed=4, dtype=np.float32)
     sd = convert.to_torch(p)
-    q, _ = convert.from_torch({k: torch.from_numpy(v) for k, v in sd.items()})  # tensors too
+    q = convert.from_torch({k: torch.from_numpy(v) for k, v in sd.items()})  # tensors too
     _assert_params_equal(q, p)
     # the arrays are copies: changing the output leaves the source alone
     sd["weight_hh_l0"][:] = 0
@@ -107,19 +109,19 @@ def test_torch_skip_input_becomes_identity_matrices():
     m.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()})
     x = _x(4, 2, 3)
     y_t, _ = m(torch.from_numpy(x))
-    np.testing.assert_allclose(_run(p, None, x)[0], y_t.detach().numpy(), **F64)
+    np.testing.assert_allclose(_run(p, x)[0], y_t.detach().numpy(), **F64)
 
 
 def test_torch_refusals():
     p = _params(seed=6)
     with pytest.raises(ValueError, match="reset-after"):
-        convert.to_torch(p, cgru.Cell(reset_after=False))
+        convert.to_torch(p.with_cell(cgru.Cell(reset_after=False)))
     with pytest.raises(ValueError, match="flip_z"):
-        convert.to_torch(p, cgru.Cell(flip_z=True))
+        convert.to_torch(p.with_cell(cgru.Cell(flip_z=True)))
     with pytest.raises(ValueError, match="clip"):
-        convert.to_torch(p, cgru.Cell(clip=3.0))
+        convert.to_torch(p.with_cell(cgru.Cell(clip=3.0)))
     with pytest.raises(ValueError, match="fixed activations"):
-        convert.to_torch(p, cgru.Cell(g="relu"))
+        convert.to_torch(p.with_cell(cgru.Cell(g="relu")))
     with pytest.raises(ValueError, match="direction='reverse'"):
         convert.to_torch(_params(direction="reverse"))
     with pytest.raises(ValueError, match="non-zero biases"):
@@ -137,7 +139,8 @@ def test_torch_refusals():
 # --- Keras: its equations, written out from the Keras GRUCell (semantics.md §8) ---------------
 _ACT = {"sigmoid": lambda a: 1 / (1 + np.exp(-a)), "tanh": np.tanh,
         "relu": lambda a: np.maximum(a, 0), "linear": lambda a: a,
-        "none": lambda a: a, "hard_sigmoid": lambda a: np.clip(0.2 * a + 0.5, 0, 1)}
+        "none": lambda a: a, "hard_sigmoid": lambda a: np.clip(0.2 * a + 0.5, 0, 1),
+        "softsign": lambda a: a / (1 + np.abs(a))}
 
 
 def _keras_gru(x, kernel, rec, bias, reset_after, act, rec_act, go_backwards=False):
@@ -204,48 +207,48 @@ def _random_keras(I, H, L, reset_after, bidirectional, use_bias=True, seed=0):
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_keras_weights_compute_the_keras_function(reset_after, bidirectional):
     weights = _random_keras(3, 2, 2, reset_after, bidirectional, seed=7 + reset_after)
-    params, cell = convert.from_keras(weights, reset_after=reset_after,
-                                      bidirectional=bidirectional)
-    assert cell.reset_after == reset_after
+    net = convert.from_keras(weights, reset_after=reset_after, bidirectional=bidirectional)
+    assert net.cell.reset_after == reset_after
     x = _x(3, 4, 5, seed=8).transpose(1, 0, 2)[:, :, :3].copy()          # [N, T, I]
-    y, _ = _run(params, cell, x, batch_major=True)
+    y, _ = _run(net, x, batch_major=True)
     np.testing.assert_allclose(y, _keras_stack(x, weights, reset_after, bidirectional), **F64)
     # round trip Keras → canonical → Keras is bitwise
-    back = convert.to_keras(params, cell)
+    back = convert.to_keras(net)
     for wa, wb in zip(back, weights):
         assert len(wa) == len(wb)
         for a, b in zip(wa, wb):
             np.testing.assert_array_equal(a, b)
-    assert convert.keras_config(cell) == {"activation": "tanh", "recurrent_activation": "sigmoid",
-                                         "reset_after": reset_after}
+    assert convert.keras_config(net) == {"activation": "tanh", "recurrent_activation": "sigmoid",
+                                        "reset_after": reset_after}
+    assert convert.keras_config(net.cell) == convert.keras_config(net)
 
 
 def test_keras_no_bias_and_other_activations():
     weights = _random_keras(3, 2, 1, True, False, use_bias=False, seed=9)
-    params, cell = convert.from_keras(weights, activation="relu", recurrent_activation="sigmoid")
-    assert cell.g.name == "relu" and all(not np.any(lp.b_W) for lp in params)
+    net = convert.from_keras(weights, activation="relu", recurrent_activation="sigmoid")
+    assert net.cell.g.name == "relu" and all(not np.any(lp.b_W) for lp in net)
     x = _x(4, 2, 3, seed=10).transpose(1, 0, 2).copy()
-    np.testing.assert_allclose(_run(params, cell, x, batch_major=True)[0],
+    np.testing.assert_allclose(_run(net, x, batch_major=True)[0],
                                _keras_stack(x, weights, True, False, act="relu"), **F64)
-    back = convert.to_keras(params, cell, use_bias=False)
+    back = convert.to_keras(net, use_bias=False)
     assert len(back[0]) == 2
-    assert convert.keras_config(cell)["activation"] == "relu"
+    assert convert.keras_config(net)["activation"] == "relu"
 
 
 @pytest.mark.parametrize("reset_after", [True, False])
 def test_canonical_to_keras_keeps_the_function(reset_after):
     cell = cgru.Cell(reset_after=reset_after, f_r="relu", f_z="relu", g="identity")
-    p = _params(3, 2, 2, "bidirectional", seed=11)
-    weights = convert.to_keras(p, cell)
-    cfg = convert.keras_config(cell)
+    p = _params(3, 2, 2, "bidirectional", seed=11, cell=cell)
+    weights = convert.to_keras(p)
+    cfg = convert.keras_config(p)
     assert cfg == {"activation": "linear", "recurrent_activation": "relu",
                    "reset_after": reset_after}
     x = _x(4, 3, 3, seed=12).transpose(1, 0, 2).copy()
     np.testing.assert_allclose(
         _keras_stack(x, weights, reset_after, True, cfg["activation"], cfg["recurrent_activation"]),
-        _run(p, cell, x, batch_major=True)[0], **F64)
-    q, qcell = convert.from_keras(weights, bidirectional=True, **cfg)
-    assert qcell == cell
+        _run(p, x, batch_major=True)[0], **F64)
+    q = convert.from_keras(weights, bidirectional=True, **cfg)
+    assert q.cell == cell
     if reset_after:
         _assert_params_equal(q, p)
     else:   # reset-before Keras holds one bias vector: the sums, exact as a function
@@ -253,20 +256,20 @@ def test_canonical_to_keras_keeps_the_function(reset_after):
             np.testing.assert_array_equal(lq.W, lp.W)
             np.testing.assert_array_equal(lq.b_W, lp.b_W + lp.b_R)
             assert not np.any(lq.b_R)
-        np.testing.assert_allclose(_run(q, cell, x, batch_major=True)[0],
-                                   _run(p, cell, x, batch_major=True)[0], **F64)
+        np.testing.assert_allclose(_run(q, x, batch_major=True)[0],
+                                   _run(p, x, batch_major=True)[0], **F64)
 
 
 def test_keras_refusals():
     p = _params(seed=13)
     with pytest.raises(ValueError, match="one activation for both gates"):
-        convert.to_keras(p, cgru.Cell(f_r="relu"))
+        convert.to_keras(p.with_cell(cgru.Cell(f_r="relu")))
     with pytest.raises(ValueError, match="hard_sigmoid"):
-        convert.to_keras(p, cgru.Cell(f_r="hard_sigmoid", f_z="hard_sigmoid"))
+        convert.to_keras(p.with_cell(cgru.Cell(f_r="hard_sigmoid", f_z="hard_sigmoid")))
     with pytest.raises(ValueError, match="clip"):
-        convert.to_keras(p, cgru.Cell(clip=1.0))
+        convert.to_keras(p.with_cell(cgru.Cell(clip=1.0)))
     with pytest.raises(ValueError, match="flip_z"):
-        convert.to_keras(p, cgru.Cell(flip_z=True))
+        convert.to_keras(p.with_cell(cgru.Cell(flip_z=True)))
     with pytest.raises(ValueError, match="go_backwards"):
         convert.to_keras(_params(direction="reverse"))
     with pytest.raises(ValueError, match="reset-before"):
@@ -284,9 +287,9 @@ def test_tf_canonical_round_trip_and_order():
     p = _params(3, 2, 2, "bidirectional", seed=14)
     weights, biases = convert.to_tf_canonical(p)
     assert len(weights) == len(biases) == 24
-    q, cell = convert.from_tf_canonical(weights, biases, direction="bidirectional")
+    q = convert.from_tf_canonical(weights, biases, direction="bidirectional")
     _assert_params_equal(q, p)
-    assert cell == cgru.Cell()
+    assert q.cell == cgru.Cell()
     # index (l·D + d)·6 + k, k = cuDNN linLayerID, equals PyTorch's row blocks (no permutation)
     sd = convert.to_torch(p)
     H = 2
@@ -305,7 +308,7 @@ def test_tf_canonical_skip_mode():
     p = _params(2, 2, 2, seed=15, input_mode="skip")
     weights, biases = convert.to_tf_canonical(p)
     assert [w.shape for w in weights[:3]] == [(2, 0)] * 3
-    q, _ = convert.from_tf_canonical(weights, biases, input_mode="skip")
+    q = convert.from_tf_canonical(weights, biases, input_mode="skip")
     _assert_params_equal(q, p)
 
 
@@ -313,7 +316,7 @@ def test_tf_opaque_round_trip_and_keras_cudnn_layout():
     p = _params(3, 2, 2, "bidirectional", seed=16, dtype=np.float32)
     flat = convert.to_tf_opaque(p)
     np.testing.assert_array_equal(flat, p.flat())
-    q, _ = convert.from_tf_opaque(flat, p.topology)
+    q = convert.from_tf_opaque(flat, p.topology)
     _assert_params_equal(q, p)
     # one unidirectional layer: the flat vector Keras builds for CudnnRNNV3
     # (_standardize_cudnn_weights: split kernel/recurrent_kernel columns into z, r, h, swap
@@ -327,13 +330,13 @@ def test_tf_opaque_round_trip_and_keras_cudnn_layout():
     want = np.concatenate([m.T.ravel() for m in (kr, kz, kh, rr, rz, rh)] +
                           [b[H:2 * H], b[:H], b[2 * H:3 * H], b[4 * H:5 * H], b[3 * H:4 * H],
                            b[5 * H:]])
-    params, cell = convert.from_keras([[kernel, rec, bias]])
-    np.testing.assert_array_equal(convert.to_tf_opaque(params, cell), want)
+    net = convert.from_keras([[kernel, rec, bias]])
+    np.testing.assert_array_equal(convert.to_tf_opaque(net), want)
 
 
 def test_tf_refusals():
     with pytest.raises(ValueError, match="reset-after"):
-        convert.to_tf_canonical(_params(), cgru.Cell(reset_after=False))
+        convert.to_tf_canonical(_params(cell=cgru.Cell(reset_after=False)))
     with pytest.raises(ValueError, match="direction='reverse'"):
         convert.to_tf_opaque(_params(direction="reverse"))
     with pytest.raises(ValueError, match="6·L·D"):
@@ -377,12 +380,12 @@ def test_onnx_node_weights_compute_the_onnxruntime_function(direction, lbr, extr
     X = _x(T, N, I, seed=19, dtype=np.float32)
     h0 = rng.uniform(-1, 1, (D, N, H)).astype(np.float32)
     Y, Y_h = _ort_node(X, layer, attrs, h0)
-    params, cell = convert.from_onnx(layer, **attrs)
-    y, hy = _run(params, cell, X, h0)
+    net = convert.from_onnx(layer, **attrs)
+    y, hy = _run(net, X, h0)
     np.testing.assert_allclose(y, Y.transpose(0, 2, 1, 3).reshape(T, N, D * H), **F32)
     np.testing.assert_allclose(hy, Y_h, **F32)
     # round trip ONNX → canonical → ONNX: the same arrays and attributes
-    layers, attrs2 = convert.to_onnx(params, cell)
+    layers, attrs2 = convert.to_onnx(net)
     for k in "WRB":
         np.testing.assert_array_equal(layers[0][k], layer[k])
     assert attrs2 == attrs
@@ -390,9 +393,9 @@ def test_onnx_node_weights_compute_the_onnxruntime_function(direction, lbr, extr
 
 def test_canonical_stack_to_onnx_nodes_in_onnxruntime():
     # a 2-layer bidirectional stack becomes two nodes, Y reshaped to the next X
-    p = _params(4, 3, 2, "bidirectional", seed=20, dtype=np.float32)
     cell = cgru.Cell(clip=0.9, f_r="hard_sigmoid", f_z="hard_sigmoid", g="identity")
-    layers, attrs = convert.to_onnx(p, cell)
+    p = _params(4, 3, 2, "bidirectional", seed=20, dtype=np.float32, cell=cell)
+    layers, attrs = convert.to_onnx(p)
     assert attrs["activations"] == ["HardSigmoid", "Affine"] * 2
     assert attrs["activation_alpha"] == [0.2, 1.0] * 2
     assert attrs["activation_beta"] == [0.5, 0.0] * 2
@@ -401,18 +404,18 @@ def test_canonical_stack_to_onnx_nodes_in_onnxruntime():
     for layer in layers:
         Y, _ = _ort_node(x, layer, attrs)
         x = np.ascontiguousarray(Y.transpose(0, 2, 1, 3).reshape(5, 3, 6))
-    np.testing.assert_allclose(x, _run(p, cell, X)[0], **F32)
-    q, qcell = convert.from_onnx(layers, **attrs)
-    assert qcell == cell
+    np.testing.assert_allclose(x, _run(p, X)[0], **F32)
+    q = convert.from_onnx(layers, **attrs)
+    assert q.cell == cell
     _assert_params_equal(q, p)
 
 
 def test_onnx_refusals():
     p = _params(seed=22)
     with pytest.raises(ValueError, match="flip_z"):
-        convert.to_onnx(p, cgru.Cell(flip_z=True))
+        convert.to_onnx(p.with_cell(cgru.Cell(flip_z=True)))
     with pytest.raises(ValueError, match="one activation for both gates"):
-        convert.to_onnx(p, cgru.Cell(f_z="relu"))
+        convert.to_onnx(p.with_cell(cgru.Cell(f_z="relu")))
     with pytest.raises(ValueError, match="reset-before"):
         convert.to_onnx(p, linear_before_reset=0)
     layers, attrs = convert.to_onnx(_params(direction="bidirectional", seed=23))
@@ -476,14 +479,14 @@ def test_mps_tensors_compute_the_mps_function(reset_gate_first, reset_after, fli
                 reset_gate_first=reset_gate_first, reset_after=reset_after, flip_z=flip_z,
                 update_gate_activation="hard_sigmoid", reset_gate_activation="sigmoid",
                 output_gate_activation="tanh" if reset_after else "relu")
-    params, cell = convert.from_mps(ops, **desc)
+    net = convert.from_mps(ops, **desc)
     x = _x(4, 3, 3, seed=25)
     want = x
     for op in ops:
         want = _mps_op(want, op, desc)
-    np.testing.assert_allclose(_run(params, cell, x)[0], want, **F64)
+    np.testing.assert_allclose(_run(net, x)[0], want, **F64)
     # MPS → canonical → MPS is bitwise (the gate sums sit in b_W, zeros in b_R)
-    back, desc2 = convert.to_mps(params, cell, reset_gate_first=reset_gate_first)
+    back, desc2 = convert.to_mps(net, reset_gate_first=reset_gate_first)
     assert desc2 == desc
     for a, b in zip(back, ops):
         for k in a:
@@ -495,19 +498,19 @@ def test_mps_tensors_compute_the_mps_function(reset_gate_first, reset_after, fli
 
 @pytest.mark.parametrize("reset_after", [False, True])
 def test_canonical_to_mps_sums_biases_exactly(reset_after):
-    p = _params(3, 2, 1, "bidirectional", seed=26)
     cell = cgru.Cell(reset_after=reset_after)
+    p = _params(3, 2, 1, "bidirectional", seed=26, cell=cell)
     for rgf in (False, True):
-        ops, desc = convert.to_mps(p, cell, reset_gate_first=rgf)
+        ops, desc = convert.to_mps(p, reset_gate_first=rgf)
         H = 2
         z = 1 if rgf else 0              # where z sits in MPS' order
         np.testing.assert_array_equal(ops[0]["bias"][z * H:(z + 1) * H],
                                       p[0].b_W[H:2 * H] + p[0].b_R[H:2 * H])
         x = _x(4, 3, 3, seed=27)
-        np.testing.assert_allclose(_mps_op(x, ops[0], desc), _run(p, cell, x)[0], **F64)
-        q, qcell = convert.from_mps(ops, **desc)
-        assert qcell == cell
-        np.testing.assert_allclose(_run(q, qcell, x)[0], _run(p, cell, x)[0], **F64)
+        np.testing.assert_allclose(_mps_op(x, ops[0], desc), _run(p, x)[0], **F64)
+        q = convert.from_mps(ops, **desc)
+        assert q.cell == cell
+        np.testing.assert_allclose(_run(q, x)[0], _run(p, x)[0], **F64)
 
 
 def test_mps_projected_input():
@@ -515,8 +518,8 @@ def test_mps_projected_input():
     ops, desc = convert.to_mps(p, reset_gate_first=True)
     assert ops[0]["input_weight"] is None
     x = _x(4, 3, 12, seed=29)
-    np.testing.assert_allclose(_mps_op(x, ops[0], desc), _run(p, None, x)[0], **F64)
-    q, _ = convert.from_mps(ops, **desc)
+    np.testing.assert_allclose(_mps_op(x, ops[0], desc), _run(p, x)[0], **F64)
+    q = convert.from_mps(ops, **desc)
     assert q.topology.input_mode == "projected"
     with pytest.raises(ValueError, match="reset_gate_first=True"):
         convert.to_mps(p)
@@ -527,11 +530,11 @@ def test_mps_projected_input():
 def test_mps_refusals():
     p = _params(seed=30)
     with pytest.raises(ValueError, match="clip"):
-        convert.to_mps(p, cgru.Cell(clip=2.0))
+        convert.to_mps(p.with_cell(cgru.Cell(clip=2.0)))
     with pytest.raises(ValueError, match="elu"):
-        convert.to_mps(p, cgru.Cell(g="elu"))
+        convert.to_mps(p.with_cell(cgru.Cell(g="elu")))
     with pytest.raises(ValueError, match="hard_sigmoid"):
-        convert.to_mps(p, cgru.Cell(f_z=("hard_sigmoid", 0.25, 0.5)))
+        convert.to_mps(p.with_cell(cgru.Cell(f_z=("hard_sigmoid", 0.25, 0.5))))
     with pytest.raises(ValueError, match="resetAfter=NO"):
         convert.to_mps(p, reset_after=False)
     with pytest.raises(ValueError, match="update_gate_activation"):
@@ -543,12 +546,12 @@ def test_arraymancer_round_trip_outputs_and_gradients():
     p = _params(4, 3, 3, seed=31)
     t = convert.to_arraymancer(p)
     assert t["w3sN"].shape == (2, 9, 3) and t["bW3s"].shape == (3, 1, 9)
-    q, cell = convert.from_arraymancer(**t)
+    q = convert.from_arraymancer(**t)
     _assert_params_equal(q, p)
     x, h0 = _x(4, 2, 4, seed=32), _rng(33).standard_normal((3, 2, 3))
     args = (t["w3s0"], t["w3sN"], t["u3s"], t["bW3s"], t["bU3s"])
     y, hy = am_gru(x, h0, *args)
-    y2, hy2 = _run(p, cell, x, h0)
+    y2, hy2 = _run(q, x, h0)
     np.testing.assert_array_equal(y, y2)
     np.testing.assert_array_equal(hy, hy2)
     # gradients: Arraymancer's backward = the core's gradients through the same converter
@@ -566,7 +569,7 @@ def test_arraymancer_refusals():
     with pytest.raises(ValueError, match="unidirectional forward only"):
         convert.to_arraymancer(_params(direction="bidirectional"))
     with pytest.raises(ValueError, match="reset-after"):
-        convert.to_arraymancer(_params(), cgru.Cell(reset_after=False))
+        convert.to_arraymancer(_params(cell=cgru.Cell(reset_after=False)))
     t = convert.to_arraymancer(_params(3, 2, 2))
     with pytest.raises(ValueError, match=r"bU3s: expected shape \[2, 1, 6\]"):
         convert.from_arraymancer(**dict(t, bU3s=t["bU3s"][:, 0]))
@@ -609,12 +612,11 @@ def test_onednn_tensors_compute_the_onednn_function(lbr, direction):
     wl = rng.uniform(-0.9, 0.9, (L, D, I, 3, H))
     wi = rng.uniform(-0.9, 0.9, (L, D, H, 3, H))
     bias = rng.uniform(-0.9, 0.9, (L, D, 4 if lbr else 3, H))
-    params, cell = convert.from_onednn(wl, wi, bias, direction=direction)
-    assert cell.reset_after == lbr
+    net = convert.from_onednn(wl, wi, bias, direction=direction)
+    assert net.cell.reset_after == lbr
     x = _x(4, 3, I, seed=36)
-    np.testing.assert_allclose(_run(params, cell, x)[0], _onednn(x, wl, wi, bias, direction),
-                               **F64)
-    back = convert.to_onednn(params, cell)
+    np.testing.assert_allclose(_run(net, x)[0], _onednn(x, wl, wi, bias, direction), **F64)
+    back = convert.to_onednn(net)
     assert back["cell_kind"] == ("lbr_gru" if lbr else "vanilla_gru")
     assert back["direction"] == direction
     for k, v in (("weights_layer", wl), ("weights_iter", wi), ("bias", bias)):
@@ -624,24 +626,173 @@ def test_onednn_tensors_compute_the_onednn_function(lbr, direction):
 def test_canonical_to_onednn_and_refusals():
     p = _params(5, 2, 1, "bidirectional", seed=37)
     for reset_after in (False, True):
-        cell = cgru.Cell(reset_after=reset_after)
-        t = convert.to_onednn(p, cell)
+        t = convert.to_onednn(p.with_cell(cgru.Cell(reset_after=reset_after)))
         assert t["bias"].shape == (1, 2, 4 if reset_after else 3, 2)
         x = _x(3, 2, 5, seed=38)
         np.testing.assert_allclose(_onednn(x, t["weights_layer"], t["weights_iter"], t["bias"],
-                                           t["direction"]), _run(p, cell, x)[0], **F64)
+                                           t["direction"]),
+                                   _run(p.with_cell(cgru.Cell(reset_after=reset_after)), x)[0],
+                                   **F64)
     with pytest.raises(ValueError, match="input_size == D·H"):
         convert.to_onednn(_params(5, 2, 2))
     with pytest.raises(ValueError, match="flip_z"):
-        convert.to_onednn(p, cgru.Cell(flip_z=True))
+        convert.to_onednn(p.with_cell(cgru.Cell(flip_z=True)))
     with pytest.raises(ValueError, match="fixed activations"):
-        convert.to_onednn(p, cgru.Cell(g="relu"))
+        convert.to_onednn(p.with_cell(cgru.Cell(g="relu")))
     with pytest.raises(ValueError, match="reset-before"):
         convert.to_onednn(p, cell_kind="vanilla_gru")
     t = convert.to_onednn(p)
     with pytest.raises(ValueError, match="bidirectional_sum"):
         convert.from_onednn(t["weights_layer"], t["weights_iter"], t["bias"],
                             direction="bidirectional_sum")
+
+
+# --- the network carries its cell: from_* results compute the source's function ------------
+# Each model goes through cgru.forward WITHOUT a cell argument and is compared with the source
+# system's own answer.  Before networks carried their cells, these conversions returned
+# (Params, Cell) and a forgotten cell silently computed cuDNN's cell instead.
+def _onnx_system(X, layer, attrs):
+    """``Y`` of one ONNX GRU node as the ONNX side computes it: onnxruntime where it is
+    installed, the ONNX reference evaluator otherwise."""
+    pytest.importorskip("onnx")
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        if "activations" in attrs or "clip" in attrs:
+            pytest.skip("the ONNX reference evaluator's GRU has the default activations only")
+        from onnx import TensorProto, helper
+        from onnx.reference import ReferenceEvaluator
+        node = helper.make_node("GRU", ["X", "W", "R", "B"], ["Y", "Y_h"], **attrs)
+        vis = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "XWRB"]
+        outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("Y", "Y_h")]
+        model = helper.make_model(helper.make_graph([node], "g", vis, outs),
+                                  opset_imports=[helper.make_opsetid("", 22)])
+        return ReferenceEvaluator(model).run(None, {"X": X, **layer})[0]
+    return _ort_node(X, layer, attrs)[0]
+
+
+@pytest.mark.parametrize("attrs", [
+    {},                                                    # ONNX's default: reset-before
+    {"direction": "reverse"},
+    {"direction": "bidirectional"},
+    {"direction": "bidirectional", "activations": ["HardSigmoid", "Softsign"] * 2,
+     "activation_alpha": [0.3] * 2, "activation_beta": [0.4] * 2, "clip": 1.5},
+], ids=["default", "reverse", "bidirectional", "bidirectional-activations-clip"])
+def test_from_onnx_network_computes_the_onnx_function_without_a_cell(attrs):
+    D = 2 if attrs.get("direction") == "bidirectional" else 1
+    H, I, T, N = 3, 4, 5, 2
+    rng = _rng(60)
+    layer = {"W": rng.uniform(-1, 1, (D, 3 * H, I)).astype(np.float32),
+             "R": rng.uniform(-1, 1, (D, 3 * H, H)).astype(np.float32),
+             "B": rng.uniform(-1, 1, (D, 6 * H)).astype(np.float32)}
+    X = _x(T, N, I, seed=61, dtype=np.float32)
+    attrs = dict(hidden_size=H, **attrs)
+    Y = _onnx_system(X, layer, attrs)
+    net = convert.from_onnx(layer, **attrs)
+    assert not net.cell.reset_after                       # linear_before_reset=0
+    y = cgru.forward(net, X).y
+    np.testing.assert_allclose(y, Y.transpose(0, 2, 1, 3).reshape(T, N, D * H), **F32)
+    # cuDNN's cell on the same weights is another function: the cell is not a detail
+    cudnn = cgru.forward(net.with_cell(cgru.Cell()), X).y
+    assert np.abs(cudnn - y).max() > 1e-2
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("act,rec_act", [("tanh", "sigmoid"), ("softsign", "relu")])
+def test_from_keras_reset_before_network_computes_the_keras_function_without_a_cell(
+        bidirectional, act, rec_act):
+    weights = _random_keras(3, 2, 2, False, bidirectional, seed=62)
+    net = convert.from_keras(weights, reset_after=False, bidirectional=bidirectional,
+                             activation=act, recurrent_activation=rec_act)
+    x = _x(5, 3, 3, seed=63).transpose(1, 0, 2).copy()                 # [N, T, I]
+    y = cgru.forward(net, x, batch_major=True).y
+    np.testing.assert_allclose(y, _keras_stack(x, weights, False, bidirectional, act, rec_act),
+                               **F64)
+    cudnn = cgru.forward(net.with_cell(cgru.Cell()), x, batch_major=True).y
+    assert np.abs(cudnn - y).max() > 1e-3
+
+
+@pytest.mark.parametrize("desc", [
+    {},                                                    # MPSGraph's default: reset-before
+    {"reset_gate_first": True, "flip_z": True, "update_gate_activation": "hard_sigmoid"},
+    {"reverse": True, "reset_after": True, "output_gate_activation": "relu"},
+    {"bidirectional": True, "reset_gate_activation": "none", "flip_z": True},
+], ids=["default", "rgf-flipz-hardsigmoid", "reverse-resetafter-relu", "bidirectional"])
+def test_from_mps_network_computes_the_mps_function_without_a_cell(desc):
+    from cgru import mps
+    D = 2 if desc.get("bidirectional") else 1
+    (op,) = _random_mps(3, 2, 1, D, desc.get("reset_after", False), seed=64)
+    x = _x(4, 3, 3, seed=65)
+    want = mps.gru(x, op["recurrent_weight"], op["input_weight"], op["bias"],
+                   secondary_bias=op["secondary_bias"],
+                   descriptor=mps.GRUDescriptor(**desc))[0]
+    net = convert.from_mps([op], **desc)
+    np.testing.assert_allclose(cgru.forward(net, x).y, want, **F64)
+
+
+def test_a_contradicting_cell_is_refused():
+    net = convert.from_onnx({"W": _rng(66).uniform(-1, 1, (1, 6, 3)),
+                             "R": _rng(67).uniform(-1, 1, (1, 6, 2))})      # reset-before
+    x = _x(4, 2, 3, seed=68)
+    # the old silent mismatch — running an ONNX model with cuDNN's cell — cannot happen
+    with pytest.raises(ValueError, match="contradicts the network's own cell"):
+        cgru.forward(net, x, cell=cgru.Cell())
+    for to in (lambda: convert.to_torch(net, cgru.Cell()),
+               lambda: convert.to_onnx(net, cgru.Cell(reset_after=True)),
+               lambda: convert.to_keras(net, cgru.Cell(flip_z=True)),
+               lambda: convert.to_mps(net, cgru.Cell()),
+               lambda: convert.to_onednn(net, cgru.Cell()),
+               lambda: convert.to_tf_canonical(net, cgru.Cell()),
+               lambda: convert.to_arraymancer(net, cgru.Cell())):
+        with pytest.raises(ValueError, match="contradicts the network's own cell"):
+            to()
+    # the same cell is redundant (a DeprecationWarning), and converts
+    with pytest.warns(DeprecationWarning, match="redundant"):
+        layers, attrs = convert.to_onnx(net, net.cell)
+    assert attrs["linear_before_reset"] == 0
+
+
+def test_the_old_explicit_cell_form_still_works_with_a_warning():
+    p = _params(seed=69)                        # a network built without a cell
+    cell = cgru.Cell(reset_after=False)
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        layers, attrs = convert.to_onnx(p, cell)
+    assert attrs["linear_before_reset"] == 0
+    _assert_params_equal(convert.from_onnx(layers, **attrs), p)
+
+
+def test_option_strings_may_be_bytes():
+    """ONNX attributes (onnx.helper.get_attribute_value) and TF's op.get_attr give bytes."""
+    p = _params(3, 2, 1, "bidirectional", seed=70)
+    layers, attrs = convert.to_onnx(p.with_cell(cgru.Cell(f_r="relu", f_z="relu", g="elu")))
+    as_bytes = dict(attrs, direction=attrs["direction"].encode(),
+                    activations=[a.encode() for a in attrs["activations"]])
+    _assert_params_equal(convert.from_onnx(layers, **as_bytes), convert.from_onnx(layers, **attrs))
+    assert convert.from_onnx(layers, **as_bytes).cell == convert.from_onnx(layers, **attrs).cell
+    keras = _random_keras(3, 2, 1, True, False, seed=71)
+    assert convert.from_keras(keras, activation=b"relu", recurrent_activation=b"linear").cell \
+        == convert.from_keras(keras, activation="relu", recurrent_activation="linear").cell
+    ops = _random_mps(3, 2, 1, 1, False, seed=72)
+    assert convert.from_mps(ops, update_gate_activation=b"hard_sigmoid",
+                            reset_gate_activation=b"none", output_gate_activation=b"relu").cell \
+        == convert.from_mps(ops, update_gate_activation="hard_sigmoid",
+                            reset_gate_activation="none", output_gate_activation="relu").cell
+    o = convert.to_onednn(p, cell_kind=b"lbr_gru")
+    assert o["cell_kind"] == "lbr_gru"
+    _assert_params_equal(convert.from_onednn(o["weights_layer"], o["weights_iter"], o["bias"],
+                                             direction=o["direction"].encode()),
+                         convert.from_onednn(o["weights_layer"], o["weights_iter"], o["bias"],
+                                             direction=o["direction"]))
+    w, b = convert.to_tf_canonical(p)
+    _assert_params_equal(convert.from_tf_canonical(w, b, direction=b"bidirectional",
+                                                   input_mode=b"linear"), p)
+    with pytest.raises(ValueError, match="direction"):
+        convert.from_onnx(layers, **dict(attrs, direction=b"Bidirectional"))
+    with pytest.raises(ValueError, match="activation"):
+        convert.from_keras(keras, activation=b"gelu")
+    with pytest.raises(ValueError, match="direction"):
+        convert.from_onednn(o["weights_layer"], o["weights_iter"], o["bias"],
+                            direction=b"bidirectional_sum")
 
 
 # --- the conversion matrix -------------------------------------------------------------------
@@ -665,15 +816,16 @@ OnednnGRU   R  R  R  R  E  R  E  R  E  R  E
 
 
 def _native(system, I=3, H=2, seed=0):
-    """A random one-layer forward model in ``system``'s own tensors, as (Params, Cell)."""
+    """A random one-layer forward model in ``system``'s own tensors, as a network (with the
+    system's cell)."""
     rng = _rng(seed)
     u = lambda *s: rng.uniform(-0.9, 0.9, s)        # noqa: E731
     if system in ("PyTorch", "TF", "Arraymancer"):
         p = convert.from_torch({"weight_ih_l0": u(3 * H, I), "weight_hh_l0": u(3 * H, H),
                                 "bias_ih_l0": u(3 * H), "bias_hh_l0": u(3 * H)})
         if system == "TF":
-            return convert.from_tf_canonical(*convert.to_tf_canonical(*p))
-        return convert.from_arraymancer(**convert.to_arraymancer(*p)) \
+            return convert.from_tf_canonical(*convert.to_tf_canonical(p))
+        return convert.from_arraymancer(**convert.to_arraymancer(p)) \
             if system == "Arraymancer" else p
     if system.startswith("ONNX"):
         return convert.from_onnx({"W": u(1, 3 * H, I), "R": u(1, 3 * H, H), "B": u(1, 6 * H)},
@@ -689,40 +841,40 @@ def _native(system, I=3, H=2, seed=0):
     return convert.from_onednn(u(1, 1, I, 3, H), u(1, 1, H, 3, H), u(1, 1, 4 if lbr else 3, H))
 
 
-def _through(target, p, cell):
-    """Canonical → ``target``'s tensors → canonical."""
+def _through(target, p):
+    """Network → ``target``'s tensors → network (the cell travels with the network)."""
     if target == "PT":
-        return convert.from_torch(convert.to_torch(p, cell))
+        return convert.from_torch(convert.to_torch(p))
     if target == "TF":
-        return convert.from_tf_canonical(*convert.to_tf_canonical(p, cell),
+        return convert.from_tf_canonical(*convert.to_tf_canonical(p),
                                          direction=p.topology.direction,
                                          input_mode=p.topology.input_mode)
     if target == "AM":
-        return convert.from_arraymancer(**convert.to_arraymancer(p, cell))
+        return convert.from_arraymancer(**convert.to_arraymancer(p))
     if target in ("O1", "O0"):
-        layers, attrs = convert.to_onnx(p, cell, linear_before_reset=int(target == "O1"))
+        layers, attrs = convert.to_onnx(p, linear_before_reset=int(target == "O1"))
         return convert.from_onnx(layers, **attrs)
     if target in ("KA", "KB"):
         ra = target == "KA"
-        w = convert.to_keras(p, cell, reset_after=ra)
+        w = convert.to_keras(p, reset_after=ra)
         return convert.from_keras(w, bidirectional=p.topology.num_directions == 2,
-                                  **convert.keras_config(cell, reset_after=ra))
+                                  **convert.keras_config(p, reset_after=ra))
     if target in ("MA", "MB"):
-        ops, desc = convert.to_mps(p, cell, reset_after=target == "MA")
+        ops, desc = convert.to_mps(p, reset_after=target == "MA")
         return convert.from_mps(ops, **desc)
-    t = convert.to_onednn(p, cell, cell_kind="lbr_gru" if target == "DL" else "vanilla_gru")
+    t = convert.to_onednn(p, cell_kind="lbr_gru" if target == "DL" else "vanilla_gru")
     return convert.from_onednn(t["weights_layer"], t["weights_iter"], t["bias"],
                                direction=t["direction"])
 
 
-def _classify(target, p, cell, x):
+def _classify(target, p, x):
     try:
-        q, qcell = _through(target, p, cell)
+        q = _through(target, p)
     except ValueError:
         return "R"
-    assert qcell == cell
-    y = _run(p, cell, x)[0]
-    np.testing.assert_allclose(_run(q, qcell, x)[0], y, **F64)
+    assert q.cell == p.cell
+    y = _run(p, x)[0]
+    np.testing.assert_allclose(_run(q, x)[0], y, **F64)
     same = all(np.array_equal(getattr(a, k), getattr(b, k))
                for a, b in zip(p, q) for k in ("W", "R", "b_W", "b_R"))
     if same:
@@ -741,40 +893,41 @@ def test_conversion_matrix():
     got, want = {}, {}
     for i, line in enumerate(lines[1:]):
         source, *cells = line.split()
-        p, cell = _native(source, seed=40 + i)
+        p = _native(source, seed=40 + i)
         for target, expected in zip(targets, cells):
             want[source, target] = expected
-            got[source, target] = _classify(target, p, cell, x)
+            got[source, target] = _classify(target, p, x)
     assert got == want
 
 
 # Which targets can express a feature of the source (all other targets refuse it).
 FEATURES = {
     "bidirectional": ({"PT", "TF", "O1", "KA", "MA", "DL"},
-                      lambda: (_params(3, 2, 1, "bidirectional", seed=50), cgru.Cell())),
-    "reverse": ({"O1", "MA", "DL"}, lambda: (_params(3, 2, 1, "reverse", seed=51), cgru.Cell())),
+                      lambda: _params(3, 2, 1, "bidirectional", seed=50, cell=cgru.Cell())),
+    "reverse": ({"O1", "MA", "DL"}, lambda: _params(3, 2, 1, "reverse", seed=51,
+                                                    cell=cgru.Cell())),
     "relu gates": ({"O1", "KA", "MA"},
-                   lambda: (_params(seed=52), cgru.Cell(f_r="relu", f_z="relu"))),
-    "different gate activations": ({"MA"}, lambda: (_params(seed=53), cgru.Cell(f_r="relu"))),
-    "clip": ({"O1"}, lambda: (_params(seed=54), cgru.Cell(clip=0.5))),
-    "flip_z": ({"MA"}, lambda: (_params(seed=55), cgru.Cell(flip_z=True))),
-    "elu candidate": ({"O1", "KA"}, lambda: (_params(seed=56), cgru.Cell(g="elu"))),
+                   lambda: _params(seed=52, cell=cgru.Cell(f_r="relu", f_z="relu"))),
+    "different gate activations": ({"MA"}, lambda: _params(seed=53, cell=cgru.Cell(f_r="relu"))),
+    "clip": ({"O1"}, lambda: _params(seed=54, cell=cgru.Cell(clip=0.5))),
+    "flip_z": ({"MA"}, lambda: _params(seed=55, cell=cgru.Cell(flip_z=True))),
+    "elu candidate": ({"O1", "KA"}, lambda: _params(seed=56, cell=cgru.Cell(g="elu"))),
     "skip input": ({"PT", "TF", "AM", "O1", "KA", "MA", "DL"},
-                   lambda: (_params(2, 2, 1, seed=57, input_mode="skip"), cgru.Cell())),
+                   lambda: _params(2, 2, 1, seed=57, input_mode="skip", cell=cgru.Cell())),
 }
 
 
 @pytest.mark.parametrize("feature", sorted(FEATURES))
 def test_features_refused_by_targets_that_lack_them(feature):
     allowed, make = FEATURES[feature]
-    p, cell = make()
+    p = make()
     x = _x(4, 3, p.topology.input_size, seed=58)
     got = set()
     for target in ("PT", "TF", "AM", "O1", "KA", "MA", "DL"):
         try:
-            q, qcell = _through(target, p, cell)
+            q = _through(target, p)
         except ValueError:
             continue
         got.add(target)
-        np.testing.assert_allclose(_run(q, qcell, x)[0], _run(p, cell, x)[0], **F64)
+        np.testing.assert_allclose(_run(q, x)[0], _run(p, x)[0], **F64)
     assert got == allowed

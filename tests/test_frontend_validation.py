@@ -302,7 +302,7 @@ def _conv_run_onnx(a, ctx):
 
 
 def _conv_make_mps(dtype):
-    (layer,), desc = convert.to_mps(_canonical(dtype), Cell(reset_after=True))
+    (layer,), desc = convert.to_mps(_canonical(dtype).with_cell(Cell(reset_after=True)))
     return {f"layers[0]['{k}']": v for k, v in layer.items()}, desc
 
 
@@ -457,8 +457,8 @@ def _flatten(obj):
     """Every array and scalar inside a result, in order (Params as their flat vector)."""
     if isinstance(obj, np.ndarray):
         return [obj]
-    if isinstance(obj, Params):
-        return [obj.flat(), repr(obj.topology)]
+    if isinstance(obj, Params):                 # a cgru.Network: its weights, sizes and cell
+        return [obj.flat(), repr(obj.topology), obj.cell]
     if isinstance(obj, dict):
         return [x for k in sorted(obj) for x in [k] + _flatten(obj[k])]
     if isinstance(obj, (list, tuple)):
@@ -892,7 +892,8 @@ TF_OPS = ["params_size", "params_to_canonical", "canonical_to_params", "cudnn_rn
           "cudnn_rnn_v3", "cudnn_rnn_backprop", "cudnn_rnn_backprop_v3"]
 BAD_TF_ATTRS = [
     ("rnn_mode", "GRU", ValueError), ("rnn_mode", " gru", ValueError),
-    ("rnn_mode", b"gru", ValueError), ("rnn_mode", None, ValueError),
+    ("rnn_mode", b"GRU", ValueError), ("rnn_mode", None, ValueError),
+    ("input_mode", b"linear", ValueError), ("direction", b"forward", ValueError),
     ("input_mode", "linear", ValueError), ("input_mode", "Linear_Input", ValueError),
     ("input_mode", 0, ValueError),
     ("direction", "forward", ValueError), ("direction", "BIDIRECTIONAL", ValueError),
@@ -913,6 +914,40 @@ def test_tf_bad_attributes_in_every_op(op, attr, value, exc):
     with pytest.raises(exc) as info:
         _tf_op(op, **{attr: value})
     assert re.search(rf"(?<![\w]){attr}(?![\w])", str(info.value)), str(info.value)
+
+
+@pytest.mark.parametrize("op", TF_OPS)
+def test_tf_string_attributes_may_be_bytes(op):
+    """TF's ``op.get_attr`` returns bytes: every string attribute accepts them, same results."""
+    as_str = dict(rnn_mode="gru", input_mode="linear_input", direction="bidirectional")
+    as_bytes = {k: v.encode() for k, v in as_str.items()}
+    _assert_same(_tf_op(op, fwd_attrs=as_bytes, **as_bytes), _tf_op(op, **as_str))
+
+
+def test_tf_auto_select_as_bytes_resolves_as_str():
+    assert tf.params_size(1, H, H, input_mode=b"auto_select") == \
+        tf.params_size(1, H, H, input_mode="skip_input")
+
+
+def test_onnx_string_attributes_may_be_bytes():
+    """``onnx.helper.get_attribute_value`` returns bytes for direction and activations."""
+    args, _ = _onnx_make(np.float64)
+    attrs = dict(_ONNX_ATTRS, activations=["HardSigmoid", "Softsign"] * 2)
+    as_bytes = dict(attrs, direction=attrs["direction"].encode(),
+                    activations=[a.encode() for a in attrs["activations"]])
+    call = lambda a: connx.gru(args["X"], args["W"], args["R"], args["B"],  # noqa: E731
+                               args["sequence_lens"], args["initial_h"], **a)
+    _assert_same(call(as_bytes), call(attrs))
+
+
+def test_mps_descriptor_activations_may_be_bytes():
+    args, _ = _mps_make(np.float64)
+    names = dict(update_gate_activation="hard_sigmoid", reset_gate_activation="none",
+                 output_gate_activation="relu")
+    want = mps.gru(descriptor=mps.GRUDescriptor(**_MPS_DESC, **names), **args)
+    got = mps.gru(descriptor=mps.GRUDescriptor(
+        **_MPS_DESC, **{k: v.encode() for k, v in names.items()}), **args)
+    _assert_same(got, want)
 
 
 @pytest.mark.parametrize("op", ["cudnn_rnn", "cudnn_rnn_backprop"])
@@ -1005,7 +1040,7 @@ def _conv_options():
     p = _canonical(np.float64)
     p1 = _canonical(np.float64, Topology(I, H, 1))
     onnx_layers, onnx_attrs = convert.to_onnx(p)
-    mps_layers, mps_desc = convert.to_mps(p, Cell(reset_after=True))
+    mps_layers, mps_desc = convert.to_mps(p.with_cell(Cell(reset_after=True)))
     keras = convert.to_keras(p)
     o = convert.to_onednn(_canonical(np.float64, Topology(2 * H, H, 2, "bidirectional")))
     w, b = convert.to_tf_canonical(p)

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 import cgru
-from cgru import mps, reference
-from cgru.cell import Cell
-from cgru.params import LayerParams, Params, Topology
+from cgru._kernels import gru as gru_kernels
+from cgru import mps
+from cgru.core import reference
+from cgru.core.cells import Cell
+from cgru.core.network import LayerParams, Params, Topology
 
 T, N, I, H = 3, 2, 3, 2
 FLAGS = ("reverse", "bidirectional", "reset_gate_first", "reset_after", "flip_z")
@@ -280,7 +282,7 @@ def test_gradients_do_not_rerun_the_forward_time_loop(monkeypatch):
 
     def refuse(*args, **kwargs):
         raise AssertionError("gru_gradients ran the forward time loop")
-    monkeypatch.setattr(cgru._kernels, "forward_layer", refuse)
+    monkeypatch.setattr(gru_kernels, "forward_layer", refuse)
     got = mps.gru_gradients(a["source"], a["recurrent_weight"], np.ones_like(y), zs, y,
                             **{k: v for k, v in a.items()
                                if k not in ("source", "recurrent_weight")}, descriptor=desc)

@@ -14,7 +14,7 @@ import pytest
 
 import cgru
 import cgru.onnx as connx
-from cgru import reference
+from cgru.core import reference
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
