@@ -1,11 +1,15 @@
 """cgru.convert: every system's weights to and from the canonical parameters.
 
 For each system: the round trips are exact; a model converted from the system computes what
-the system computes — checked against the system itself where it runs here (torch.nn.GRU with
-autograd, onnxruntime) and against that system's equations written out independently below
-(Keras, MPSGraph, oneDNN); and lossy conversions are refused.  The last section checks the
-whole conversion matrix (the README's table) by converting every source to every target.
+the system computes — checked against the system itself where it runs here (torch.nn.GRU /
+LSTM / RNN with autograd, onnxruntime's GRU / LSTM / RNN) and against that system's equations
+written out independently below (Keras GRU / LSTM / SimpleRNN, MPSGraph, oneDNN GRU / LBR GRU /
+LSTM with projection / vanilla RNN); and lossy conversions are refused with the reason.  The
+GRU section ends with the whole GRU conversion matrix (the README's table); the LSTM / RNN
+section (the second half) with the LSTM and RNN matrices, every source to every target.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -140,7 +144,9 @@ def test_torch_refusals():
 _ACT = {"sigmoid": lambda a: 1 / (1 + np.exp(-a)), "tanh": np.tanh,
         "relu": lambda a: np.maximum(a, 0), "linear": lambda a: a,
         "none": lambda a: a, "hard_sigmoid": lambda a: np.clip(0.2 * a + 0.5, 0, 1),
-        "softsign": lambda a: a / (1 + np.abs(a))}
+        "softsign": lambda a: a / (1 + np.abs(a)),
+        "elu": lambda a: np.where(a >= 0, a, np.expm1(np.minimum(a, 0))),
+        "softplus": lambda a: np.log1p(np.exp(a))}
 
 
 def _keras_gru(x, kernel, rec, bias, reset_after, act, rec_act, go_backwards=False):
@@ -917,17 +923,727 @@ FEATURES = {
 }
 
 
-@pytest.mark.parametrize("feature", sorted(FEATURES))
-def test_features_refused_by_targets_that_lack_them(feature):
-    allowed, make = FEATURES[feature]
-    p = make()
-    x = _x(4, 3, p.topology.input_size, seed=58)
+def _targets_that_express(p, targets, through, seed):
+    """The targets among ``targets`` that convert ``p`` (``through(target, p)``), each checked
+    to compute ``p``'s function."""
+    x = _x(4, 3, p.topology.input_size, seed=seed)
     got = set()
-    for target in ("PT", "TF", "AM", "O1", "KA", "MA", "DL"):
+    for target in targets:
         try:
-            q = _through(target, p)
+            q = through(target, p)
         except ValueError:
             continue
         got.add(target)
         np.testing.assert_allclose(_run(q, x)[0], _run(p, x)[0], **F64)
-    assert got == allowed
+    return got
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+def test_features_refused_by_targets_that_lack_them(feature):
+    allowed, make = FEATURES[feature]
+    assert _targets_that_express(make(), ("PT", "TF", "AM", "O1", "KA", "MA", "DL"), _through,
+                                 58) == allowed
+
+
+# =============================================================================================
+# LSTM (with and without a projection) and vanilla RNN: every system that has them
+# =============================================================================================
+LSTM, RNN_TANH, RNN_RELU = cgru.LSTMCell(), cgru.RNNCell("tanh"), cgru.RNNCell("relu")
+
+
+def _net(cell, I=3, H=2, L=1, direction="forward", proj=0, seed=0, dtype=np.float64,
+         input_mode="linear"):
+    topo = cgru.Topology(I, H, L, direction, input_mode, proj_size=proj)
+    return cgru.Network.random(topo, dtype, seed=seed, scale=0.8, cell=cell)
+
+
+def _forward(net, x, h0=None, c0=None, **kw):
+    f = cgru.forward(net, x, h0, c0=c0, **kw)
+    return f.y, f.hy, f.cy
+
+
+# --- PyTorch nn.LSTM (proj_size) and nn.RNN ---------------------------------------------------
+torch_kind_cases = [("lstm", 0, 1, False, True), ("lstm", 0, 2, True, True),
+                    ("lstm", 2, 2, True, True), ("lstm", 1, 3, False, False),
+                    ("rnn_tanh", 0, 2, True, True), ("rnn_relu", 0, 2, False, False)]
+
+
+@pytest.mark.parametrize("mode,proj,L,bidirectional,bias", torch_kind_cases)
+def test_torch_lstm_and_rnn_modules_outputs_and_gradients(mode, proj, L, bidirectional, bias):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(L + 2 * bidirectional + proj)
+    I, H = 4, 3
+    if mode == "lstm":
+        m = torch.nn.LSTM(I, H, L, bias=bias, bidirectional=bidirectional, proj_size=proj)
+    else:
+        m = torch.nn.RNN(I, H, L, bias=bias, bidirectional=bidirectional,
+                         nonlinearity=mode[4:])
+    m = m.double()
+    sd = {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+    net = convert.from_torch(sd, nonlinearity=mode[4:] if mode != "lstm" else None)
+    assert net.cell == {"lstm": LSTM, "rnn_tanh": RNN_TANH, "rnn_relu": RNN_RELU}[mode]
+    D, S = 2 if bidirectional else 1, proj or H
+    assert net.topology == cgru.Topology(I, H, L, "bidirectional" if D == 2 else "forward",
+                                         proj_size=proj)
+    back = convert.to_torch(net, bias=bias)             # state_dict → network → state_dict
+    assert list(back) == list(sd)
+    for k in sd:
+        np.testing.assert_array_equal(back[k], sd[k])
+    assert convert.from_torch(sd, mode=mode).cell == net.cell     # mode confirms
+
+    T, N = 5, 3
+    rng = _rng(3)
+    x = _x(T, N, I)
+    h0 = rng.standard_normal((L * D, N, S))
+    c0 = rng.standard_normal((L * D, N, H)) if mode == "lstm" else None
+    dy, dhy = rng.standard_normal((T, N, D * S)), rng.standard_normal((L * D, N, S))
+    dcy = rng.standard_normal((L * D, N, H)) if mode == "lstm" else None
+    tx = torch.from_numpy(x).requires_grad_()
+    th = torch.from_numpy(h0).requires_grad_()
+    tc = torch.from_numpy(c0).requires_grad_() if mode == "lstm" else None
+    y_t, state = m(tx, (th, tc) if mode == "lstm" else th)
+    hy_t, cy_t = state if mode == "lstm" else (state, None)
+    loss = (y_t * torch.from_numpy(dy)).sum() + (hy_t * torch.from_numpy(dhy)).sum()
+    if mode == "lstm":
+        loss = loss + (cy_t * torch.from_numpy(dcy)).sum()
+    loss.backward()
+
+    f = cgru.forward(net, x, h0, c0=c0, training=True)
+    np.testing.assert_allclose(f.y, y_t.detach().numpy(), **F64)
+    np.testing.assert_allclose(f.hy, hy_t.detach().numpy(), **F64)
+    g = cgru.backward(net, x, f.reserve, dy, dhy, dcy=dcy)
+    tol = dict(rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(g.dx, tx.grad.numpy(), **tol)
+    np.testing.assert_allclose(g.dh0, th.grad.numpy(), **tol)
+    if mode == "lstm":
+        np.testing.assert_allclose(f.cy, cy_t.detach().numpy(), **F64)
+        np.testing.assert_allclose(g.dc0, tc.grad.numpy(), **tol)
+    dsd = convert.to_torch(g.dparams)      # bias=False: the bias gradients are just not read
+    for name, p in m.named_parameters():
+        np.testing.assert_allclose(dsd[name], p.grad.numpy(), **tol, err_msg=name)
+
+
+def test_from_torch_reads_the_kind_and_refuses_contradictions():
+    H, I, u = 3, 2, lambda *s: _rng(1).uniform(-1, 1, s)
+    sd = lambda G, S=H: {"weight_ih_l0": u(G * H, I), "weight_hh_l0": u(G * H, S),  # noqa: E731
+                         "bias_ih_l0": u(G * H), "bias_hh_l0": u(G * H)}
+    assert convert.from_torch(sd(3)).cell == cgru.Cell()
+    assert convert.from_torch(sd(4)).cell == LSTM
+    assert convert.from_torch(sd(1)).cell == RNN_TANH                     # nn.RNN's default
+    assert convert.from_torch(sd(1), nonlinearity="relu").cell == RNN_RELU
+    assert convert.from_torch(sd(1), mode=b"rnn_relu").cell == RNN_RELU
+    proj = dict(sd(4, 2), weight_hr_l0=u(2, H))
+    assert convert.from_torch(proj).topology.proj_size == 2
+    for kw, match in [
+        (dict(mode="lstm"), r"mode='lstm' \(nn.LSTM, weight_hh \[4H, H\]\) contradicts the "
+                            r"state_dict: state_dict\['weight_hh_l0'\] \[9, 3\] is nn.GRU's"),
+        (dict(mode="gru"), r"mode='gru'.*nn.LSTM's"),
+        (dict(nonlinearity="relu"), r"^nonlinearity: is nn.RNN's option"),
+        (dict(mode="rnn"), r"^mode: expected one of"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            convert.from_torch(sd(3) if "lstm" in str(kw) or "relu" in str(kw) or
+                               kw.get("mode") == "rnn" else sd(4), **kw)
+    with pytest.raises(ValueError, match=r"nonlinearity='tanh' contradicts mode='rnn_relu'"):
+        convert.from_torch(sd(1), mode="rnn_relu", nonlinearity="tanh")
+    with pytest.raises(ValueError, match=r"^state_dict\['weight_hh_l0'\]: expected \[G·H, H\] "
+                                         r"with G = 3 \(nn.GRU\), 4 \(nn.LSTM\) or 1"):
+        convert.from_torch(sd(2))
+    with pytest.raises(ValueError, match=r"mode='gru'.*an nn.LSTM with a projection"):
+        convert.from_torch(proj, mode="gru")
+    with pytest.raises(ValueError, match=r"weight_hh_l0'\]: expected \[G·H, H\]"):
+        convert.from_torch(dict(proj, weight_hr_l0=u(2, H + 1)))        # 4H ≠ 4·(H+1)
+    bad = dict(proj)
+    del bad["weight_hr_l0"]                           # weight_hh [4H, P] alone fits no module
+    with pytest.raises(ValueError, match=r"got \[12, 2\]"):
+        convert.from_torch(bad)
+
+
+def test_torch_refusals_for_lstm_and_rnn():
+    for cell, match in [(cgru.LSTMCell(clip=2.0), "no clip"),
+                        (cgru.LSTMCell(g="relu"), "fixed activations"),
+                        (cgru.RNNCell("sigmoid"), "no activation equal to the source's sigmoid"),
+                        (cgru.RNNCell("relu", clip=1.0), "no clip")]:
+        with pytest.raises(ValueError, match=match):
+            convert.to_torch(_net(cell))
+    with pytest.raises(ValueError, match="direction='reverse'"):
+        convert.to_torch(_net(LSTM, direction="reverse"))
+    with pytest.raises(ValueError, match=r"nn.LSTM\(bias=False\) has no biases"):
+        convert.to_torch(_net(LSTM), bias=False)
+
+
+# --- Keras LSTM and SimpleRNN: their equations, written out -----------------------------------
+def _keras_lstm(x, kernel, rec, bias, act, rec_act, go_backwards=False):
+    """One Keras LSTM layer (its LSTMCell), batch-major ``x [N, T, I]``, outputs in processing
+    order: c = f·c + i·act(z_c), h = o·act(c); gates i, f, c, o; one bias."""
+    N, T, _ = x.shape
+    H = rec.shape[0]
+    f_, g_ = _ACT[rec_act], _ACT[act]
+    b = np.zeros(4 * H) if bias is None else bias
+    h, c = np.zeros((N, H)), np.zeros((N, H))
+    outs = []
+    for t in (reversed(range(T)) if go_backwards else range(T)):
+        z = x[:, t] @ kernel + h @ rec + b
+        i, f, cc, o = (z[:, k * H:(k + 1) * H] for k in range(4))
+        c = f_(f) * c + f_(i) * g_(cc)
+        h = f_(o) * g_(c)
+        outs.append(h)
+    return np.stack(outs, axis=1)
+
+
+def _keras_simple_rnn(x, kernel, rec, bias, act, rec_act=None, go_backwards=False):
+    """One Keras SimpleRNN layer: h = act(x·K + h·U + b)."""
+    N, T, _ = x.shape
+    H = rec.shape[0]
+    b = np.zeros(H) if bias is None else bias
+    h, outs = np.zeros((N, H)), []
+    for t in (reversed(range(T)) if go_backwards else range(T)):
+        h = _ACT[act](x[:, t] @ kernel + h @ rec + b)
+        outs.append(h)
+    return np.stack(outs, axis=1)
+
+
+def _keras_layers(x, layers, layer_fn, bidirectional, act="tanh", rec_act="sigmoid"):
+    """Stacked layers / ``Bidirectional(merge_mode='concat')``, return_sequences."""
+    for w in layers:
+        per = len(w) // (2 if bidirectional else 1)
+        run = lambda ws, back=False: layer_fn(x, ws[0], ws[1], ws[2] if per == 3 else None,  # noqa
+                                              act, rec_act, go_backwards=back)
+        y = run(w[:per])
+        if bidirectional:
+            y = np.concatenate([y, run(w[per:], True)[:, ::-1]], axis=-1)
+        x = y
+    return x
+
+
+def _random_keras_kind(G, I, H, L, bidirectional, use_bias=True, seed=0):
+    rng = _rng(seed)
+    D = 2 if bidirectional else 1
+    return [[a for _ in range(D) for a in
+             [rng.uniform(-0.8, 0.8, (I if l == 0 else D * H, G * H)),
+              rng.uniform(-0.8, 0.8, (H, G * H))] +
+             ([rng.uniform(-0.8, 0.8, (G * H,))] if use_bias else [])] for l in range(L)]
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("layer,act,rec_act", [
+    ("LSTM", "tanh", "sigmoid"), ("LSTM", "softsign", "relu"), ("SimpleRNN", "tanh", None),
+    ("SimpleRNN", "relu", None), ("SimpleRNN", "linear", None)])
+def test_keras_lstm_and_simple_rnn_compute_the_keras_function(layer, act, rec_act,
+                                                              bidirectional):
+    G, fn = (4, _keras_lstm) if layer == "LSTM" else (1, _keras_simple_rnn)
+    weights = _random_keras_kind(G, 3, 2, 2, bidirectional, seed=80 + G)
+    net = convert.from_keras(weights, bidirectional=bidirectional, activation=act,
+                             recurrent_activation=rec_act)
+    assert net.cell.kind == ("lstm" if G == 4 else "rnn")
+    assert convert.from_keras(weights, bidirectional=bidirectional, activation=act,
+                              recurrent_activation=rec_act, layer=layer).cell == net.cell
+    x = _x(3, 4, 5, seed=81).transpose(1, 0, 2)[:, :, :3].copy()          # [N, T, I]
+    y, _, _ = _forward(net, x, batch_major=True)
+    np.testing.assert_allclose(y, _keras_layers(x, weights, fn, bidirectional, act, rec_act),
+                               **F64)
+    back = convert.to_keras(net)                      # Keras → network → Keras is bitwise
+    for wa, wb in zip(back, weights):
+        assert len(wa) == len(wb)
+        for a, b in zip(wa, wb):
+            np.testing.assert_array_equal(a, b)
+    cfg = {"activation": act} if G == 1 else {"activation": act, "recurrent_activation": rec_act}
+    assert convert.keras_config(net) == cfg
+    for lp in net:                                    # the one bias maps to b_W, b_R = 0
+        assert not np.any(lp.b_R)
+
+
+@pytest.mark.parametrize("cell", [LSTM, cgru.LSTMCell(f_i="relu", f_f="relu", f_o="relu",
+                                                      g="elu", h="elu"), RNN_RELU,
+                                  cgru.RNNCell("softplus")], ids=str)
+def test_canonical_lstm_and_rnn_to_keras_keep_the_function(cell):
+    p = _net(cell, 3, 2, 2, "bidirectional", seed=82)
+    weights = convert.to_keras(p)
+    cfg = convert.keras_config(p)
+    x = _x(4, 3, 3, seed=83).transpose(1, 0, 2).copy()
+    fn = _keras_lstm if cell.kind == "lstm" else _keras_simple_rnn
+    np.testing.assert_allclose(_keras_layers(x, weights, fn, True, cfg["activation"],
+                                             cfg.get("recurrent_activation")),
+                               _forward(p, x, batch_major=True)[0], **F64)
+    q = convert.from_keras(weights, bidirectional=True, **cfg)
+    assert q.cell == cell
+    for lp, lq in zip(p, q):              # one Keras bias: the sums, exact as a function
+        np.testing.assert_array_equal(lq.W, lp.W)
+        np.testing.assert_array_equal(lq.R, lp.R)
+        np.testing.assert_array_equal(lq.b_W, lp.b_W + lp.b_R)
+        assert not np.any(lq.b_R)
+
+
+def test_keras_refusals_for_lstm_and_rnn():
+    lstm = _random_keras_kind(4, 3, 2, 1, False, seed=84)
+    rnn = _random_keras_kind(1, 3, 2, 1, False, seed=85)
+    for net, match in [
+        (_net(LSTM, proj=1), "Keras LSTM has no LSTM recurrent projection"),
+        (_net(cgru.LSTMCell(g="relu")), r"one activation for the cell input and the output"),
+        (_net(cgru.LSTMCell(f_f="relu")), r"one activation for the i, f and o gates"),
+        (_net(cgru.LSTMCell(clip=1.0)), "Keras LSTM has no clip"),
+        (_net(cgru.RNNCell("hard_sigmoid")), "Keras SimpleRNN has no activation equal"),
+        (_net(LSTM, direction="reverse"), "go_backwards"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            convert.to_keras(net)
+    with pytest.raises(ValueError, match=r"^reset_after: is a Keras GRU option"):
+        convert.keras_config(LSTM, reset_after=True)
+    with pytest.raises(ValueError, match=r"^reset_after: is a Keras GRU option"):
+        convert.from_keras(lstm, reset_after=False)
+    with pytest.raises(ValueError, match=r"^recurrent_activation: a Keras SimpleRNN has none"):
+        convert.from_keras(rnn, recurrent_activation="sigmoid")
+    with pytest.raises(ValueError, match=r"^layer='GRU' contradicts the weights: layers\[0\] "
+                                         r"recurrent_kernel \[2, 8\] is a Keras LSTM's"):
+        convert.from_keras(lstm, layer="GRU")
+    with pytest.raises(ValueError, match=r"^layers\[0\] recurrent_kernel: expected shape "
+                                         r"\[H, G·H\]"):
+        convert.from_keras([[lstm[0][0][:, :4], lstm[0][1][:, :4]]])        # G = 2
+    with pytest.raises(ValueError, match=r"bias: expected shape \[8\]"):
+        convert.from_keras([[lstm[0][0], lstm[0][1], np.zeros((2, 8))]])
+
+
+# --- TF canonical lists and opaque params for every mode --------------------------------------
+@pytest.mark.parametrize("cell,proj", [(LSTM, 0), (LSTM, 2), (RNN_TANH, 0), (RNN_RELU, 0)],
+                         ids=["lstm", "lstm_proj", "rnn_tanh", "rnn_relu"])
+def test_tf_canonical_and_opaque_every_mode(cell, proj):
+    p = _net(cell, 3, 3, 2, "bidirectional", proj=proj, seed=86, dtype=np.float32)
+    mode = "lstm" if cell.kind == "lstm" else f"rnn_{cell.activation.name}"
+    weights, biases = convert.to_tf_canonical(p)
+    G, H, K = cell.gates, 3, 2 * cell.gates + bool(proj)
+    assert len(weights) == K * 4 and len(biases) == 2 * G * 4
+    q = convert.from_tf_canonical(weights, biases, direction="bidirectional", rnn_mode=mode)
+    _assert_params_equal(q, p)
+    assert q.cell == cell
+    # index (l·D + d)·K + k: PyTorch's row blocks (same gate order), the projection last
+    sd = convert.to_torch(p)
+    for i in range(4):
+        sfx = f"_l{i // 2}" + ("_reverse" if i % 2 else "")
+        for k in range(2 * G):
+            name = ("weight_ih" if k < G else "weight_hh") + sfx
+            blk = slice((k % G) * H, (k % G + 1) * H)
+            np.testing.assert_array_equal(weights[i * K + k], sd[name][blk])
+            np.testing.assert_array_equal(
+                biases[i * 2 * G + k], sd[("bias_ih" if k < G else "bias_hh") + sfx][blk])
+        if proj:
+            np.testing.assert_array_equal(weights[i * K + K - 1], sd["weight_hr" + sfx])
+    flat = convert.to_tf_opaque(p)
+    np.testing.assert_array_equal(flat, np.concatenate([w.ravel() for w in weights + biases]))
+    _assert_params_equal(convert.from_tf_opaque(flat, p.topology, rnn_mode=mode), p)
+    # the lists do not say their mode: the wrong one is refused by the shapes
+    with pytest.raises(ValueError, match=r"rnn_mode='gru'|weights\[3\]"):
+        convert.from_tf_canonical(weights, biases, direction="bidirectional")
+
+
+def test_tf_refusals_for_lstm_and_rnn():
+    for net, match in [(_net(cgru.LSTMCell(clip=1.0)), "no clip"),
+                       (_net(cgru.LSTMCell(h="relu")), "fixed activations"),
+                       (_net(cgru.RNNCell("sigmoid")), "no activation equal"),
+                       (_net(RNN_TANH, direction="reverse"), "direction='reverse'")]:
+        with pytest.raises(ValueError, match=match):
+            convert.to_tf_canonical(net)
+    w, b = convert.to_tf_canonical(_net(LSTM))
+    with pytest.raises(ValueError, match=r"expected two lists of 8·L·D entries \(9·L·D weights "
+                                         r"with a projection\) for rnn_mode='lstm'"):
+        convert.from_tf_canonical(w[:-1], b, rnn_mode="lstm")
+    with pytest.raises(ValueError, match="rnn_mode"):
+        convert.from_tf_canonical(w, b, rnn_mode="LSTM")
+
+
+# --- ONNX LSTM and RNN: against onnxruntime ---------------------------------------------------
+def _ort(op, X, layer, attrs):
+    """One ONNX ``op`` node (LSTM / RNN / GRU) in onnxruntime (float32): its ``Y``."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    names = ["X", "W", "R", "B"] + (["", "", "", "P"] if "P" in layer else [])
+    feeds = {"X": X, **layer}
+    node = helper.make_node(op, names, ["Y"], **attrs)
+    vis = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names if n]
+    model = helper.make_model(
+        helper.make_graph([node], "g", vis, [helper.make_tensor_value_info(
+            "Y", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 22)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)[0]
+
+
+onnx_kind_cases = [
+    ("LSTM", "forward", {}), ("LSTM", "bidirectional", {}), ("LSTM", "reverse", {"P": True}),
+    ("LSTM", "bidirectional", dict(activations=["HardSigmoid", "Softsign", "Elu"] * 2,
+                                   activation_alpha=[0.3, 0.8] * 2, activation_beta=[0.6] * 2,
+                                   clip=1.2)),
+    ("RNN", "forward", {}), ("RNN", "bidirectional", dict(activations=["Relu"] * 2)),
+    ("RNN", "reverse", dict(activations=["LeakyRelu"], activation_alpha=[0.2], clip=0.9)),
+]
+
+
+@pytest.mark.parametrize("op,direction,extra", onnx_kind_cases)
+def test_onnx_lstm_and_rnn_nodes_compute_the_onnxruntime_function(op, direction, extra):
+    D = 2 if direction == "bidirectional" else 1
+    G = 4 if op == "LSTM" else 1
+    H, I, T, N = 3, 4, 5, 3
+    rng = _rng(87 + G)
+    layer = {"W": rng.uniform(-1, 1, (D, G * H, I)).astype(np.float32),
+             "R": rng.uniform(-1, 1, (D, G * H, H)).astype(np.float32),
+             "B": rng.uniform(-1, 1, (D, 2 * G * H)).astype(np.float32)}
+    extra = dict(extra)
+    if extra.pop("P", False):                    # all-zero peepholes: the same function
+        layer["P"] = np.zeros((D, 3 * H), np.float32)
+    attrs = dict(hidden_size=H, direction=direction, **extra)
+    X = _x(T, N, I, seed=88, dtype=np.float32)
+    Y = _ort(op, X, layer, attrs)
+    net = convert.from_onnx(layer, op_type=op, **attrs)
+    assert net.cell.kind == ("lstm" if op == "LSTM" else "rnn")
+    np.testing.assert_allclose(_forward(net, X)[0],
+                               Y.transpose(0, 2, 1, 3).reshape(T, N, D * H), **F32)
+    layers, attrs2 = convert.to_onnx(net)            # ONNX → network → ONNX, bit for bit
+    for k in "WRB":
+        np.testing.assert_array_equal(layers[0][k], layer[k])
+    assert "P" not in layers[0] and attrs2 == attrs
+
+
+def test_canonical_lstm_stack_to_onnx_nodes_in_onnxruntime():
+    cell = cgru.LSTMCell(f_i="hard_sigmoid", f_f="hard_sigmoid", f_o="hard_sigmoid",
+                         g="identity", h="softsign", clip=1.5)
+    p = _net(cell, 4, 3, 2, "bidirectional", seed=89, dtype=np.float32)
+    layers, attrs = convert.to_onnx(p)
+    assert attrs["activations"] == ["HardSigmoid", "Affine", "Softsign"] * 2
+    X = x = _x(5, 3, 4, seed=90, dtype=np.float32)
+    for layer in layers:
+        Y = _ort("LSTM", x, layer, attrs)
+        x = np.ascontiguousarray(Y.transpose(0, 2, 1, 3).reshape(5, 3, 6))
+    np.testing.assert_allclose(x, _forward(p, X)[0], **F32)
+    q = convert.from_onnx(layers, op_type="LSTM", **attrs)
+    assert q.cell == cell
+    _assert_params_equal(q, p)
+
+
+def test_onnx_refusals_for_lstm_and_rnn():
+    lstm_layers, lstm_attrs = convert.to_onnx(_net(LSTM, seed=91))
+    for net, kw, match in [
+        (_net(LSTM, proj=1), {}, "ONNX LSTM has no LSTM recurrent projection"),
+        (_net(cgru.LSTMCell(f_f="relu")), {}, "one activation for the i, f and o gates"),
+        (_net(LSTM), dict(linear_before_reset=1), r"^linear_before_reset: is an ONNX GRU "
+                                                  r"attribute"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            convert.to_onnx(net, **kw)
+    P = np.zeros((1, 6))
+    P[0, 2] = 0.5
+    with pytest.raises(ValueError, match=r"^layers\[0\]\['P'\]: non-zero peephole weights"):
+        convert.from_onnx(dict(lstm_layers[0], P=P), op_type="LSTM", **lstm_attrs)
+    with pytest.raises(ValueError, match=r"layers\[0\]\['P'\]: expected shape \[1, 6\]"):
+        convert.from_onnx(dict(lstm_layers[0], P=np.zeros((1, 8))), op_type="LSTM")
+    with pytest.raises(ValueError, match=r"^input_forget: 1 couples the input and forget"):
+        convert.from_onnx(lstm_layers, op_type="LSTM", input_forget=1)
+    with pytest.raises(ValueError, match=r"^input_forget: is an ONNX LSTM attribute"):
+        convert.from_onnx(lstm_layers, op_type="RNN", input_forget=1)
+    with pytest.raises(ValueError, match=r"^linear_before_reset: is an ONNX GRU attribute"):
+        convert.from_onnx(lstm_layers, op_type="LSTM", linear_before_reset=1)
+    # the default operator is GRU: an LSTM's R says which op_type to pass
+    with pytest.raises(ValueError, match=r"for op_type='GRU'.* an ONNX LSTM's R: pass "
+                                         r"op_type='LSTM'"):
+        convert.from_onnx(lstm_layers)
+    with pytest.raises(ValueError, match=r"^activations: expected 3 names \(f, g, h for each"):
+        convert.from_onnx(lstm_layers, op_type="LSTM", activations=["Sigmoid", "Tanh"])
+    with pytest.raises(ValueError, match=r"^op_type: expected one of"):
+        convert.from_onnx(lstm_layers, op_type="lstm")
+    with pytest.raises(ValueError, match=r"unexpected keys \['P'\]"):
+        convert.from_onnx(dict(convert.to_onnx(_net(RNN_TANH))[0][0], P=P), op_type="RNN")
+
+
+# --- oneDNN vanilla_lstm (LSTMP) and vanilla_rnn: its documented equations --------------------
+def _onednn_kind(x, t):
+    """oneDNN's vanilla LSTM (with the LSTMP projection h = R·(tanh(c)·o)) and vanilla RNN
+    (doc/primitives/rnn.md) over ldigo / ldgo / ldio tensors, zero initial states."""
+    wl, wi, bias = t["weights_layer"], t["weights_iter"], t["bias"]
+    L, D, _, G, H = wl.shape
+    wp = t.get("weights_projection")
+    act = {"eltwise_tanh": np.tanh, "eltwise_relu": _ACT["relu"],
+           "eltwise_logistic": _ACT["sigmoid"]}.get(t.get("activation"))
+    sig = _ACT["sigmoid"]
+    T, N, _ = x.shape
+    for l in range(L):
+        out = None
+        for d in range(D):
+            Wl, Wi, B = wl[l, d], wi[l, d], bias[l, d]
+            h, c = np.zeros((N, Wi.shape[0])), np.zeros((N, H))
+            ys = np.zeros((T, N, h.shape[1]))
+            backwards = d == 1 or t["direction"] == "unidirectional_right2left"
+            for s in (reversed(range(T)) if backwards else range(T)):
+                a = [x[s] @ Wl[:, g] + h @ Wi[:, g] + B[g] for g in range(G)]
+                if G == 1:
+                    h = act(a[0])
+                else:
+                    c = sig(a[1]) * c + sig(a[0]) * np.tanh(a[2])
+                    h = np.tanh(c) * sig(a[3])
+                    if wp is not None:
+                        h = h @ wp[l, d]
+                ys[s] = h
+            out = ys if out is None else np.concatenate([out, ys], axis=-1)
+        x = out
+    return x
+
+
+@pytest.mark.parametrize("kind,proj,direction", [
+    ("vanilla_lstm", 0, "unidirectional_left2right"), ("vanilla_lstm", 0, "bidirectional_concat"),
+    ("vanilla_lstm", 2, "unidirectional_right2left"), ("vanilla_lstm", 1, "bidirectional_concat"),
+    ("vanilla_rnn", "eltwise_tanh", "unidirectional_left2right"),
+    ("vanilla_rnn", "eltwise_relu", "bidirectional_concat"),
+    ("vanilla_rnn", "eltwise_logistic", "unidirectional_right2left")])
+def test_onednn_lstm_and_rnn_tensors_compute_the_onednn_function(kind, proj, direction):
+    lstm = kind == "vanilla_lstm"
+    D, H = (2, 3) if direction == "bidirectional_concat" else (1, 3)
+    G, P = (4, proj) if lstm else (1, 0)
+    S, L = P or H, 2
+    I = D * S
+    rng = _rng(92 + G)
+    u = lambda *s: rng.uniform(-0.9, 0.9, s)        # noqa: E731
+    t = {"weights_layer": u(L, D, I, G, H), "weights_iter": u(L, D, S, G, H),
+         "bias": u(L, D, G, H), "direction": direction}
+    if P:
+        t["weights_projection"] = u(L, D, H, P)
+    if not lstm:
+        t["activation"] = proj
+    net = convert.from_onednn(**t)
+    assert net.cell.kind == ("lstm" if lstm else "rnn") and net.topology.proj_size == P
+    x = _x(4, 3, I, seed=93)
+    np.testing.assert_allclose(_forward(net, x)[0], _onednn_kind(x, t), **F64)
+    back = convert.to_onednn(net)
+    assert back.pop("cell_kind") == kind
+    assert set(back) == set(t)
+    for k, v in t.items():
+        if isinstance(v, str):
+            assert back[k] == v
+        else:
+            np.testing.assert_array_equal(back[k], v, err_msg=k)
+
+
+def test_onednn_refusals_for_lstm_and_rnn():
+    t = convert.to_onednn(_net(LSTM, 4, 2, 2, "bidirectional", seed=94))
+    r = convert.to_onednn(_net(RNN_TANH, 2, 2, seed=95))
+    assert r["activation"] == "eltwise_tanh" and r["cell_kind"] == "vanilla_rnn"
+    for net, kw, match in [
+        (_net(cgru.RNNCell("softsign")), {}, "oneDNN vanilla_rnn has no activation equal"),
+        (_net(cgru.LSTMCell(clip=1.0)), {}, "oneDNN vanilla_lstm has no clip"),
+        (_net(LSTM), dict(cell_kind="lbr_gru"), "oneDNN lbr_gru has GRUs only: the network's "
+                                                "cell is an LSTM"),
+        (_net(LSTM, 5, 2, 2, proj=1), {}, r"input_size == D·P = 1"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            convert.to_onednn(net, **kw)
+    args = {k: t[k] for k in ("weights_layer", "weights_iter", "bias", "direction")}
+    with pytest.raises(ValueError, match=r"^cell_kind='vanilla_rnn' .* contradicts the tensors"):
+        convert.from_onednn(**args, cell_kind="vanilla_rnn")
+    with pytest.raises(ValueError, match=r"^activation: is vanilla_rnn's option"):
+        convert.from_onednn(**args, activation="eltwise_tanh")
+    with pytest.raises(ValueError, match=r"^weights_projection: is vanilla_lstm's"):
+        convert.from_onednn(r["weights_layer"], r["weights_iter"], r["bias"],
+                            activation="eltwise_relu", weights_projection=np.zeros((1, 1, 2, 1)))
+    with pytest.raises(ValueError, match=r"^activation: a vanilla_rnn needs its activation"):
+        convert.from_onednn(r["weights_layer"], r["weights_iter"], r["bias"])
+    with pytest.raises(ValueError, match=r"^activation: expected one of"):
+        convert.from_onednn(r["weights_layer"], r["weights_iter"], r["bias"], activation="tanh")
+    with pytest.raises(ValueError, match=r"^bias: expected ldgo \[L, D, G_b, H\] with G_b = 4"):
+        convert.from_onednn(t["weights_layer"], t["weights_iter"], t["bias"][:, :, :3],
+                            direction=t["direction"])
+
+
+# --- MPSGraph and Arraymancer have GRUs only (for now) ----------------------------------------
+@pytest.mark.parametrize("cell", [LSTM, RNN_TANH], ids=["lstm", "rnn"])
+def test_gru_only_systems_refuse_lstm_and_rnn(cell):
+    net = _net(cell)
+    what = "an LSTM" if cell.kind == "lstm" else "a vanilla RNN"
+    for to in (convert.to_mps, convert.to_arraymancer):
+        with pytest.raises(ValueError, match=rf"has GRUs only: the network's cell is {what}"):
+            to(net)
+
+
+# --- the conversion matrices of the LSTM and the vanilla RNN ---------------------------------
+# One forward layer.  E = exact (bit for bit), S = exact with the bias sums (b_W + b_R into
+# b_W, b_R = 0); refused with the reason: Rk = the target lacks the cell kind, Rp = the LSTM
+# projection, Ra = the activation.
+LSTM_MATRIX = """
+            PT TF ON KE DN MP AM
+PyTorch     E  E  E  S  S  Rk Rk
+TF          E  E  E  S  S  Rk Rk
+ONNX        E  E  E  S  S  Rk Rk
+Keras       E  E  E  E  E  Rk Rk
+oneDNN      E  E  E  E  E  Rk Rk
+PyTorchP    E  E  Rp Rp S  Rk Rk
+TFP         E  E  Rp Rp S  Rk Rk
+oneDNNP     E  E  Rp Rp E  Rk Rk
+"""
+RNN_MATRIX = """
+                PT TF ON KE DN MP AM
+PyTorchTanh     E  E  E  S  S  Rk Rk
+PyTorchRelu     E  E  E  S  S  Rk Rk
+TFRelu          E  E  E  S  S  Rk Rk
+ONNXTanh        E  E  E  S  S  Rk Rk
+ONNXSigmoid     Ra Ra E  S  S  Rk Rk
+KerasRelu       E  E  E  E  E  Rk Rk
+KerasSoftsign   Ra Ra E  E  Ra Rk Rk
+oneDNNTanh      E  E  E  E  E  Rk Rk
+oneDNNLogistic  Ra Ra E  E  E  Rk Rk
+"""
+REASONS = {"Rk": r"has GRUs only: the network's cell is",
+           "Rp": r"has no LSTM recurrent projection",
+           "Ra": r"has no activation equal to the source's"}
+
+
+def _native_kind(source, I=3, H=2, P=2, seed=0):
+    """A random one-layer forward LSTM / RNN in ``source``'s own tensors, as a network."""
+    rng = _rng(seed)
+    u = lambda *s: rng.uniform(-0.9, 0.9, s)        # noqa: E731
+    lstm = source in ("PyTorch", "TF", "ONNX", "Keras", "oneDNN") or source.endswith("P")
+    G, act = (4, None) if lstm else (1, [a for a in ("Tanh", "Relu", "Sigmoid", "Softsign",
+                                                     "Logistic") if source.endswith(a)][0])
+    system = source[:-len(act)] if act else source.rstrip("P") if source != "TFP" else "TF"
+    proj = P if lstm and source.endswith("P") else 0
+    S = proj or H
+    if system == "PyTorch":
+        sd = {"weight_ih_l0": u(G * H, I), "weight_hh_l0": u(G * H, S), "bias_ih_l0": u(G * H),
+              "bias_hh_l0": u(G * H)}
+        if proj:
+            sd["weight_hr_l0"] = u(proj, H)
+        return convert.from_torch(sd, nonlinearity=act.lower() if act else None)
+    if system == "TF":
+        weights = [u(H, I) for _ in range(G)] + [u(H, S) for _ in range(G)] + \
+            ([u(proj, H)] if proj else [])
+        return convert.from_tf_canonical(weights, [u(H) for _ in range(2 * G)],
+                                         rnn_mode="lstm" if lstm else f"rnn_{act.lower()}")
+    if system == "ONNX":
+        return convert.from_onnx({"W": u(1, G * H, I), "R": u(1, G * H, H), "B": u(1, 2 * G * H)},
+                                 op_type="LSTM" if lstm else "RNN",
+                                 activations=None if lstm else [act])
+    if system == "Keras":
+        return convert.from_keras([[u(I, G * H), u(H, G * H), u(G * H)]],
+                                  activation=act.lower() if act else "tanh")
+    t = {"weights_layer": u(1, 1, I, G, H), "weights_iter": u(1, 1, S, G, H),
+         "bias": u(1, 1, G, H)}
+    if proj:
+        t["weights_projection"] = u(1, 1, H, proj)
+    return convert.from_onednn(**t, activation=f"eltwise_{act.lower()}" if act else None)
+
+
+def _through_kind(target, p):
+    """Network → ``target``'s tensors → network, every system's own round trip."""
+    cell = p.cell
+    if target == "PT":
+        return convert.from_torch(convert.to_torch(p), nonlinearity=getattr(
+            getattr(cell, "activation", None), "name", None))
+    if target == "TF":
+        mode = "lstm" if cell.kind == "lstm" else f"rnn_{cell.activation.name}"
+        return convert.from_tf_canonical(*convert.to_tf_canonical(p), rnn_mode=mode,
+                                         direction=p.topology.direction,
+                                         input_mode=p.topology.input_mode)
+    if target == "ON":
+        layers, attrs = convert.to_onnx(p)
+        return convert.from_onnx(layers, op_type="LSTM" if cell.kind == "lstm" else "RNN",
+                                 **attrs)
+    if target == "KE":
+        return convert.from_keras(convert.to_keras(p), **convert.keras_config(p),
+                                  bidirectional=p.topology.num_directions == 2)
+    if target == "DN":
+        return convert.from_onednn(**convert.to_onednn(p))
+    if target == "MP":
+        return convert.from_mps(*convert.to_mps(p))
+    return convert.from_arraymancer(**convert.to_arraymancer(p))
+
+
+def _classify_kind(target, p, x):
+    try:
+        q = _through_kind(target, p)
+    except ValueError as e:
+        for code, reason in REASONS.items():
+            if re.search(reason, str(e)):
+                return code
+        raise AssertionError(f"{target}: refused without a known reason: {e}")
+    assert q.cell == p.cell and q.topology == p.topology
+    h0 = _rng(9).standard_normal((1, x.shape[1], p.topology.state_size))
+    c0 = _rng(10).standard_normal((1, x.shape[1], 2)) if p.cell.kind == "lstm" else None
+    for a, b in zip(_forward(q, x, h0, c0), _forward(p, x, h0, c0)):
+        if b is not None:
+            np.testing.assert_allclose(a, b, **F64)
+    for a, b in zip(p, q):
+        for k in ("W", "R", "W_p"):
+            np.testing.assert_array_equal(getattr(a, k), getattr(b, k), err_msg=k)
+    if all(np.array_equal(a.b_W, b.b_W) and np.array_equal(a.b_R, b.b_R) for a, b in zip(p, q)):
+        return "E"
+    for a, b in zip(p, q):                      # the biases summed into b_W, exactly
+        np.testing.assert_array_equal(b.b_W, a.b_W + a.b_R)
+        assert not np.any(b.b_R)
+    return "S"
+
+
+@pytest.mark.parametrize("matrix", [LSTM_MATRIX, RNN_MATRIX], ids=["lstm", "rnn"])
+def test_conversion_matrix_lstm_and_rnn(matrix):
+    lines = matrix.strip().splitlines()
+    targets = lines[0].split()
+    x = _x(4, 3, 3, seed=96)
+    got, want = {}, {}
+    for i, line in enumerate(lines[1:]):
+        source, *cells = line.split()
+        p = _native_kind(source, seed=97 + i)
+        for target, expected in zip(targets, cells):
+            want[source, target] = expected
+            got[source, target] = _classify_kind(target, p, x)
+    assert got == want
+
+
+def test_every_lstm_and_rnn_system_round_trips_its_own_tensors_bitwise():
+    """to_X(from_X(w)) == w for the systems' native tensors (the matrix's diagonal checks the
+    network side)."""
+    rng = _rng(98)
+    u = lambda *s: rng.uniform(-1, 1, s)            # noqa: E731
+    sd = {"weight_ih_l0": u(8, 3), "weight_hh_l0": u(8, 1), "bias_ih_l0": u(8),
+          "bias_hh_l0": u(8), "weight_hr_l0": u(1, 2)}
+    for k, v in convert.to_torch(convert.from_torch(sd)).items():
+        np.testing.assert_array_equal(v, sd[k])
+    w = [u(2, 3)] * 4 + [u(2, 1)] * 4 + [u(1, 2)]
+    b = [u(2)] * 8
+    w2, b2 = convert.to_tf_canonical(convert.from_tf_canonical(w, b, rnn_mode="lstm"))
+    for x, y in zip(w + b, w2 + b2):
+        np.testing.assert_array_equal(x, y)
+    node = {"W": u(2, 2, 3), "R": u(2, 2, 2), "B": u(2, 4)}
+    attrs = dict(direction="bidirectional", activations=["Softplus", "Softplus"], clip=2.0)
+    layers, attrs2 = convert.to_onnx(convert.from_onnx(node, op_type="RNN", **attrs))
+    assert attrs2 == dict(attrs, hidden_size=2)
+    for k in node:
+        np.testing.assert_array_equal(layers[0][k], node[k])
+    keras = [[u(3, 8), u(2, 8), u(8), u(3, 8), u(2, 8), u(8)], [u(4, 8), u(2, 8), u(8)] * 2]
+    for la, lb in zip(convert.to_keras(convert.from_keras(keras, bidirectional=True)), keras):
+        for x, y in zip(la, lb):
+            np.testing.assert_array_equal(x, y)
+
+
+# Which targets can express a feature of an LSTM / RNN source (all others refuse it).
+RELU = cgru.Activation("relu")
+KIND_FEATURES = {
+    "lstm bidirectional": ({"PT", "TF", "ON", "KE", "DN"},
+                           lambda: _net(LSTM, 3, 2, 1, "bidirectional", seed=60)),
+    "lstm reverse": ({"ON", "DN"}, lambda: _net(LSTM, direction="reverse", seed=61)),
+    "lstm clip": ({"ON"}, lambda: _net(cgru.LSTMCell(clip=0.5), seed=62)),
+    "lstm relu gates": ({"ON", "KE"},
+                        lambda: _net(cgru.LSTMCell(f_i=RELU, f_f=RELU, f_o=RELU), seed=63)),
+    "lstm other output activation": ({"ON"}, lambda: _net(cgru.LSTMCell(h="softsign"),
+                                                          seed=64)),
+    "lstm skip input": ({"PT", "TF", "ON", "KE", "DN"},
+                        lambda: _net(LSTM, 2, 2, input_mode="skip", seed=65)),
+    "lstm projection bidirectional": ({"PT", "TF", "DN"},
+                                      lambda: _net(LSTM, 3, 2, 1, "bidirectional", proj=1,
+                                                   seed=66)),
+    "rnn bidirectional relu": ({"PT", "TF", "ON", "KE", "DN"},
+                               lambda: _net(RNN_RELU, 3, 2, 1, "bidirectional", seed=67)),
+    "rnn reverse": ({"ON", "DN"}, lambda: _net(RNN_TANH, direction="reverse", seed=68)),
+    "rnn clip": ({"ON"}, lambda: _net(cgru.RNNCell("tanh", clip=0.5), seed=69)),
+    "rnn sigmoid": ({"ON", "KE", "DN"}, lambda: _net(cgru.RNNCell("sigmoid"), seed=70)),
+    "rnn leaky_relu": ({"ON"}, lambda: _net(cgru.RNNCell(("leaky_relu", 0.3)), seed=71)),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(KIND_FEATURES))
+def test_lstm_and_rnn_features_refused_by_targets_that_lack_them(feature):
+    allowed, make = KIND_FEATURES[feature]
+    assert _targets_that_express(make(), ("PT", "TF", "ON", "KE", "DN", "MP", "AM"),
+                                 _through_kind, 72) == allowed

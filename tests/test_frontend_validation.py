@@ -23,7 +23,7 @@ import re
 import numpy as np
 import pytest
 
-from cgru import Cell, Params, Topology
+from cgru import Cell, LSTMCell, Params, Topology
 from cgru import arraymancer as am
 from cgru import convert, mps, tf
 from cgru import onnx as connx
@@ -73,7 +73,7 @@ def _u(rng, shape, dtype):
 
 
 # TF: two bidirectional layers, time-major (V1) and batch-major with lengths (V3).
-_TF_ATTRS = dict(direction="bidirectional")
+_TF_ATTRS = dict(rnn_mode="gru", direction="bidirectional")
 _TF_L, _TF_D = 2, 2
 
 
@@ -129,8 +129,47 @@ def _tf_run_bp3(a, ctx):
                                     a["reserve_space"], time_major=False, **_TF_ATTRS)
 
 
+# TF LSTM with a projection (num_proj = P = 2 < H): batch-major V3 with lengths; input_h is
+# [N, L·D, P], input_c [N, L·D, H].
+_TF_LSTM_ATTRS = dict(rnn_mode="lstm", direction="bidirectional", num_proj=2, time_major=False)
+
+
+def _tf_make_lstm(dtype):
+    rng = _rng(4)
+    n = tf.params_size(_TF_L, H, I, dtype=dtype, rnn_mode="lstm", direction="bidirectional",
+                       num_proj=2)
+    LD = _TF_L * _TF_D
+    return {"input": _u(rng, (N, T, I), dtype), "input_h": _u(rng, (N, LD, 2), dtype),
+            "input_c": _u(rng, (N, LD, H), dtype), "params": _u(rng, (n,), dtype),
+            "sequence_lengths": LENGTHS.copy()}, None
+
+
+def _tf_run_lstm(a, ctx):
+    return tf.cudnn_rnn_v3(a["input"], a["input_h"], a["input_c"], a["params"],
+                           a["sequence_lengths"], **_TF_LSTM_ATTRS)
+
+
+def _tf_make_lstm_bp(dtype):
+    a, _ = _tf_make_lstm(dtype)
+    f = _tf_run_lstm(a, None)
+    rng = _rng(5)
+    a.update(output=f.output, output_h=f.output_h, output_c=f.output_c,
+             output_backprop=_u(rng, f.output.shape, dtype),
+             output_h_backprop=_u(rng, f.output_h.shape, dtype),
+             output_c_backprop=_u(rng, f.output_c.shape, dtype), reserve_space=f.reserve_space)
+    return a, None
+
+
+def _tf_run_lstm_bp(a, ctx):
+    return tf.cudnn_rnn_backprop_v3(
+        a["input"], a["input_h"], a["input_c"], a["params"], a["sequence_lengths"], a["output"],
+        a["output_h"], a["output_c"], a["output_backprop"], a["output_h_backprop"],
+        a["output_c_backprop"], a["reserve_space"], **_TF_LSTM_ATTRS)
+
+
 def _tf_make_canon(dtype):
-    w, b = tf.params_to_canonical(1, H, I, _u(_rng(2), (tf.params_size(1, H, I),), dtype))
+    n = tf.params_size(1, H, I, rnn_mode="gru")
+    w, b = tf.params_to_canonical(1, H, I, _u(_rng(2), (n,), dtype), rnn_mode="gru")
     a = {f"weights[{j}]": x.copy() for j, x in enumerate(w)}
     a.update({f"biases[{j}]": x.copy() for j, x in enumerate(b)})
     return a, None
@@ -138,7 +177,7 @@ def _tf_make_canon(dtype):
 
 def _tf_run_canon(a, ctx):
     return tf.canonical_to_params(1, H, I, [a[f"weights[{j}]"] for j in range(6)],
-                                  [a[f"biases[{j}]"] for j in range(6)])
+                                  [a[f"biases[{j}]"] for j in range(6)], rnn_mode="gru")
 
 
 _TF_TM = {"input": (None, "input_h", "params"), "input_h": ("input_h", "input_h", "params"),
@@ -146,6 +185,10 @@ _TF_TM = {"input": (None, "input_h", "params"), "input_h": ("input_h", "input_h"
 _TF_BM = {"input": ("input_h", None, "params"), "input_h": ("input_h", "input_h", "params"),
           "params": ("params",)}
 _TF_OUT = {k: (k,) * 3 for k in ("output", "output_h", "output_backprop", "output_h_backprop")}
+# input_h's last axis must be num_proj; input_c's is H (num_units): a wider one needs a bigger
+# params buffer
+_TF_LSTM_AXES = {**_TF_BM, "input_h": ("input_h",) * 3,
+                 "input_c": ("input_c", "input_c", "params")}
 
 # MPSGraph: one bidirectional reset-after op with every optional input.
 _MPS_DESC = dict(bidirectional=True, reset_after=True, training=True)
@@ -260,6 +303,20 @@ def _conv_run_torch(a, ctx):
 _KERAS_SLOTS = ("kernel", "recurrent_kernel", "bias")
 
 
+def _conv_make_torch_lstm(dtype):
+    net = Params.random(Topology(I, H, 1, "bidirectional", proj_size=2), dtype, seed=9,
+                        cell=LSTMCell())
+    return {f"state_dict['{k}']": v for k, v in convert.to_torch(net).items()}, None
+
+
+def _torch_lstm_axes():
+    axes = _torch_axes(("weight_hr",))
+    # the kind and H are read from weight_hh_l0 [4H, P] with weight_hr_l0 [P, H], P from
+    # weight_hr_l0: a wider weight_hr_l0 makes weight_hh_l0 disagree
+    axes["state_dict['weight_hr_l0']"] = ("state_dict['weight_hh_l0']",) * 2
+    return axes
+
+
 def _conv_make_keras(dtype):
     (ws,) = convert.to_keras(_canonical(dtype))
     return {f"{d} {s}": w for (d, s), w in zip(
@@ -334,16 +391,16 @@ def _keras_axes():
     return axes
 
 
-def _torch_axes():
+def _torch_axes(extra=()):
     axes = {}
     for sfx in ("", "_reverse"):
-        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh") + extra:
             key = f"state_dict['{name}_l0{sfx}']"
             axes[key] = (key,) * (1 if name.startswith("bias") else 2)
     axes["state_dict['weight_ih_l0']"] = ("state_dict['weight_ih_l0']",
                                           "state_dict['weight_ih_l0_reverse']")
-    axes["state_dict['weight_hh_l0']"] = ("state_dict['weight_hh_l0']",
-                                          "state_dict['weight_ih_l0']")
+    # the module kind (G) and H are read from weight_hh_l0 [G·H, H]: a wider one fits none
+    axes["state_dict['weight_hh_l0']"] = ("state_dict['weight_hh_l0']",) * 2
     return axes
 
 
@@ -365,6 +422,13 @@ CALLS = {
     "tf.cudnn_rnn_backprop_v3": Call(
         lambda dt: _tf_make_bp(dt, v3=True), _tf_run_bp3, "input", ints=("sequence_lengths",),
         axes={**_TF_BM, "input": ("input_h", "output", "params"), **_TF_OUT}),
+    "tf.cudnn_rnn_v3[lstm]": Call(_tf_make_lstm, _tf_run_lstm, "input",
+                                  ints=("sequence_lengths",), axes=_TF_LSTM_AXES),
+    "tf.cudnn_rnn_backprop_v3[lstm]": Call(
+        _tf_make_lstm_bp, _tf_run_lstm_bp, "input", ints=("sequence_lengths",),
+        axes={**_TF_LSTM_AXES, "input": ("input_h", "output", "params"),
+              **{k: (k,) * 3 for k in ("output", "output_h", "output_c", "output_backprop",
+                                       "output_h_backprop", "output_c_backprop")}}),
     "tf.params_to_canonical": Call(
         lambda dt: ({"params": _tf_args(dt)["params"]}, None),
         lambda a, c: tf.params_to_canonical(_TF_L, H, I, a["params"], **_TF_ATTRS), "params",
@@ -390,6 +454,8 @@ CALLS = {
                                            "d_hiddenN": ("d_hiddenN",) * 3}),
     "convert.from_torch": Call(_conv_make_torch, _conv_run_torch, "state_dict['weight_hh_l0']",
                                axes=_torch_axes()),
+    "convert.from_torch[lstm]": Call(_conv_make_torch_lstm, _conv_run_torch,
+                                     "state_dict['weight_hh_l0']", axes=_torch_lstm_axes()),
     "convert.from_keras": Call(_conv_make_keras, _conv_run_keras, "forward kernel",
                                axes=_keras_axes(),
                                labels={f"{d} {s}": f"layers[0] {s}"
@@ -415,8 +481,10 @@ CALLS = {
               "bW3s": ("bW3s",) * 3, "bU3s": ("bU3s",) * 3}),
     "convert.from_onednn": Call(
         _conv_make_onednn, _conv_run_onednn, "weights_layer",
+        # weights_layer's gate axis G says the cell kind (3 → 4 reads as an LSTM's, whose
+        # weights_iter then disagrees)
         axes={"weights_layer": ("weights_iter", "weights_layer", ("weights_layer", False),
-                                "weights_layer", "weights_iter"),
+                                "weights_iter", "weights_iter"),
               "weights_iter": ("weights_iter",) * 5, "bias": ("bias",) * 4}),
 }
 
@@ -925,8 +993,8 @@ def test_tf_string_attributes_may_be_bytes(op):
 
 
 def test_tf_auto_select_as_bytes_resolves_as_str():
-    assert tf.params_size(1, H, H, input_mode=b"auto_select") == \
-        tf.params_size(1, H, H, input_mode="skip_input")
+    assert tf.params_size(1, H, H, input_mode=b"auto_select", rnn_mode="gru") == \
+        tf.params_size(1, H, H, input_mode="skip_input", rnn_mode="gru")
 
 
 def test_onnx_string_attributes_may_be_bytes():
@@ -1158,6 +1226,7 @@ def test_arraymancer_init_bad_dtype(dtype):
 
 @pytest.mark.parametrize("bad", [5, None], ids=["int", "None"])
 def test_tf_canonical_lists_that_are_not_lists(bad):
-    w, b = tf.params_to_canonical(1, H, I, np.zeros(tf.params_size(1, H, I)))
+    w, b = tf.params_to_canonical(1, H, I, np.zeros(tf.params_size(1, H, I, rnn_mode="gru")),
+                                  rnn_mode="gru")
     with pytest.raises(TypeError, match="^weights"):
-        tf.canonical_to_params(1, H, I, bad, b)
+        tf.canonical_to_params(1, H, I, bad, b, rnn_mode="gru")

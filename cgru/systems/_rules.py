@@ -3,31 +3,39 @@ skip mode's identity input matrices, the bias-merging rules, and the checks ever
 applies to the tensors and options it reads.
 
 Refusal rule: a target that cannot compute the source's function is refused with a
-``ValueError`` saying why (``require``, ``require_topology``, ``no_biases``): the other
-candidate form (reset after vs before the recurrent product), activations, ``clip`` or
-``flip_z`` the target lacks, a direction or input mode it lacks, non-zero biases for a
-bias-less target.
+``ValueError`` saying why (``require`` for GRU cells, ``require_lstm``, ``require_rnn``,
+``require_kind``, ``require_topology``, ``no_projection``, ``no_biases``): a cell kind the target
+lacks, the other GRU candidate form (reset after vs before the recurrent product), activations,
+``clip`` or ``flip_z`` the target lacks, a direction, input mode or LSTM projection it lacks,
+non-zero biases for a bias-less target.
 
 Bias rules (``merged_biases``, ``separate_biases``): fewer-bias targets get the sums
 ``b_Wr + b_Rr`` and ``b_Wz + b_Rz`` (exact: only the sums are observable); for the reset-before
 cell also ``b_Wn + b_Rn``.  For the reset-after cell ``b_Wn`` and ``b_Rn`` are never merged
-(``b_Rn`` sits inside the reset product).  Fewer-bias sources map in with the sums on the input
-side and zeros on the recurrent side (``b_Rn`` kept where the source has it).
+(``b_Rn`` sits inside the reset product).  LSTM and vanilla RNN biases all sit outside any
+product, so a one-bias target gets ``b_W + b_R`` for every gate.  Fewer-bias sources map in
+with the sums on the input side and zeros on the recurrent side (``b_Rn`` kept where the
+source has it).
 
-Names follow one scheme: ``T, N, I, H, L, D``; canonical gate order ``r, z, n``.
+Names follow one scheme: ``T, N, I, H, L, D``, ``P`` (an LSTM's projection), ``G`` (gate
+blocks); canonical gate order ``r, z, n`` (GRU), ``i, f, g, o`` (LSTM), one block (RNN).
 """
 import numbers
 
 import numpy as np
 
 from cgru.core import validate
-from cgru.core.cells import GRUCell
+from cgru.core.cells import GRUCell, is_cell
 from cgru.core.network import DIRECTIONS, Network
 
 # Canonical r, z, n → z, r, n (ONNX, Keras, oneDNN, MPSGraph's default).  The permutation swaps
 # the first two blocks, so it is its own inverse.
 RZN_TO_ZRN = (1, 0, 2)
 _DEFAULT_CELL = GRUCell()
+# How messages name each cell kind.
+KIND_NAMES = {"gru": "a GRU (cgru.GRUCell)", "lstm": "an LSTM (cgru.LSTMCell)",
+              "rnn": "a vanilla RNN (cgru.RNNCell)"}
+_PLURALS = {"gru": "GRUs", "lstm": "LSTMs", "rnn": "vanilla RNNs"}
 
 
 # --- tensors and options a converter reads ---------------------------------------------------
@@ -125,18 +133,55 @@ def network_and_cell(net, cell):
 
 def as_cell(cell):
     """A cell argument of a function that takes a cell, not a network: ``None`` → cuDNN's
-    cell; a ``Network`` → its cell."""
+    GRU cell; a ``Network`` → its cell; any cgru cell kind as it is."""
     if cell is None:
         return _DEFAULT_CELL
     if isinstance(cell, Network):
         return cell.cell
-    if not isinstance(cell, GRUCell):
-        raise TypeError(f"cell: expected a cgru.Cell, a cgru.Network or None, got "
-                        f"{type(cell).__name__}")
+    if not is_cell(cell):
+        raise TypeError(f"cell: expected a cgru.Cell (GRUCell, LSTMCell, RNNCell), a "
+                        f"cgru.Network or None, got {type(cell).__name__}")
     return cell
 
 
 # --- refusal rules ---------------------------------------------------------------------------
+def require_kind(cell, target, kinds):
+    """``cell`` when its kind is one of ``kinds`` (what ``target`` has), else a ``ValueError``
+    naming the kind."""
+    if cell.kind not in kinds:
+        have = " and ".join(_PLURALS[k] for k in kinds)
+        raise ValueError(f"{target} has {have} only: the network's cell is "
+                         f"{KIND_NAMES[cell.kind]}, which it cannot compute (not supported "
+                         f"there)")
+    return cell
+
+
+def _no_clip(cell, target):
+    if cell.clip is not None:
+        raise ValueError(f"{target} has no clip; the source clamps pre-activations to "
+                         f"±{cell.clip}")
+
+
+def _describe(act):
+    return f"{act.name}(alpha={act.alpha}, beta={act.beta})"
+
+
+def _activations(cell, target, names, activations, fixed, fixed_text):
+    """Refuse the cell's activations ``names`` the target cannot name: ``activations`` a
+    predicate ``Activation -> bool``, or ``None`` for a target with the ``fixed`` ones only."""
+    if activations is None:
+        got = tuple(getattr(cell, n).name for n in names)
+        if got != fixed:
+            raise ValueError(f"{target} has fixed activations ({fixed_text}); the source uses "
+                             + ", ".join(f"{n}={g}" for n, g in zip(names, got)))
+        return
+    for n in names:
+        act = getattr(cell, n)
+        if not activations(act):
+            raise ValueError(f"{target} has no activation equal to the source's {n} = "
+                             f"{_describe(act)}")
+
+
 def require(cell, target, *, reset_after=None, activations=None, shared_gate_act=False,
             clip=False, flip_z=False):
     """``cell`` when ``target`` can compute it, else a ``ValueError`` with the reason.
@@ -146,9 +191,7 @@ def require(cell, target, *, reset_after=None, activations=None, shared_gate_act
     sigmoid gates and tanh candidate only); ``shared_gate_act``: the target has one
     activation for both gates; ``clip``/``flip_z``: whether the target has them.
     """
-    if cell.kind != "gru":
-        raise ValueError(f"{target}: the converters map GRU weights; the network's cell is "
-                         f"{cell.kind!r}")
+    require_kind(cell, target, ("gru",))
     forms = (True, False) if reset_after is None else reset_after
     if cell.reset_after not in forms:
         have = "reset-after" if cell.reset_after else "reset-before"
@@ -160,24 +203,55 @@ def require(cell, target, *, reset_after=None, activations=None, shared_gate_act
     if cell.flip_z and not flip_z:
         raise ValueError(f"{target} cannot express flip_z=True (h' = z·n + (1 − z)·h): it has "
                          f"only h' = (1 − z)·n + z·h")
-    if cell.clip is not None and not clip:
-        raise ValueError(f"{target} has no clip; the source clamps pre-activations to "
-                         f"±{cell.clip}")
-    if activations is None:
-        if (cell.f_r.name, cell.f_z.name, cell.g.name) != ("sigmoid", "sigmoid", "tanh"):
-            raise ValueError(f"{target} has fixed activations (sigmoid gates, tanh candidate); "
-                             f"the source uses f_r={cell.f_r.name}, f_z={cell.f_z.name}, "
-                             f"g={cell.g.name}")
-    else:
-        for name in ("f_r", "f_z", "g"):
-            act = getattr(cell, name)
-            if not activations(act):
-                raise ValueError(f"{target} has no activation equal to the source's {name} = "
-                                 f"{act.name}(alpha={act.alpha}, beta={act.beta})")
+    if not clip:
+        _no_clip(cell, target)
+    _activations(cell, target, ("f_r", "f_z", "g"), activations,
+                 ("sigmoid", "sigmoid", "tanh"), "sigmoid gates, tanh candidate")
     if shared_gate_act and cell.f_r != cell.f_z:
         raise ValueError(f"{target} has one activation for both gates; the source uses "
                          f"f_r={cell.f_r} and f_z={cell.f_z}")
     return cell
+
+
+def require_lstm(cell, target, *, activations=None, shared_gate_act=False,
+                 shared_cell_act=False, clip=False):
+    """``cell`` (an LSTM) when ``target`` can compute it, else a ``ValueError`` with the reason.
+
+    ``activations``: a predicate ``Activation -> bool`` for what the target can name (None:
+    sigmoid gates, tanh for g and h only); ``shared_gate_act``: one activation for the i, f
+    and o gates (ONNX ``f``, Keras ``recurrent_activation``); ``shared_cell_act``: one for g
+    and h (Keras ``activation``); ``clip``: whether the target has it."""
+    require_kind(cell, target, ("lstm",))
+    if not clip:
+        _no_clip(cell, target)
+    _activations(cell, target, ("f_i", "f_f", "f_o", "g", "h"), activations,
+                 ("sigmoid",) * 3 + ("tanh",) * 2, "sigmoid gates, tanh cell input and output")
+    if shared_gate_act and not cell.f_i == cell.f_f == cell.f_o:
+        raise ValueError(f"{target} has one activation for the i, f and o gates; the source "
+                         f"uses f_i={cell.f_i}, f_f={cell.f_f}, f_o={cell.f_o}")
+    if shared_cell_act and cell.g != cell.h:
+        raise ValueError(f"{target} has one activation for the cell input and the output "
+                         f"(g and h); the source uses g={cell.g}, h={cell.h}")
+    return cell
+
+
+def require_rnn(cell, target, activations, clip=False):
+    """``cell`` (a vanilla RNN) when ``target`` can compute it: its activation passes the
+    predicate ``activations`` and it has no clip unless the target has one."""
+    require_kind(cell, target, ("rnn",))
+    if not clip:
+        _no_clip(cell, target)
+    if not activations(cell.activation):
+        raise ValueError(f"{target} has no activation equal to the source's "
+                         f"{_describe(cell.activation)}")
+    return cell
+
+
+def no_projection(topo, target):
+    """Refuse an LSTM projection for a target without one."""
+    if topo.proj_size:
+        raise ValueError(f"{target} has no LSTM recurrent projection; the source has "
+                         f"proj_size={topo.proj_size} (h' = W_p·(o ⊙ h(c')))")
 
 
 def forms(value, what):
@@ -252,9 +326,10 @@ def merged_biases(lp, cell, H):
 
 
 def separate_biases(b_sum, b_Rn, H, dtype):
-    """``(b_W, b_R)`` from a fewer-bias source: the sums ``[3H]`` (canonical order) on the input
-    side, zeros on the recurrent side except ``b_Rn`` ``[H]`` when the source has it."""
-    b_R = np.zeros(3 * H, dtype)
+    """``(b_W, b_R)`` from a fewer-bias source: the sums ``[G·H]`` (canonical order) on the
+    input side, zeros on the recurrent side except a GRU's ``b_Rn`` ``[H]`` when the source has
+    it."""
+    b_R = np.zeros(b_sum.shape, dtype)
     if b_Rn is not None:
         b_R[2 * H:] = b_Rn
     return np.ascontiguousarray(b_sum), b_R

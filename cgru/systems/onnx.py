@@ -1,30 +1,47 @@
-"""ONNX ``GRU``: its ``W``/``R``/``B`` tensors, gate order, activation names and attributes.
+"""ONNX ``GRU``, ``LSTM`` and ``RNN``: their ``W``/``R``/``B`` tensors, gate orders, activation
+names and attributes.
 
-One ONNX node is one layer.  Its names map onto the canonical parameters like this (gates:
-ONNX ``z, r, h`` → canonical ``r, z, n``)::
+One ONNX node is one layer; the operator is the cell's kind (``OP_TYPES``).  Its names map onto
+the canonical parameters like this (``[A; B]`` stacks row blocks of ``H``)::
 
+    GRU   (gates ONNX z, r, h → canonical r, z, n)
     W [D, 3H, I]  = [W_z; W_r; W_h] per direction      → W   = [W_r; W_z; W_n]
     R [D, 3H, H]  = [R_z; R_r; R_h]                     → R   = [R_r; R_z; R_n]
     B [D, 6H]     = [Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h] → b_W = [Wb_r, Wb_z, Wb_h],
                                                           b_R = [Rb_r, Rb_z, Rb_h]
-    linear_before_reset = 0 / 1                         → Cell(reset_after=False / True)
-    activations [f, g] (per direction)                  → Cell(f_r=f, f_z=f, g=g)
-    clip                                                → Cell(clip=clip)
-    direction forward / reverse / bidirectional         → Topology(direction=...)
+    linear_before_reset = 0 / 1                         → GRUCell(reset_after=False / True)
+    activations [f, g] (per direction)                  → GRUCell(f_r=f, f_z=f, g=g)
 
-Attribute values may be ``str`` or ``bytes`` (``onnx.helper.get_attribute_value`` gives bytes).
+    LSTM  (gates ONNX i, o, f, c → canonical i, f, g, o)
+    W [D, 4H, I]  = [W_i; W_o; W_f; W_c]                → W   = [W_i; W_f; W_c; W_o]
+    R [D, 4H, H], B [D, 8H] = [Wb_iofc, Rb_iofc]        → R, b_W, b_R likewise
+    P [D, 3H]     peepholes (i, o, f)                   → absent or all zeros (cgru has no
+                                                          peepholes: non-zero P is refused)
+    activations [f, g, h] (per direction)               → LSTMCell(f_i=f_f=f_o=f, g=g, h=h)
+    input_forget = 0                                    (1, coupled gates, is refused)
+
+    RNN
+    W [D, H, I], R [D, H, H], B [D, 2H] = [Wb, Rb]      → W, R, b_W, b_R
+    activations [f] (per direction)                     → RNNCell(f)
+
+    every operator: clip → the cell's clip; direction forward / reverse / bidirectional →
+    Topology(direction=...); hidden_size → H; layout does not change the weights.
+
+ONNX has no LSTM projection (refused).  Attribute values may be ``str`` or ``bytes``
+(``onnx.helper.get_attribute_value`` gives bytes).
 """
+import dataclasses
 import numbers
 
 import numpy as np
 
 from cgru.core import validate
-from cgru.core.cells import Activation, GRUCell
+from cgru.core.cells import Activation, GRUCell, LSTMCell, RNNCell
 from cgru.core.network import DIRECTIONS, LayerParams, Network, Topology
 from cgru.systems import _rules
 from cgru.systems._rules import RZN_TO_ZRN
 
-__all__ = ["ACTIVATIONS", "DIRECTIONS", "activations_to_cells",
+__all__ = ["ACTIVATIONS", "DIRECTIONS", "OP_TYPES", "activations_to_cells", "cells_of",
            "layer_params", "attributes", "to_onnx", "from_onnx"]
 
 # ONNX activation name (lower case) -> (its spelling, cgru activation name, takes alpha,
@@ -48,7 +65,14 @@ ACTIVATIONS = {k: v[1:] for k, v in _TABLE.items()}
 _FROM_CGRU = {v[1]: k for k, v in _TABLE.items()}
 _FROM_CGRU["identity"] = "affine"
 _IDENTITY = Activation("affine", 1.0, 0.0)
-_DEFAULTS = ["Sigmoid", "Tanh"]
+# op_type -> (cell kind, gate count, canonical → ONNX gate order, default activations per
+# direction)
+OP_TYPES = {"GRU": ("gru", 3, RZN_TO_ZRN, ("Sigmoid", "Tanh")),
+            "LSTM": ("lstm", 4, (0, 3, 1, 2), ("Sigmoid", "Tanh", "Tanh")),
+            "RNN": ("rnn", 1, (0,), ("Tanh",))}
+_OP_OF_KIND = {kind: op for op, (kind, _, _, _) in OP_TYPES.items()}
+# what each operator's activations are, in order, per direction
+_ACT_ROLES = {"GRU": "f, g", "LSTM": "f, g, h", "RNN": "f"}
 
 
 def _float_list(values, what):
@@ -64,25 +88,21 @@ def _float_list(values, what):
     return out
 
 
-def activations_to_cells(activations, activation_alpha, activation_beta, clip,
-                         linear_before_reset, num_directions):
-    """One ``cgru.Cell`` per direction from the ONNX activation attributes.
-
-    ``activations`` holds ``2·D`` names (``f, g`` per direction, forward first), ``str`` or
-    ``bytes``, matched case-insensitively; ``None`` means ``Sigmoid, Tanh``.  The alpha (beta)
-    list is consumed in activation order, one value per activation that takes an alpha (beta);
-    a missing value is the default of the matching ONNX operator (``Activation``'s defaults).
-    """
-    D = num_directions
+def _parse_activations(activations, activation_alpha, activation_beta, op_type, D):
+    """The ``Activation`` list (``len(defaults)·D``, forward direction first) of an ONNX node's
+    activation attributes (see ``activations_to_cells``)."""
+    defaults = list(OP_TYPES[op_type][3])
+    per = len(defaults)
     if activations is None:
-        names = _DEFAULTS * D
+        names = defaults * D
     else:
         if isinstance(activations, (str, bytes)) or not hasattr(activations, "__iter__"):
             raise TypeError(f"activations: expected a list of names, got {activations!r}")
         names = [validate.text(a) for a in activations]
-        if len(names) != 2 * D:
-            raise ValueError(f"activations: expected {2 * D} names (f, g for each of the "
-                             f"{D} direction(s)), got {len(names)}: {names}")
+        if len(names) != per * D:
+            raise ValueError(f"activations: expected {per * D} names ({_ACT_ROLES[op_type]} "
+                             f"for each of the {D} direction(s) of an ONNX {op_type}), got "
+                             f"{len(names)}: {names}")
     alphas = _float_list(activation_alpha, "activation_alpha")
     betas = _float_list(activation_beta, "activation_beta")
     acts = []
@@ -101,36 +121,90 @@ def activations_to_cells(activations, activation_alpha, activation_beta, clip,
         raise ValueError(f"activation_alpha/activation_beta: {len(alphas)} alpha and "
                          f"{len(betas)} beta value(s) left over after the activations {names} "
                          f"took theirs")
+    return [acts[d * per:(d + 1) * per] for d in range(D)]
+
+
+def _clip(clip):
     if clip is not None:
         if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not clip > 0:
             raise ValueError(f"clip: expected None or a positive float, got {clip!r}")
+        return float(clip)
+    return None
+
+
+def cells_of(op_type, activations, activation_alpha, activation_beta, clip, num_directions,
+             *, linear_before_reset=0, input_forget=0):
+    """One cell per direction of an ONNX ``op_type`` node ("GRU", "LSTM", "RNN") from its
+    attributes (``activations_to_cells`` for the rules of the activation lists).
+    ``linear_before_reset`` (0/1) is the GRU's, ``input_forget`` the LSTM's (0 only: cgru
+    does not couple the input and forget gates); each must be 0 for the other operators."""
+    acts = _parse_activations(activations, activation_alpha, activation_beta, op_type,
+                              num_directions)
+    clip = _clip(clip)
     _rules.option(linear_before_reset, "linear_before_reset", (0, 1))
-    return [GRUCell(reset_after=bool(linear_before_reset), f_r=acts[2 * d], f_z=acts[2 * d],
-                    g=acts[2 * d + 1], clip=None if clip is None else float(clip))
-            for d in range(D)]
+    _rules.option(input_forget, "input_forget", (0, 1))
+    if op_type != "GRU" and linear_before_reset:
+        raise ValueError(f"linear_before_reset: is an ONNX GRU attribute; an ONNX {op_type} "
+                         f"has none (expected 0, got {linear_before_reset})")
+    if input_forget and op_type != "LSTM":
+        raise ValueError(f"input_forget: is an ONNX LSTM attribute; an ONNX {op_type} has none "
+                         f"(expected 0, got {input_forget})")
+    if input_forget:
+        raise ValueError("input_forget: 1 couples the input and forget gates (i = 1 − f), "
+                         "which cgru's LSTMCell does not compute; expected 0")
+    if op_type == "GRU":
+        return [GRUCell(reset_after=bool(linear_before_reset), f_r=f, f_z=f, g=g, clip=clip)
+                for f, g in acts]
+    if op_type == "LSTM":
+        return [LSTMCell(f_i=f, f_f=f, f_o=f, g=g, h=h, clip=clip) for f, g, h in acts]
+    return [RNNCell(f, clip=clip) for (f,) in acts]
 
 
-def layer_params(W, R, B, num_directions):
+def activations_to_cells(activations, activation_alpha, activation_beta, clip,
+                         linear_before_reset, num_directions):
+    """One ``cgru.Cell`` per direction from the ONNX ``GRU`` activation attributes.
+
+    ``activations`` holds ``2·D`` names (``f, g`` per direction, forward first), ``str`` or
+    ``bytes``, matched case-insensitively; ``None`` means ``Sigmoid, Tanh``.  The alpha (beta)
+    list is consumed in activation order, one value per activation that takes an alpha (beta);
+    a missing value is the default of the matching ONNX operator (``Activation``'s defaults).
+    """
+    return cells_of("GRU", activations, activation_alpha, activation_beta, clip,
+                    num_directions, linear_before_reset=linear_before_reset)
+
+
+def layer_params(W, R, B, num_directions, op_type="GRU"):
     """Canonical ``LayerParams`` per direction from one node's ``W``, ``R``, ``B`` (checked
     shapes; ``B`` may be None: zeros).  The arrays are new."""
     H = R.shape[-1]
+    _, G, order, _ = OP_TYPES[op_type]
+    back = _rules.inverse(order)
+    canonical = lambda a: _rules.permute_gates(a, H, back)       # noqa: E731
     out = []
     for d in range(num_directions):
-        b = np.zeros(6 * H, W.dtype) if B is None else B[d]
-        out.append(LayerParams(W=_rules.permute_gates(W[d], H, RZN_TO_ZRN),
-                               R=_rules.permute_gates(R[d], H, RZN_TO_ZRN),
-                               b_W=_rules.permute_gates(b[:3 * H], H, RZN_TO_ZRN),
-                               b_R=_rules.permute_gates(b[3 * H:], H, RZN_TO_ZRN)))
+        b = np.zeros(2 * G * H, W.dtype) if B is None else B[d]
+        out.append(LayerParams(W=canonical(W[d]), R=canonical(R[d]),
+                               b_W=canonical(b[:G * H]), b_R=canonical(b[G * H:])))
     return out
+
+
+def _roles(cell):
+    """The cell's activations in the order of its operator's ``activations`` (one direction)."""
+    if cell.kind == "gru":
+        return cell.f_z, cell.g
+    if cell.kind == "lstm":
+        return cell.f_i, cell.g, cell.h
+    return (cell.activation,)
 
 
 def attributes(cell, topo):
     """The node attributes of ``cell`` on ``topo``: ``hidden_size``, ``direction``,
-    ``linear_before_reset`` and, when not the defaults, ``activations`` with explicit
+    ``linear_before_reset`` (GRU) and, when not the defaults, ``activations`` with explicit
     ``activation_alpha``/``activation_beta`` (ONNX and onnxruntime disagree on some
     defaults), and ``clip``."""
+    op_type = _OP_OF_KIND[cell.kind]
     names, alphas, betas = [], [], []
-    for act in (cell.f_z, cell.g) * topo.num_directions:
+    for act in _roles(cell) * topo.num_directions:
         spelling, _, takes_alpha, takes_beta = _TABLE[_FROM_CGRU[act.name]]
         alpha, beta = (1.0, 0.0) if act.name == "identity" else (act.alpha, act.beta)
         names.append(spelling)
@@ -138,9 +212,10 @@ def attributes(cell, topo):
             alphas.append(alpha)
         if takes_beta:
             betas.append(beta)
-    attrs = {"hidden_size": topo.hidden_size, "direction": topo.direction,
-             "linear_before_reset": int(cell.reset_after)}
-    if names != _DEFAULTS * topo.num_directions:
+    attrs = {"hidden_size": topo.hidden_size, "direction": topo.direction}
+    if cell.kind == "gru":
+        attrs["linear_before_reset"] = int(cell.reset_after)
+    if names != list(OP_TYPES[op_type][3]) * topo.num_directions:
         attrs["activations"] = names
         if alphas:
             attrs["activation_alpha"] = alphas
@@ -151,55 +226,88 @@ def attributes(cell, topo):
     return attrs
 
 
-def to_onnx(net, cell=None, *, linear_before_reset=None):
-    """``(layers, attributes)`` for one ONNX ``GRU`` node per layer.
+def _require(cell, topo, linear_before_reset):
+    """The operator of ``cell``, refused where ONNX cannot express it."""
+    named = lambda a: a.name in _FROM_CGRU                        # noqa: E731
+    if cell.kind == "gru":
+        target, forms = _rules.demanded("ONNX GRU", linear_before_reset, "linear_before_reset",
+                                        lambda ra: f"linear_before_reset={int(ra)}")
+        _rules.require(cell, target, reset_after=forms, activations=named,
+                       shared_gate_act=True, clip=True)
+        return "GRU"
+    if linear_before_reset is not None:
+        raise ValueError(f"linear_before_reset: is an ONNX GRU attribute; the network's cell "
+                         f"is {_rules.KIND_NAMES[cell.kind]}")
+    if cell.kind == "lstm":
+        _rules.require_lstm(cell, "ONNX LSTM", activations=named, shared_gate_act=True,
+                            clip=True)
+        _rules.no_projection(topo, "ONNX LSTM")
+        return "LSTM"
+    _rules.require_rnn(cell, "ONNX RNN", named, clip=True)
+    return "RNN"
 
-    ``layers[l]`` = ``{"W": [D, 3H, in], "R": [D, 3H, H], "B": [D, 6H]}`` (gates z, r, h;
-    ``B = [Wb, Rb]``); ``attributes`` (the same for every node) as ``attributes``.  The
-    identity maps to ``Affine(1, 0)``.  Layer ``l ≥ 1`` reads the previous ``Y [T, D, N, H]``
-    transposed to ``[T, N, D·H]``.  Use as ``cgru.onnx.gru(X, **layers[0], **attributes)``.
-    ``linear_before_reset`` (None: the cell's form) demands one form.
+
+def to_onnx(net, cell=None, *, linear_before_reset=None):
+    """``(layers, attributes)`` for one ONNX node per layer, of the operator of the network's
+    cell: ``GRU`` (``cgru.GRUCell``), ``LSTM`` (``cgru.LSTMCell``) or ``RNN``
+    (``cgru.RNNCell``).
+
+    ``layers[l]`` = ``{"W": [D, G·H, in], "R": [D, G·H, H], "B": [D, 2G·H]}`` (ONNX's gate
+    order, module docstring; ``B = [Wb, Rb]``; no peepholes); ``attributes`` (the same for
+    every node) as ``attributes``.  The identity maps to ``Affine(1, 0)``.  Layer ``l ≥ 1``
+    reads the previous ``Y [T, D, N, H]`` transposed to ``[T, N, D·H]``.  Use as
+    ``onnx.helper.make_node(op_type, …, **attributes)``, ``cgru.onnx.gru(X, **layers[0],
+    **attributes)`` for a GRU, and read back with ``from_onnx(layers, op_type=…,
+    **attributes)``.  ``linear_before_reset`` (GRU; None: the cell's form) demands one form.
     """
     topo, cell = _rules.network_and_cell(net, cell)
-    target, forms = _rules.demanded("ONNX GRU", linear_before_reset, "linear_before_reset",
-                                    lambda ra: f"linear_before_reset={int(ra)}")
-    _rules.require(cell, target, reset_after=forms, activations=lambda a: a.name in _FROM_CGRU,
-                   shared_gate_act=True, clip=True)
-    _rules.require_topology(topo, "ONNX GRU")
-    H, D = topo.hidden_size, topo.num_directions
+    op_type = _require(cell, topo, linear_before_reset)
+    _rules.require_topology(topo, f"ONNX {op_type}")
+    H, D, order = topo.hidden_size, topo.num_directions, OP_TYPES[op_type][2]
+    onnx = lambda a: _rules.permute_gates(a, H, order)           # noqa: E731
     layers = []
     for l in range(topo.num_layers):
         idx = range(l * D, (l + 1) * D)
-        zrn = lambda a: _rules.permute_gates(a, H, RZN_TO_ZRN)       # noqa: E731
         layers.append({
-            "W": np.stack([zrn(_rules.input_matrix(net, i)) for i in idx]),
-            "R": np.stack([zrn(net[i].R) for i in idx]),
-            "B": np.stack([np.concatenate([zrn(net[i].b_W), zrn(net[i].b_R)]) for i in idx])})
+            "W": np.stack([onnx(_rules.input_matrix(net, i)) for i in idx]),
+            "R": np.stack([onnx(net[i].R) for i in idx]),
+            "B": np.stack([np.concatenate([onnx(net[i].b_W), onnx(net[i].b_R)]) for i in idx])})
     return layers, attributes(cell, topo)
 
 
 def _identity_for_affine(cell):
     """``to_onnx`` writes the identity as ``Affine(1, 0)``: read it back as the identity."""
-    if cell.g == _IDENTITY:
-        cell = GRUCell(reset_after=cell.reset_after, f_r=cell.f_r, f_z=cell.f_z, g="identity",
-                       clip=cell.clip)
-    if cell.f_z == _IDENTITY:
-        cell = GRUCell(reset_after=cell.reset_after, f_r="identity", f_z="identity", g=cell.g,
-                       clip=cell.clip)
-    return cell
+    changes = {f.name: Activation("identity") for f in dataclasses.fields(cell)
+               if getattr(cell, f.name) == _IDENTITY}
+    return dataclasses.replace(cell, **changes) if changes else cell
 
 
-def from_onnx(layers, *, hidden_size=None, direction="forward", linear_before_reset=0,
-              activations=None, activation_alpha=None, activation_beta=None, clip=None,
-              layout=0):
-    """A ``cgru.Network`` (with the nodes' cell) from ONNX ``GRU`` nodes: ``layers`` is one
-    ``{"W", "R", "B"}`` dict per node (``B`` optional) — or a single dict — all with the same
-    attributes (ONNX's defaults: ``linear_before_reset=0``, the reset-before cell).
+def _shaped_R(R, what, op_type, D, G, H):
+    """``R`` ``[D, G·H, H]``, else a ``ValueError`` that names the operator whose ``R`` it
+    is, when it is another's."""
+    if R.shape == (D, G * H, H):
+        return R
+    other = [op for op, (_, g, _, _) in OP_TYPES.items()
+             if op != op_type and R.shape == (D, g * H, H)]
+    hint = f" — an ONNX {other[0]}'s R: pass op_type={other[0]!r}" if other else ""
+    raise ValueError(f"{what}: expected shape {validate.shape_text((D, G * H, H))} for "
+                     f"op_type={op_type!r}, got {list(R.shape)}{hint}")
+
+
+def from_onnx(layers, *, op_type="GRU", hidden_size=None, direction="forward",
+              linear_before_reset=0, activations=None, activation_alpha=None,
+              activation_beta=None, clip=None, layout=0, input_forget=0):
+    """A ``cgru.Network`` (with the nodes' cell) from ONNX nodes of ``op_type`` ("GRU" — the
+    default, as before the other operators —, "LSTM", "RNN"; ``str`` or ``bytes``):
+    ``layers`` is one ``{"W", "R", "B"}`` dict per node (``B`` optional; an LSTM's ``P``
+    optional and zero) — or a single dict — all with the same attributes (ONNX's defaults:
+    ``linear_before_reset=0``, the reset-before GRU; ``input_forget=0``).
 
     The two directions of a bidirectional node must use the same activations (a network has
-    one cell; ``cgru.onnx.gru`` runs such a node directly).  ``layout`` (0 or 1) does not
+    one cell; ``cgru.onnx.gru`` runs such a GRU node directly).  ``layout`` (0 or 1) does not
     affect the weights.
     """
+    op_type = _rules.option(op_type, "op_type", tuple(OP_TYPES))
     layers = _rules.node_list(layers, "{'W', 'R', 'B'}")
     direction = _rules.option(direction, "direction", DIRECTIONS)
     _rules.option(layout, "layout", (0, 1))
@@ -207,32 +315,43 @@ def from_onnx(layers, *, hidden_size=None, direction="forward", linear_before_re
                                     or not isinstance(hidden_size, (int, np.integer))):
         raise TypeError(f"hidden_size: expected None or an int, got {hidden_size!r}")
     D = 2 if direction == "bidirectional" else 1
-    cells = activations_to_cells(activations, activation_alpha, activation_beta, clip,
-                                 linear_before_reset, D)
+    _, G, _, _ = OP_TYPES[op_type]
+    cells = cells_of(op_type, activations, activation_alpha, activation_beta, clip, D,
+                     linear_before_reset=linear_before_reset, input_forget=input_forget)
     if cells[0] != cells[-1]:
         raise ValueError("activations: the two directions use different activations, which "
-                         "one cgru.Cell cannot express; run the node with cgru.onnx.gru")
+                         "one cgru cell cannot express" +
+                         ("; run the node with cgru.onnx.gru" if op_type == "GRU" else ""))
+    optional = ("B", "P") if op_type == "LSTM" else ("B",)
     out, dtype, I, H = [], None, None, None
     for l, node in enumerate(layers):
         what = f"layers[{l}]"
-        node = _rules.tensor_dict(node, what, ("W", "R"), ("B",))
+        node = _rules.tensor_dict(node, what, ("W", "R"), optional)
         R = _rules.weight(node["R"], f"{what}['R']", dtype)
         if H is None:                           # the sizes come from the first node
             if R.ndim != 3 or R.shape[-1] == 0:
-                raise ValueError(f"{what}['R']: expected [D, 3H, H] with H ≥ 1, got "
-                                 f"{list(R.shape)}")
+                raise ValueError(f"{what}['R']: expected [D, {G if G > 1 else ''}H, H] with "
+                                 f"H ≥ 1, got {list(R.shape)}")
             dtype, H = R.dtype, R.shape[-1]
             if hidden_size is not None and hidden_size != H:
                 raise ValueError(f"hidden_size: {hidden_size} disagrees with {what}['R'] "
                                  f"{list(R.shape)}")
         W = _rules.weight(node["W"], f"{what}['W']", dtype)
         if I is None:
-            I = _rules.dim(W, f"{what}['W']", -1, "[D, 3H, I]")
-        _rules.shaped(R, f"{what}['R']", (D, 3 * H, H))
-        _rules.shaped(W, f"{what}['W']", (D, 3 * H, I if l == 0 else D * H))
+            I = _rules.dim(W, f"{what}['W']", -1, f"[D, {G}H, I]")
+        _shaped_R(R, f"{what}['R']", op_type, D, G, H)
+        _rules.shaped(W, f"{what}['W']", (D, G * H, I if l == 0 else D * H))
         B = node.get("B")
         if B is not None:
             B = _rules.shaped(_rules.weight(B, f"{what}['B']", dtype), f"{what}['B']",
-                              (D, 6 * H))
-        out += layer_params(W, R, B, D)
+                              (D, 2 * G * H))
+        P = node.get("P")
+        if P is not None:
+            P = _rules.shaped(_rules.weight(P, f"{what}['P']", dtype), f"{what}['P']",
+                              (D, 3 * H))
+            if np.any(P):
+                raise ValueError(f"{what}['P']: non-zero peephole weights; cgru's LSTMCell has "
+                                 f"no peephole connections (yet), so this node's function "
+                                 f"cannot be converted (absent or all-zero P converts)")
+        out += layer_params(W, R, B, D, op_type)
     return Network(Topology(I, H, len(layers), direction), out, _identity_for_affine(cells[0]))
