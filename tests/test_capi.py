@@ -232,7 +232,8 @@ def test_size_queries_agree_with_the_python_api(example_results, dtype):
     topo = _topology()
     weight_bytes, work_inf, reserve_inf, work_tr, reserve_tr = r["sizes"]
     assert weight_bytes == topo.flat_size() * dt.itemsize
-    assert weight_bytes == tf.params_size(L, H, I, dtype=dt, direction="bidirectional") * \
+    assert weight_bytes == tf.params_size(L, H, I, dtype=dt, direction="bidirectional",
+                                        rnn_mode="gru") * \
         dt.itemsize
     assert (work_inf, reserve_inf, work_tr) == (0, 0, 0)
     # the training reserve holds the engine's reserve, a copy of x and the weight gradients
@@ -249,7 +250,8 @@ def test_weight_params_address_cgru_tf_layout(example_results, dtype):
     dt = np.dtype(DTYPE[dtype])
     space = r["weights"]
     assert np.isfinite(space).all()  # every element was reached through the accessor
-    weights, biases = tf.params_to_canonical(L, H, I, space, direction="bidirectional")
+    weights, biases = tf.params_to_canonical(L, H, I, space, direction="bidirectional",
+                                             rnn_mode="gru")
     where = r["where"].reshape(L * D, 6, 5)
     raw = space.view(np.uint8)
     for pl in range(L * D):

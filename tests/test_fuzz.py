@@ -598,7 +598,7 @@ def _tf_reference(c, x, h0, flat):
 def _tf_arrays(c):
     rng = np.random.default_rng(c["data"])
     D = 2 if c["bidirectional"] else 1
-    n = tf.params_size(c["L"], c["H"], c["I"], input_mode=c["mode"],
+    n = tf.params_size(c["L"], c["H"], c["I"], input_mode=c["mode"], rnn_mode="gru",
                        direction="bidirectional" if D == 2 else "unidirectional")
     x = rng.standard_normal((c["T"], c["N"], c["I"]))
     h0 = rng.standard_normal((c["L"] * D, c["N"], c["H"]))
@@ -606,7 +606,7 @@ def _tf_arrays(c):
 
 
 def _tf_attrs(c):
-    return dict(input_mode=c["mode"], dropout=c["dropout"], seed=c["seeds"][0],
+    return dict(rnn_mode="gru", input_mode=c["mode"], dropout=c["dropout"], seed=c["seeds"][0],
                 seed2=c["seeds"][1],
                 direction="bidirectional" if c["bidirectional"] else "unidirectional",
                 time_major=c["time_major"])

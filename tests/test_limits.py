@@ -96,7 +96,7 @@ _SIZE_CHILD = textwrap.dedent(r"""
             out[name] = ["ok", str(fn())]
         except Exception as e:
             out[name] = [type(e).__name__, str(e)]
-    record("params_size_2**70", lambda: tf.params_size(2 ** 70, 6, 5))
+    record("params_size_2**70", lambda: tf.params_size(2 ** 70, 6, 5, rnn_mode="gru"))
     record("reserve_nbytes_1e6_layers", lambda: cgru.reserve_nbytes(
         cgru.Topology(4, 4, 10 ** 6, "bidirectional"), 5, 3))
     record("flat_size_int_max_layers", lambda: cgru.Topology(5, 6, 2 ** 31 - 1).flat_size())
@@ -161,10 +161,11 @@ _CHILD = textwrap.dedent(r"""
     small = lambda *s: np.zeros(s, f32)
     calls = {
         "tf.cudnn_rnn": lambda: tf.cudnn_rnn(zeros((T, N, 1)), small(1, N, 1), None,
-                                             small(tf.params_size(1, 1, 1)), is_training=True),
+                                             small(tf.params_size(1, 1, 1, rnn_mode="gru")),
+                                             rnn_mode="gru", is_training=True),
         "tf.cudnn_rnn_v3": lambda: tf.cudnn_rnn_v3(zeros((N, T, 1)), small(N, 1, 1), None,
-                                                   small(tf.params_size(1, 1, 1)),
-                                                   time_major=False),
+                                                   small(tf.params_size(1, 1, 1, rnn_mode="gru")),
+                                                   rnn_mode="gru", time_major=False),
         "mps.gru": lambda: mps.gru(zeros((T, N, 1)), small(3, 1), small(3, 1),
                                    descriptor=mps.GRUDescriptor(training=True)),
         "mps.gru-projected": lambda: mps.gru(zeros((T, N, 3)), small(3, 1),
@@ -266,16 +267,16 @@ def _frontend_calls():
     from cgru import mps, tf
     rng = np.random.default_rng(1)
     x = rng.standard_normal((4, 2, 3))
-    params = rng.standard_normal(tf.params_size(1, 2, 3))
+    params = rng.standard_normal(tf.params_size(1, 2, 3, rnn_mode="gru"))
     h = np.zeros((1, 2, 2))
     layer = am.GRULayer.init(3, 2, 2, dtype=np.float64)
     desc = mps.GRUDescriptor(training=True, reset_after=True)
     RW, IW = rng.standard_normal((6, 2)), rng.standard_normal((6, 3))
 
     def call():
-        f = tf.cudnn_rnn(x, h, None, params)
+        f = tf.cudnn_rnn(x, h, None, params, rnn_mode="gru")
         tf.cudnn_rnn_backprop(x, h, None, params, f.output, f.output_h, None, f.output, None,
-                              None, f.reserve_space)
+                              None, f.reserve_space, rnn_mode="gru")
         y, hy, cache = am.gru_forward(x, np.zeros((2, 2, 2)), layer.w3s0, layer.w3sN,
                                       layer.u3s, layer.bW3s, layer.bU3s)
         am.gru_backward(y, hy, cache)

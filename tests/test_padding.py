@@ -84,7 +84,7 @@ def test_tf_backprop_v3_ignores_poisoned_padding():
     from cgru import tf
     L, D = 1, 1
     rng = np.random.default_rng(4)
-    params = rng.standard_normal(tf.params_size(L, H, I)).astype(np.float32) * 0.3
+    params = rng.standard_normal(tf.params_size(L, H, I, rnn_mode="gru")).astype(np.float32) * 0.3
     x = rng.standard_normal((T, N, I)).astype(np.float32)
     h0 = np.zeros((L * D, N, H), np.float32)
     lens = LENGTHS.astype(np.int32)
