@@ -244,17 +244,22 @@ def pack_rhs(B, bint trans):
 
 
 def gemm_packed_rm(A, Bp, int n, C, bint beta1):
-    """``C[m, n] (+)= A[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs`` (for tests)."""
+    """``C[m, n] (+)= A[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs``: C-contiguous A and C
+    of one float dtype (the caller checks; the kernels' GEMM, used by ``cgru.Stream`` and the
+    tests)."""
     cdef cnp.ndarray a = A, bp = Bp, c = C
     cdef int m = A.shape[0], k = A.shape[1]
-    if A.dtype == np.float32:
-        cgru_gemm_packed_f32(m, n, k, <const float *>cnp.PyArray_DATA(a), k,
-                             <const float *>cnp.PyArray_DATA(bp), beta1,
-                             <float *>cnp.PyArray_DATA(c), n)
-    else:
-        cgru_gemm_packed_f64(m, n, k, <const double *>cnp.PyArray_DATA(a), k,
-                             <const double *>cnp.PyArray_DATA(bp), beta1,
-                             <double *>cnp.PyArray_DATA(c), n)
+    cdef bint f32 = A.dtype == np.float32
+    cdef void *pa = cnp.PyArray_DATA(a)
+    cdef void *pb = cnp.PyArray_DATA(bp)
+    cdef void *pc = cnp.PyArray_DATA(c)
+    with nogil:
+        if f32:
+            cgru_gemm_packed_f32(m, n, k, <const float *>pa, k, <const float *>pb, beta1,
+                                 <float *>pc, n)
+        else:
+            cgru_gemm_packed_f64(m, n, k, <const double *>pa, k, <const double *>pb, beta1,
+                                 <double *>pc, n)
 
 
 def vector_math_f32(name, x):
