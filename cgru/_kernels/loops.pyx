@@ -263,16 +263,26 @@ def gemm_packed_rm(A, Bp, int n, C, bint beta1):
 
 
 def vector_math_f32(name, x):
-    """``sigmoid`` or ``tanh`` of a C-contiguous float32 array through the kernels' vector
-    code (for tests)."""
-    cdef cnp.ndarray a = np.ascontiguousarray(x, np.float32)
+    """``sigmoid`` or ``tanh`` of a float32 array through the kernels' vector code (for
+    tests)."""
+    return vector_math(name, np.ascontiguousarray(x, np.float32))
+
+
+def vector_math(name, x):
+    """``sigmoid`` or ``tanh`` of a C-contiguous float32 or float64 array through the kernels'
+    vector code (for tests)."""
+    cdef cnp.ndarray a = np.ascontiguousarray(x)
     cdef cnp.ndarray out = np.empty_like(a)
-    if name == "sigmoid":
-        cgru_sigmoid_f32(a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
-    elif name == "tanh":
-        cgru_tanh_f32(a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
-    else:
+    if name not in ("sigmoid", "tanh"):
         raise ValueError(f"name: expected 'sigmoid' or 'tanh', got {name!r}")
+    if a.dtype == np.float32:
+        (cgru_sigmoid_f32 if name == "sigmoid" else cgru_tanh_f32)(
+            a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
+    elif a.dtype == np.float64:
+        (cgru_sigmoid_f64 if name == "sigmoid" else cgru_tanh_f64)(
+            a.size, <const double *>cnp.PyArray_DATA(a), <double *>cnp.PyArray_DATA(out))
+    else:
+        raise TypeError(f"x: expected float32 or float64, got {a.dtype}")
     return out
 
 
