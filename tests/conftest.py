@@ -32,6 +32,7 @@ def poison(monkeypatch):
     """Make ``cgru.core.plan.empty`` return NaN-filled (float) / 0xFF-filled (other) arrays."""
     from cgru.core import plan
     monkeypatch.setattr(plan, "empty", _poisoned_empty)
+    monkeypatch.setattr(plan, "_reuse", False)          # every buffer fresh, so poisoned
     return _poisoned_empty
 
 

@@ -235,11 +235,12 @@ def _small_calls():
     """Small forward + backward calls covering the kernel paths (and one refused call)."""
     rng = np.random.default_rng(0)
     topo1, topo2 = Topology(3, 4), Topology(3, 4, 2, "bidirectional")
-    p1, p2 = Params.random(topo1, np.float32), Params.random(topo2, np.float64)
+    cell2 = Cell(reset_after=False, g="softsign", clip=2.0)
+    p1 = Params.random(topo1, np.float32)
+    p2 = Params.random(topo2, np.float64, cell=cell2)
     x1, x2 = rng.standard_normal((5, 3, 3)).astype(np.float32), rng.standard_normal((5, 3, 3))
     dy1, dy2 = rng.standard_normal((5, 3, 4)).astype(np.float32), rng.standard_normal((5, 3, 8))
     m2 = rng.uniform(0, 1, (5, 3, 8))
-    cell2 = Cell(reset_after=False, g="softsign", clip=2.0)
     lengths = np.array([5, 2, 0])
     dp1 = Params.zeros(topo1, np.float32)
 
@@ -248,9 +249,9 @@ def _small_calls():
         cgru.backward(p1, x1, f.reserve, dy1, dparams=dp1, accumulate=True, num_threads=1)
 
     def general():
-        f = cgru.forward(p2, x2, lengths=lengths, state_mask=m2, cell=cell2, training=True,
-                         dropout=0.3, num_threads=1)
-        cgru.backward(p2, x2, f.reserve, dy2, f.hy, state_mask=m2, cell=cell2, num_threads=1)
+        f = cgru.forward(p2, x2, lengths=lengths, state_mask=m2, training=True, dropout=0.3,
+                         num_threads=1)
+        cgru.backward(p2, x2, f.reserve, dy2, f.hy, state_mask=m2, num_threads=1)
 
     def refused():
         try:
@@ -303,8 +304,13 @@ def test_ten_thousand_calls_do_not_grow_the_resident_set():
 def test_calls_do_not_grow_the_python_heap():
     simple, general, refused = _small_calls()
     frontends = _frontend_calls()
-    loop = lambda n: [(simple(), general(), refused(), frontends() if i % 10 == 0 else None)
-                      for i in range(n)]
+
+    def loop(n):
+        for i in range(n):
+            simple(), general(), refused()
+            if i % 10 == 0:
+                frontends()
+
     loop(100)
     tracemalloc.start()
     try:

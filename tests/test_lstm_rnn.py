@@ -109,6 +109,13 @@ GRAD_CASES = {
     "lstm_projected_bi": dict(kind="lstm", I=24, H=3, direction="bidirectional",
                               input_mode="projected"),
     "lstm_proj_mask_batch_major": dict(kind="lstm", proj=2, mask=True, batch_major=True),
+    "lstm_peepholes_bi_lengths": dict(kind=LSTMCell(peepholes=True), L=2,
+                                      direction="bidirectional", lengths=[4, 2, 0], scale=0.8),
+    "lstm_input_forget_proj": dict(kind=LSTMCell(input_forget=True), proj=2,
+                                   direction="reverse"),
+    "lstm_peepholes_input_forget_clip_mask": dict(
+        kind=LSTMCell(peepholes=True, input_forget=True, clip=1.2, f_i="hard_sigmoid",
+                      h="softsign"), mask=True, scale=1.2),
     "rnn_tanh_bi_L2": dict(kind="rnn_tanh", L=2, direction="bidirectional", lengths=[4, 2, 3]),
     "rnn_relu_reverse": dict(kind="rnn_relu", direction="reverse", scale=0.8),
     "rnn_general_clip_mask": dict(kind=RNNCell(("leaky_relu", 0.2), clip=1.0), mask=True,
@@ -174,10 +181,13 @@ def test_backward_matches_finite_differences(case, loss):
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("L", [1, 2])
 @pytest.mark.parametrize("kind,proj", [("lstm", 0), ("lstm", 2), ("rnn_tanh", 0),
-                                       ("rnn_relu", 0)])
+                                       ("rnn_relu", 0), ("lstm_peepholes", 0),
+                                       ("lstm_input_forget", 2)])
 def test_matches_the_reference(kind, proj, L, direction, dtype):
     T, N = 5, 18                          # N = 18: two batch chunks per direction
-    net = _net(kind, L=L, direction=direction, proj=proj, dtype=dtype, H=4)
+    cell = {"lstm_peepholes": LSTMCell(peepholes=True),
+            "lstm_input_forget": LSTMCell(input_forget=True)}.get(kind, kind)
+    net = _net(cell, L=L, direction=direction, proj=proj, dtype=dtype, H=4)
     a = _inputs(net, T, N)
     lengths = np.random.default_rng(2).integers(0, T + 1, N)
     f, g = _cgru(net, a, lengths=lengths)
@@ -189,7 +199,7 @@ def test_matches_the_reference(kind, proj, L, direction, dtype):
     _close(f.hy, r[1], tol, "hy")
     _close(g.dx, rb[0], tol, "dx")
     _close(g.dh0, rb[1], tol, "dh0")
-    if kind == "lstm":
+    if net.cell.kind == "lstm":
         _close(f.cy, r[2], tol, "cy")
         _close(g.dc0, rb[2], tol, "dc0")
     _close(g.dparams.flat(), rb[-1].flat(), tol, "dparams")
@@ -313,3 +323,23 @@ def test_forward_and_gradients_results_unpack_as_before():
     import pickle
     f2 = pickle.loads(pickle.dumps(f))
     np.testing.assert_array_equal(f2.cy, f.cy)
+
+
+def test_peepholes_are_weights_of_their_own():
+    """An LSTM with peepholes has P [3H] per layer-direction (i, f, o), in its flat layout
+    after the biases; a network without them refuses P."""
+    cell = LSTMCell(peepholes=True)
+    net = _net(cell, L=2, direction="bidirectional")
+    assert all(lp.P.shape == (15,) for lp in net)
+    flat = net.flat()
+    assert flat.size == net.flat_size() == Topology(4, 5, 2, "bidirectional").flat_size(4) + 4 * 15
+    np.testing.assert_array_equal(flat[-15:], net[3].P)
+    back = Network.from_flat(net.topology, flat, cell=cell)
+    np.testing.assert_array_equal(back.flat(), flat)
+    plain = _net("lstm")
+    lp = plain[0]
+    with pytest.raises(ValueError, match=r"params\[0\]\.P: given, but the cell has no peepholes"):
+        Network(plain.topology, [cgru.LayerParams(lp.W, lp.R, lp.b_W, lp.b_R, P=np.zeros(15))],
+                LSTMCell())
+    with pytest.raises(TypeError, match=r"params\[0\]\.P: expected a numpy array \[15\]"):
+        Network(plain.topology, [lp], cell)

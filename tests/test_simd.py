@@ -1,4 +1,4 @@
-"""The time loop's own kernels (cgru/_simd.h): packed GEMM and float32 sigmoid/tanh."""
+"""The time loops' own kernels (cgru/_kernels/simd.h): packed GEMM and vector sigmoid/tanh."""
 import numpy as np
 import pytest
 
@@ -75,3 +75,26 @@ def test_vector_math_special_values(name):
 def test_vector_math_tails(n):
     x = np.linspace(-3, 3, n).astype(np.float32)
     np.testing.assert_allclose(K.vector_math_f32("tanh", x), np.tanh(x), rtol=5e-7, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "tanh"])
+def test_float64_vector_math_is_within_a_few_ulp(name):
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.standard_normal(5000) * s for s in (1e-9, 1e-3, 0.29, 0.31, 1, 4, 30)]
+                       + [np.linspace(-40, 40, 40001)])
+    got = K.vector_math(name, x)
+    want = _exact(name, x)
+    ulp = np.abs(got - want) / np.spacing(np.abs(want))
+    assert ulp.max() <= 4, (x[ulp.argmax()], ulp.max())
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "tanh"])
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 9, 17])
+def test_float64_vector_math_special_values_and_tails(name, n):
+    x = np.resize(np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e300, -1e300, 709.0, -709.0,
+                            800.0, -800.0, 5e-324, 0.5]), n)
+    got = K.vector_math(name, x)
+    assert np.array_equal(np.isnan(got), np.isnan(x))
+    finite = ~np.isnan(x)
+    want = _exact(name, np.nan_to_num(x[finite], posinf=1e300, neginf=-1e300))
+    np.testing.assert_allclose(got[finite], want, rtol=1e-15, atol=1e-300)

@@ -17,6 +17,8 @@ cdef extern from "simd.h" nogil:
                               int beta1, double *C, int ldc)
     void cgru_sigmoid_f32(int n, const float *x, float *y)
     void cgru_tanh_f32(int n, const float *x, float *y)
+    void cgru_sigmoid_f64(int n, const double *x, double *y)
+    void cgru_tanh_f64(int n, const double *x, double *y)
     int CGRU_NR_F
     int CGRU_NR_D
     int cgru_isa()
@@ -154,21 +156,17 @@ cdef inline floating clip_grad(floating x, bint has_clip, floating c) noexcept n
 
 # --- vector helpers --------------------------------------------------------------------------
 cdef inline void sigmoid_inplace(floating *v, int n) noexcept nogil:
-    cdef int j
     if floating is float:
         cgru_sigmoid_f32(n, v, v)
     else:
-        for j in range(n):
-            v[j] = sigmoid(v[j])
+        cgru_sigmoid_f64(n, v, v)
 
 
 cdef inline void tanh_inplace(floating *v, int n) noexcept nogil:
-    cdef int j
     if floating is float:
         cgru_tanh_f32(n, v, v)
     else:
-        for j in range(n):
-            v[j] = tanh_(v[j])
+        cgru_tanh_f64(n, v, v)
 
 
 cdef inline void gemm_packed(int m, int n, int k, const floating *A, int lda,

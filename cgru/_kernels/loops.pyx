@@ -244,30 +244,45 @@ def pack_rhs(B, bint trans):
 
 
 def gemm_packed_rm(A, Bp, int n, C, bint beta1):
-    """``C[m, n] (+)= A[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs`` (for tests)."""
+    """``C[m, n] (+)= A[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs``: C-contiguous A and C
+    of one float dtype (the caller checks; the kernels' GEMM, used by ``cgru.Stream`` and the
+    tests)."""
     cdef cnp.ndarray a = A, bp = Bp, c = C
     cdef int m = A.shape[0], k = A.shape[1]
-    if A.dtype == np.float32:
-        cgru_gemm_packed_f32(m, n, k, <const float *>cnp.PyArray_DATA(a), k,
-                             <const float *>cnp.PyArray_DATA(bp), beta1,
-                             <float *>cnp.PyArray_DATA(c), n)
-    else:
-        cgru_gemm_packed_f64(m, n, k, <const double *>cnp.PyArray_DATA(a), k,
-                             <const double *>cnp.PyArray_DATA(bp), beta1,
-                             <double *>cnp.PyArray_DATA(c), n)
+    cdef bint f32 = A.dtype == np.float32
+    cdef void *pa = cnp.PyArray_DATA(a)
+    cdef void *pb = cnp.PyArray_DATA(bp)
+    cdef void *pc = cnp.PyArray_DATA(c)
+    with nogil:
+        if f32:
+            cgru_gemm_packed_f32(m, n, k, <const float *>pa, k, <const float *>pb, beta1,
+                                 <float *>pc, n)
+        else:
+            cgru_gemm_packed_f64(m, n, k, <const double *>pa, k, <const double *>pb, beta1,
+                                 <double *>pc, n)
 
 
 def vector_math_f32(name, x):
-    """``sigmoid`` or ``tanh`` of a C-contiguous float32 array through the kernels' vector
-    code (for tests)."""
-    cdef cnp.ndarray a = np.ascontiguousarray(x, np.float32)
+    """``sigmoid`` or ``tanh`` of a float32 array through the kernels' vector code (for
+    tests)."""
+    return vector_math(name, np.ascontiguousarray(x, np.float32))
+
+
+def vector_math(name, x):
+    """``sigmoid`` or ``tanh`` of a C-contiguous float32 or float64 array through the kernels'
+    vector code (for tests)."""
+    cdef cnp.ndarray a = np.ascontiguousarray(x)
     cdef cnp.ndarray out = np.empty_like(a)
-    if name == "sigmoid":
-        cgru_sigmoid_f32(a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
-    elif name == "tanh":
-        cgru_tanh_f32(a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
-    else:
+    if name not in ("sigmoid", "tanh"):
         raise ValueError(f"name: expected 'sigmoid' or 'tanh', got {name!r}")
+    if a.dtype == np.float32:
+        (cgru_sigmoid_f32 if name == "sigmoid" else cgru_tanh_f32)(
+            a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
+    elif a.dtype == np.float64:
+        (cgru_sigmoid_f64 if name == "sigmoid" else cgru_tanh_f64)(
+            a.size, <const double *>cnp.PyArray_DATA(a), <double *>cnp.PyArray_DATA(out))
+    else:
+        raise TypeError(f"x: expected float32 or float64, got {a.dtype}")
     return out
 
 

@@ -7,8 +7,10 @@ vector form, per step t, one direction; S = P with a projection, else H)::
     1. gx = x_t·Wᵀ                            [N, 4H]  (all steps at once, before the loop)
     2. gh = (h ⊙ m)·Rᵀ                        [N, 4H]  (R [4H, S])
     3. a = gx + gh + b      (b = b_W + b_R, summed in the engine)
-       i = f_i(clip(a_i)), f = f_f(clip(a_f)), g = g(clip(a_g)), o = f_o(clip(a_o))
+       peepholes: a_i += P_i ⊙ c,  a_f += P_f ⊙ c
+       i = f_i(clip(a_i)), f = f_f(clip(a_f)) (input_forget: f = 1 − i), g = g(clip(a_g))
     4. c' = f ⊙ c + i ⊙ g
+       peepholes: a_o += P_o ⊙ c';   o = f_o(clip(a_o))
     5. hf = o ⊙ h(c')                         [N, H]   (h = tanh for cuDNN)
     6. h' = hf·W_pᵀ (projection, W_p [P, H]) or h' = hf;  y_t = h'
     Rows with t ≥ len[b] are inactive: h' = h, c' = c, y_t = 0.
@@ -26,12 +28,15 @@ Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
 
     dh += dy_t
     bwd of 6: dhp_t = dh (kept for dW_p);  dhf = dh·W_p   (projection; else dhf = dh)
-    bwd of 5: do = dhf ⊙ h(c');  dc += dhf ⊙ o ⊙ h'(c')
+    bwd of 5: do = dhf ⊙ h(c');  dc += dhf ⊙ o ⊙ h'(c');  da_o = do ⊙ f_o'(…)
+              peepholes: dc += da_o ⊙ P_o
     bwd of 4: di = dc ⊙ g,  dg = dc ⊙ i,  df = dc ⊙ c,  dc_prev = dc ⊙ f
-    bwd of 3: da = (di, df, dg, do) ⊙ activations' (⊙ clip')  → dgx  [N, 4H]
+              input_forget: di −= df, and the forget gate's own pre-activation gets nothing
+    bwd of 3: da = (di, df, dg) ⊙ activations' (⊙ clip'), da_o  → dgx  [N, 4H]
+              peepholes: dc_prev += da_i ⊙ P_i + da_f ⊙ P_f
     bwd of 2: dh_prev = m ⊙ (da·R)            (the state enters only through the gates)
     After the loop (engine): dW = daᵀ·X, dR = daᵀ·(h ⊙ m), db_W = db_R = Σ da,
-    dW_p = dhpᵀ·hf, dX = da·W.
+    dW_p = dhpᵀ·hf, dX = da·W, dP = Σ (da_i ⊙ c, da_f ⊙ c, da_o ⊙ c').
 
 Parallelism: the work items (direction, batch chunk) run on cgru's thread pool; each item
 runs the whole time loop for its rows.  The chunking depends on N only, so results are
@@ -50,7 +55,8 @@ cnp.import_array()
 
 
 cdef struct CellSpec:
-    bint fast            # sigmoid gates, tanh cell input and output, no clip
+    bint fast            # sigmoid gates, tanh cell input and output, no clip, plain gates
+    bint coupled         # input_forget: f = 1 − i
     bint has_clip
     double clip
     Act f_i
@@ -71,6 +77,7 @@ cdef struct Dir:
     const void *Wpp          # W_p [P, H] packed for hf·W_pᵀ      (IN, forward, projection)
     const void *Wpb          # W_p [P, H] packed for dh·W_p       (IN, backward, projection)
     const void *b            # [4H] b_W + b_R                    (IN)
+    const void *P            # [3H] peepholes P_i, P_f, P_o, or NULL   (IN)
     const void *h0           # [N, S]                            (IN)
     const void *c0           # [N, H]                            (IN)
     void *hy                 # [N, S]                            (OUT)
@@ -99,13 +106,14 @@ cdef struct Layer:
 
 # --- forward -------------------------------------------------------------------------------
 cdef inline void gates_and_cell(const CellSpec *C, int H, const floating *gxr,
-                                const floating *ghr, const floating *b, const floating *cp,
-                                floating *g4, floating *pre4, floating *cn, floating *hf,
-                                floating *tmp) noexcept nogil:
+                                const floating *ghr, const floating *b, const floating *P,
+                                const floating *cp, floating *g4, floating *pre4, floating *cn,
+                                floating *hf, floating *tmp) noexcept nogil:
     """Steps 3–5 for one row: gates into g4 [4H] (pre-activations into pre4 when not NULL),
-    c' into cn [H], hf into hf [H]; tmp [H] is scratch."""
+    c' into cn [H], hf into hf [H]; P the peepholes or NULL; tmp [H] is scratch."""
     cdef int j
     cdef floating clipv = <floating>C.clip
+    cdef floating a
     cdef bint has_clip = C.has_clip
     for j in range(4 * H):
         g4[j] = gxr[j] + ghr[j] + b[j]
@@ -120,14 +128,25 @@ cdef inline void gates_and_cell(const CellSpec *C, int H, const floating *gxr,
         for j in range(H):
             hf[j] = g4[3 * H + j] * tmp[j]
         return
-    if pre4 != NULL:
-        memcpy(pre4, g4, 4 * H * sizeof(floating))
     for j in range(H):
+        if P != NULL:
+            g4[j] += P[j] * cp[j]
+            g4[H + j] += P[H + j] * cp[j]
+        if pre4 != NULL:
+            pre4[j], pre4[H + j], pre4[2 * H + j] = g4[j], g4[H + j], g4[2 * H + j]
         g4[j] = activate(&C.f_i, clamp(g4[j], has_clip, clipv))
-        g4[H + j] = activate(&C.f_f, clamp(g4[H + j], has_clip, clipv))
+        if C.coupled:
+            g4[H + j] = 1 - g4[j]
+        else:
+            g4[H + j] = activate(&C.f_f, clamp(g4[H + j], has_clip, clipv))
         g4[2 * H + j] = activate(&C.g, clamp(g4[2 * H + j], has_clip, clipv))
-        g4[3 * H + j] = activate(&C.f_o, clamp(g4[3 * H + j], has_clip, clipv))
         cn[j] = g4[H + j] * cp[j] + g4[j] * g4[2 * H + j]
+        a = g4[3 * H + j]
+        if P != NULL:
+            a = a + P[2 * H + j] * cn[j]
+        if pre4 != NULL:
+            pre4[3 * H + j] = a
+        g4[3 * H + j] = activate(&C.f_o, clamp(a, has_clip, clipv))
         hf[j] = g4[3 * H + j] * activate(&C.h, cn[j])
 
 
@@ -145,6 +164,7 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
     cdef const floating *Rp = <const floating *>P.Rp
     cdef const floating *Wpp = <const floating *>P.Wpp
     cdef const floating *bias = <const floating *>P.b
+    cdef const floating *peep = <const floating *>P.P
     cdef const floating *mask = <const floating *>Lp.mask
     cdef floating *y = <floating *>Lp.y
     cdef floating *states = <floating *>P.states
@@ -229,7 +249,7 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
                     if ws_pre != NULL:
                         memset(ws_pre + row * H4, 0, H4 * sizeof(floating))
                 continue
-            gates_and_cell(C, H, gx + row * ldgx, gh + i * H4, bias, c_prev + i * H, g4,
+            gates_and_cell(C, H, gx + row * ldgx, gh + i * H4, bias, peep, c_prev + i * H, g4,
                            (ws_pre + row * H4) if (training and ws_pre != NULL) else NULL,
                            c_next + i * H, hfr if L.proj else h_next + i * S, tmp)
         # 6. projection: h'[rows, P] = hf[rows, H] · W_p[P, H]ᵀ
@@ -252,12 +272,14 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
 
 # --- backward ------------------------------------------------------------------------------
 cdef inline void bwd_row(const CellSpec *C, int H, const floating *g4, const floating *pre4,
-                         const floating *cp, const floating *cn, const floating *dhf,
-                         floating *dc, floating *da, floating *tmp) noexcept nogil:
+                         const floating *P, const floating *cp, const floating *cn,
+                         const floating *dhf, floating *dc, floating *da,
+                         floating *tmp) noexcept nogil:
     """bwd of 5, 4, 3 for one row: reads the gates g4 = [i, f, g, o], c (cp) and c' (cn),
-    dhf; turns the carry dc into dc_prev; writes da [4H].  tmp [H] is scratch."""
+    dhf, the peepholes P (or NULL); turns the carry dc into dc_prev; writes da [4H].  tmp [H]
+    is scratch."""
     cdef int j
-    cdef floating ig, fg, gg, og, hc, dhc, dcj, clipv = <floating>C.clip
+    cdef floating ig, fg, gg, og, hc, dhc, dcj, di, df, clipv = <floating>C.clip
     cdef bint has_clip = C.has_clip
     if C.fast:
         memcpy(tmp, cn, H * sizeof(floating))
@@ -282,17 +304,29 @@ cdef inline void bwd_row(const CellSpec *C, int H, const floating *g4, const flo
         og = g4[3 * H + j]
         hc = activate(&C.h, cn[j])
         dhc = activate_grad(&C.h, cn[j], hc)
-        dcj = dc[j] + dhf[j] * og * dhc
-        da[j] = dcj * gg * activate_grad(&C.f_i, clamp(pre4[j], has_clip, clipv), ig) \
-            * clip_grad(pre4[j], has_clip, clipv)
-        da[H + j] = dcj * cp[j] * activate_grad(&C.f_f, clamp(pre4[H + j], has_clip, clipv),
-                                                fg) * clip_grad(pre4[H + j], has_clip, clipv)
-        da[2 * H + j] = dcj * ig * activate_grad(&C.g, clamp(pre4[2 * H + j], has_clip, clipv),
-                                                 gg) * clip_grad(pre4[2 * H + j], has_clip, clipv)
+        # bwd of 5 (and of o's peephole onto c')
         da[3 * H + j] = dhf[j] * hc * activate_grad(&C.f_o, clamp(pre4[3 * H + j], has_clip,
                                                                   clipv), og) \
             * clip_grad(pre4[3 * H + j], has_clip, clipv)
+        dcj = dc[j] + dhf[j] * og * dhc
+        if P != NULL:
+            dcj = dcj + da[3 * H + j] * P[2 * H + j]
+        # bwd of 4
+        di = dcj * gg
+        df = dcj * cp[j]
+        da[2 * H + j] = dcj * ig * activate_grad(&C.g, clamp(pre4[2 * H + j], has_clip, clipv),
+                                                 gg) * clip_grad(pre4[2 * H + j], has_clip, clipv)
+        if C.coupled:
+            di = di - df                 # f = 1 − i
+            da[H + j] = 0
+        else:
+            da[H + j] = df * activate_grad(&C.f_f, clamp(pre4[H + j], has_clip, clipv), fg) \
+                * clip_grad(pre4[H + j], has_clip, clipv)
+        da[j] = di * activate_grad(&C.f_i, clamp(pre4[j], has_clip, clipv), ig) \
+            * clip_grad(pre4[j], has_clip, clipv)
         dc[j] = dcj * fg
+        if P != NULL:
+            dc[j] = dc[j] + da[j] * P[j] + da[H + j] * P[H + j]
 
 
 cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C,
@@ -307,6 +341,7 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
     cdef const Dir *P = &L.dirs[d]
     cdef const floating *Rb = <const floating *>P.Rb
     cdef const floating *Wpb = <const floating *>P.Wpb
+    cdef const floating *peep = <const floating *>P.P
     cdef const floating *mask = <const floating *>Lp.mask
     cdef const floating *dy = <const floating *>Lp.dy
     cdef const floating *states = <const floating *>P.states
@@ -390,7 +425,7 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
                     memcpy(hm + row * S, hp + i * S, S * sizeof(floating))
             dhfr = (dhf + i * H) if L.proj else (dh + i * S)
             bwd_row(C, H, ws_gates + row * H4, (ws_pre + row * H4) if ws_pre != NULL else NULL,
-                    cp + i * H, cn + i * H, dhfr, dc + i * H, dgx + row * H4, tmp)
+                    peep, cp + i * H, cn + i * H, dhfr, dc + i * H, dgx + row * H4, tmp)
             memset(dh + i * S, 0, S * sizeof(floating))   # h enters only through the gates
         # bwd of 2: dh_prev = m ⊙ (da[rows, 4H] · R[4H, S])
         if mask == NULL:
@@ -417,6 +452,7 @@ cdef void set_act(Act *a, object act):
 cdef CellSpec make_cell(object cell):
     cdef CellSpec C
     C.fast = cell.is_fast
+    C.coupled = cell.input_forget
     C.has_clip = cell.clip is not None
     C.clip = cell.clip if cell.clip is not None else 0.0
     set_act(&C.f_i, cell.f_i)
@@ -433,20 +469,22 @@ cdef class Direction:
     field comment gives — the engine checks, the kernels trust."""
     cdef readonly bint reverse
     cdef readonly Py_ssize_t ldgx
-    cdef readonly object gx, Rp, Rb, Wpp, Wpb, b, h0, c0, hy, cy
+    cdef readonly object gx, Rp, Rb, Wpp, Wpb, b, P, h0, c0, hy, cy
     cdef readonly object gates, pre, states, cstates, hf
     cdef readonly object dhy, dcy, dh0, dc0, dgx, hm, dhp
 
     def __init__(self, *, bint reverse, gx=None, Py_ssize_t ldgx=0, Rp=None, Rb=None,
-                 Wpp=None, Wpb=None, b=None, h0=None, c0=None, hy=None, cy=None, gates=None,
+                 Wpp=None, Wpb=None, b=None, P=None, h0=None, c0=None, hy=None, cy=None,
+                 gates=None,
                  pre=None, states=None, cstates=None, hf=None, dhy=None, dcy=None, dh0=None,
                  dc0=None, dgx=None, hm=None, dhp=None):
-        for a in (gx, Rp, Rb, Wpp, Wpb, b, h0, c0, hy, cy, gates, pre, states, cstates, hf,
+        for a in (gx, Rp, Rb, Wpp, Wpb, b, P, h0, c0, hy, cy, gates, pre, states, cstates, hf,
                   dhy, dcy, dh0, dc0, dgx, hm, dhp):
             if a is not None and not isinstance(a, np.ndarray):
                 raise TypeError(f"Direction: expected numpy arrays, got {type(a).__name__}")
         self.reverse, self.ldgx = reverse, ldgx
         self.gx, self.Rp, self.Rb, self.Wpp, self.Wpb, self.b = gx, Rp, Rb, Wpp, Wpb, b
+        self.P = P
         self.h0, self.c0, self.hy, self.cy = h0, c0, hy, cy
         self.gates, self.pre, self.states, self.cstates, self.hf = gates, pre, states, cstates, hf
         self.dhy, self.dcy, self.dh0, self.dc0 = dhy, dcy, dh0, dc0
@@ -468,6 +506,7 @@ cdef Layer make_layer(int T, int N, int H, int S, int n_chunks, object lengths, 
         P.reverse = a.reverse
         P.gx, P.ldgx = ptr(a.gx), a.ldgx if a.ldgx else 4 * H
         P.Rp, P.Rb, P.Wpp, P.Wpb, P.b = ptr(a.Rp), ptr(a.Rb), ptr(a.Wpp), ptr(a.Wpb), ptr(a.b)
+        P.P = ptr(a.P)
         P.h0, P.c0, P.hy, P.cy = ptr(a.h0), ptr(a.c0), ptr(a.hy), ptr(a.cy)
         P.gates, P.pre, P.states = ptr(a.gates), ptr(a.pre), ptr(a.states)
         P.cstates, P.hf = ptr(a.cstates), ptr(a.hf)

@@ -163,7 +163,13 @@ class LSTMCell:
 
     The defaults are cuDNN's: sigmoid gates, tanh for g and h, no clip.  ``clip`` (ONNX)
     clamps the four gate pre-activations (biases included) to ``[−clip, clip]``; the cell
-    state is not clipped (as onnxruntime does).
+    state is not clipped (as onnxruntime does).  Two ONNX / MPSGraph options:
+
+    * ``peepholes``: the gates also see the cell state through per-unit weights
+      ``P = [P_i, P_f, P_o]`` (``LayerParams.P`` ``[3H]``):
+      ``a_i += P_i ⊙ c``, ``a_f += P_f ⊙ c``, and ``a_o += P_o ⊙ c'`` (the new cell state);
+    * ``input_forget`` (ONNX's coupled input and forget gates): ``f = 1 − i`` (the forget
+      gate's own weights are then not used).
     """
     kind: ClassVar[str] = "lstm"
     gates: ClassVar[int] = 4
@@ -175,18 +181,27 @@ class LSTMCell:
     g: Activation = field(default="tanh")
     h: Activation = field(default="tanh")
     clip: float = None
+    peepholes: bool = False
+    input_forget: bool = False
 
     def __post_init__(self):
         for name in ("f_i", "f_f", "f_o", "g", "h"):
             object.__setattr__(self, name, _as_activation(getattr(self, name),
                                                           f"LSTMCell.{name}"))
+        for name in ("peepholes", "input_forget"):
+            v = getattr(self, name)
+            if not isinstance(v, (bool, int)) or v not in (0, 1):
+                raise TypeError(f"LSTMCell.{name}: expected a bool, got {v!r}")
+            object.__setattr__(self, name, bool(v))
         _check_clip(self)
 
     @property
     def is_fast(self):
-        """True for cuDNN's cell (sigmoid gates, tanh, no clip): the kernels' fast path."""
+        """True for cuDNN's cell (sigmoid gates, tanh, no clip, no peepholes, no coupled
+        gates): the kernels' fast path."""
         return ((self.f_i.name, self.f_f.name, self.f_o.name, self.g.name, self.h.name)
-                == ("sigmoid", "sigmoid", "sigmoid", "tanh", "tanh") and self.clip is None)
+                == ("sigmoid", "sigmoid", "sigmoid", "tanh", "tanh") and self.clip is None
+                and not self.peepholes and not self.input_forget)
 
 
 @dataclass(frozen=True)

@@ -240,6 +240,10 @@ def _packed(lp, cell, H, forward):
     return out
 
 
+def _contiguous(a):
+    return None if a is None else np.ascontiguousarray(a)
+
+
 def _input_projection(topo, G, layer, d, lp, X, out, nt):
     """(gx, ldgx) of direction d: ``gx = X·Wᵀ`` [T·N, G·H] — or x itself in skip / projected
     mode (skip: every gate block is x; projected: x holds each direction's G blocks)."""
@@ -266,8 +270,9 @@ def _forward_direction(kernels, cell, topo, lp, d, gx, ldgx, h0, c0, hy, cy, sav
         b_rzn, b_hn = _gate_biases(lp, cell, H)
         return kernels.Direction(b_rzn=b_rzn, b_hn=b_hn, hn=saved.get("hn"), **common)
     if cell.kind == "lstm":
-        return kernels.Direction(b=_gate_biases(lp, cell, H), c0=c0, cy=cy,
-                                 cstates=saved.get("cstates"), hf=saved.get("hf"), **common)
+        return kernels.Direction(b=_gate_biases(lp, cell, H), P=_contiguous(lp.P), c0=c0,
+                                 cy=cy, cstates=saved.get("cstates"), hf=saved.get("hf"),
+                                 **common)
     del common["gates"]
     return kernels.Direction(b=_gate_biases(lp, cell, H), **common)
 
@@ -472,6 +477,8 @@ def backward(params, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, stat
     chunks = plan.n_chunks(N)
     threads = plan.loop_threads(nt, T, N, H, D, G)
     padded = bool((lengths < T).any())
+    # [T·N, 1] active rows (t < len[b]), for the gradients the GEMMs do not give (peepholes)
+    active = (np.arange(T)[:, None] < lengths[None, :]).reshape(T * N, 1) if padded else None
     x_tm = _time_major(x, batch_major)
     if padded:
         x_tm = _finite_padding(x_tm, lengths)
@@ -518,7 +525,7 @@ def backward(params, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, stat
             kernels.backward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask,
                                    d_out, dirs)
             dX = dx if layer == 0 else buf[f"dX{layer % 2}"]
-            _layer_gradients(topo, cell, params, grads, layer, X, opened, ld, dX, nt)
+            _layer_gradients(topo, cell, params, grads, layer, X, opened, ld, dX, nt, active)
             if layer > 0:
                 d_out = dX.reshape(T, N, DS)
                 if masks is not None:
@@ -551,12 +558,12 @@ def _backward_direction(kernels, cell, topo, lp, d, saved, ld, dhy, dcy, dh0, dc
                                  rhm=ld["rhm"][d], **common)
     if cell.kind == "lstm":
         return kernels.Direction(gates=saved["gates"], cstates=saved["cstates"],
-                                 dcy=None if dcy is None else dcy[i], dc0=dc0[i],
-                                 dhp=ld["dhp"][d], **common)
+                                 P=_contiguous(lp.P), dcy=None if dcy is None else dcy[i],
+                                 dc0=dc0[i], dhp=ld["dhp"][d], **common)
     return kernels.Direction(**common)
 
 
-def _layer_gradients(topo, cell, params, grads, layer, X, opened, ld, dX, nt):
+def _layer_gradients(topo, cell, params, grads, layer, X, opened, ld, dX, nt, active=None):
     """After one layer's backward loops: its weight gradients (into ``grads``) and the
     gradient of its input ``dX`` [T·N, in], all as whole-sequence GEMMs / column sums."""
     H, D, S, G = topo.hidden_size, topo.num_directions, topo.state_size, cell.gates
@@ -586,6 +593,17 @@ def _layer_gradients(topo, cell, params, grads, layer, X, opened, ld, dX, nt):
         if g.W_p is not None:
             # dW_p[P, H] = dhpᵀ · hf
             plan.gemm(True, False, ld["dhp"][d], saved["hf"].reshape(TN, H), g.W_p, nt=nt)
+        if g.P is not None:
+            # dP = Σ_rows (da_i ⊙ c, da_f ⊙ c, da_o ⊙ c'), c the state before the step
+            cs = saved["cstates"].reshape(-1, H)
+            c_prev, c_new = (cs[-TN:], cs[:TN]) if topo.reversed_direction(d) else \
+                (cs[:TN], cs[-TN:])
+            if active is not None:         # padded rows may hold an empty sequence's c0
+                c_prev, c_new = np.where(active, c_prev, 0), np.where(active, c_new, 0)
+            da = dgx[d]
+            g.P[:H] = np.einsum("rj,rj->j", da[:, :H], c_prev)
+            g.P[H:2 * H] = np.einsum("rj,rj->j", da[:, H:2 * H], c_prev)
+            g.P[2 * H:] = np.einsum("rj,rj->j", da[:, 3 * H:], c_new)
     if layer == 0 and topo.input_mode == "projected":
         for d in range(D):
             dX[:, d * G * H:(d + 1) * G * H] = dgx[d]

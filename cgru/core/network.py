@@ -11,12 +11,14 @@ the cell's canonical order (GRU: r, z, n; LSTM: i, f, g, o; vanilla RNN: one blo
     b_W  [G·H]       input biases
     b_R  [G·H]       recurrent biases
     W_p  [P, H]      the LSTM's recurrent projection (only with proj_size = P > 0)
+    P    [3H]        an LSTM's peephole weights P_i, P_f, P_o (only with LSTMCell(peepholes))
 
 Opaque layout (TF ``CudnnRNN`` ``params``, the C ABI weight space): all matrices of
 layer-direction 0 in cuDNN linLayerID order (the G input matrices ``[H, in]``, the G recurrent
 ones ``[H, S]``, each row-major — GRU: 0 W_r, 1 W_z, 2 W_n, 3 R_r, 4 R_z, 5 R_n; LSTM: 0–3
 W_i W_f W_g W_o, 4–7 R_i … R_o; RNN: 0 W, 1 R — then the projection), then those of
-layer-direction 1, …; then all biases in the same order (the projection has none).  Layer-0
+layer-direction 1, …; then all biases in the same order (the projection has none); then, for
+an LSTM with peepholes (which cuDNN does not have), every layer-direction's ``P``.  Layer-0
 input matrices are not stored in skip / projected mode.
 
 ``Network`` keeps the arrays it is given (no copies): change them in place and the next call
@@ -140,16 +142,32 @@ class LayerParams:
     b_W: np.ndarray
     b_R: np.ndarray
     W_p: np.ndarray = None
+    P: np.ndarray = None
 
     def arrays(self):
-        """``{name: array}`` of the weights this layer-direction has (``W_p`` only when set)."""
+        """``{name: array}`` of the weights this layer-direction has (``W_p``, ``P`` only when
+        set)."""
         out = {"W": self.W, "R": self.R, "b_W": self.b_W, "b_R": self.b_R}
-        if self.W_p is not None:
-            out["W_p"] = self.W_p
+        for name in ("W_p", "P"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
 
 
 _DEFAULT_CELL = GRUCell()
+
+
+def _shapes(topology, cell, index):
+    shapes = topology.shapes(index, cell.gates)
+    if getattr(cell, "peepholes", False):
+        shapes["P"] = (3 * topology.hidden_size,)
+    return shapes
+
+
+def _flat_size(topology, cell):
+    extra = 3 * topology.hidden_size * topology.num_layer_directions \
+        if getattr(cell, "peepholes", False) else 0
+    return topology.flat_size(cell.gates) + extra
 
 
 class Network:
@@ -198,16 +216,20 @@ class Network:
                                     f"b_W, b_R, got keys {sorted(lp)}") from None
             if not isinstance(lp, LayerParams):
                 raise TypeError(f"params[{i}]: expected a LayerParams, got {type(lp).__name__}")
-            shapes = topology.shapes(i, self.cell.gates)
+            shapes = _shapes(topology, self.cell, i)
             if lp.W_p is not None and "W_p" not in shapes:
                 raise ValueError(f"params[{i}].W_p: given, but the topology has no projection "
                                  f"(proj_size=0)")
+            if lp.P is not None and "P" not in shapes:
+                raise ValueError(f"params[{i}].P: given, but the cell has no peepholes "
+                                 f"({self.cell})")
             for name, shape in shapes.items():
                 a = getattr(lp, name)
                 what = f"params[{i}].{name}"
                 if a is None:
-                    raise TypeError(f"{what}: expected a numpy array {list(shape)} (the "
-                                    f"projection of proj_size={topology.proj_size}), got None")
+                    raise TypeError(f"{what}: expected a numpy array {list(shape)} "
+                                    f"({'the projection' if name == 'W_p' else 'the peepholes'}"
+                                    f" of this network), got None")
                 validate.plain_array(a, what)
                 dt = as_dtype(a.dtype, what + ".dtype")
                 if dtype is None:
@@ -274,31 +296,31 @@ class Network:
         return f"Network({self.topology}, cell={self.cell}, dtype={self.dtype})"
 
     def shapes(self, index):
-        """``{name: shape}`` of layer-direction ``index``."""
-        return self.topology.shapes(index, self.cell.gates)
+        """``{name: shape}`` of layer-direction ``index`` (with an LSTM's peepholes ``P``)."""
+        return _shapes(self.topology, self.cell, index)
 
     def flat_size(self):
         """Number of elements of the opaque layout."""
-        return self.topology.flat_size(self.cell.gates)
+        return _flat_size(self.topology, self.cell)
 
     # --- constructors ---------------------------------------------------------------------
     @classmethod
     def zeros(cls, topology, dtype=np.float32, *, cell=None):
         dt = as_dtype(dtype)
-        gates = (cell or _DEFAULT_CELL).gates
+        c = cell or _DEFAULT_CELL
         return cls(topology, [LayerParams(**{k: np.zeros(s, dt) for k, s in
-                                             topology.shapes(i, gates).items()})
+                                             _shapes(topology, c, i).items()})
                               for i in range(topology.num_layer_directions)], cell)
 
     @classmethod
     def random(cls, topology, dtype=np.float32, seed=0, scale=None, *, cell=None):
         """Uniform in ``[-scale, scale]``, ``scale = 1/sqrt(H)`` by default (PyTorch's init)."""
         dt = as_dtype(dtype)
-        gates = (cell or _DEFAULT_CELL).gates
+        c = cell or _DEFAULT_CELL
         rng = np.random.default_rng(seed)
         s = 1.0 / np.sqrt(topology.hidden_size) if scale is None else float(scale)
         return cls(topology, [LayerParams(**{k: rng.uniform(-s, s, shp).astype(dt) for k, shp in
-                                             topology.shapes(i, gates).items()})
+                                             _shapes(topology, c, i).items()})
                               for i in range(topology.num_layer_directions)], cell)
 
     def _like(self, layers):
@@ -329,7 +351,8 @@ class Network:
                 mats.append(lp.W_p)                       # the projection comes last
             for b in (lp.b_W, lp.b_R):
                 biases += [b[g * H:(g + 1) * H] for g in range(G)]
-        return mats + biases
+        peepholes = [lp.P for lp in self.layers if lp.P is not None]
+        return mats + biases + peepholes
 
     def flat(self):
         """The opaque layout as one 1-D array (see the module docstring)."""
@@ -342,7 +365,7 @@ class Network:
             raise TypeError(f"topology: expected a cgru.Topology, got {type(topology).__name__}")
         validate.plain_array(flat, "flat")
         dt = as_dtype(flat.dtype, "flat.dtype")
-        n = topology.flat_size((cell or _DEFAULT_CELL).gates)
+        n = _flat_size(topology, cell or _DEFAULT_CELL)
         if flat.ndim != 1 or flat.size != n:
             raise ValueError(f"flat: expected a 1-D array of {n} elements, got shape "
                              f"{flat.shape}")

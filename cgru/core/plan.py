@@ -10,9 +10,14 @@
   the reserve) are allocated on their own: they outlive the call.
 
 Every buffer cgru allocates comes from ``empty`` (the tests poison it with NaN to see that
-every element is written).
+every element is written).  The workspace blocks and the reserves come from ``recycled``: a
+small pool that hands a block out again once nothing refers to it any more (its views are
+gone, the caller dropped the reserve), so that a training loop does not fault fresh pages in
+on every step.  The pool never holds more than ``POOL_BYTES``; ``release_memory()`` empties it.
 """
 import math
+import sys
+import threading
 
 import numpy as np
 
@@ -37,6 +42,46 @@ _ALIGN = 64
 def empty(shape, dtype):
     """The one allocation function of cgru's buffers (outputs, reserve, workspaces)."""
     return np.empty(shape, dtype)
+
+
+POOL_BYTES = 512 << 20
+_reuse = True                # False: every block fresh from ``empty`` (the tests' poisoning)
+_pool = []                   # uint8 blocks, least recently used first
+_pool_lock = threading.Lock()
+
+
+def recycled(nbytes):
+    """A uint8 block of ``nbytes``: a pooled one that nothing else refers to, else a new one
+    (kept in the pool, the least recently used blocks leaving it beyond ``POOL_BYTES``)."""
+    if not _reuse:
+        return empty(nbytes, np.uint8)
+    with _pool_lock:
+        for i in range(len(_pool)):
+            # 2 references: the pool's and getrefcount's argument — no view, no caller
+            if _pool[i].size == nbytes and sys.getrefcount(_pool[i]) == 2:
+                block = _pool.pop(i)
+                if not block.flags.writeable:   # a caller made its reserve read-only
+                    try:
+                        block.flags.writeable = True
+                    except ValueError:
+                        break                   # left out of the pool; a fresh block below
+                _pool.append(block)
+                return block
+    block = empty(nbytes, np.uint8)
+    if nbytes <= POOL_BYTES // 4:
+        with _pool_lock:
+            _pool.append(block)
+            total = sum(b.size for b in _pool)
+            while total > POOL_BYTES:
+                total -= _pool.pop(0).size
+    return block
+
+
+def release_memory():
+    """Drop the pool's blocks (the memory returns to the allocator once nothing refers to
+    them)."""
+    with _pool_lock:
+        _pool.clear()
 
 
 def n_chunks(N):
@@ -76,7 +121,7 @@ class Workspace:
     def allocate(self):
         """``{name: view}``; every element uninitialised (each buffer is fully written by the
         step that owns it)."""
-        block = empty(self.nbytes, np.uint8)
+        block = recycled(self.nbytes)
         item = self.dtype.itemsize
         return {name: block[off:off + math.prod(shape) * item].view(self.dtype).reshape(shape)
                 for name, (off, shape) in self._shapes.items()}

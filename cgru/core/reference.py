@@ -22,10 +22,13 @@ GRU (gates r, z, n)::
     reset_after=False:  n = g(c(x_proj_n + (r ⊙ h_m)·R_nᵀ + b_Wn + b_Rn))
     flip_z=False: h' = (1 − z) ⊙ n + z ⊙ h     flip_z=True: h' = z ⊙ n + (1 − z) ⊙ h   (unmasked h)
 
-LSTM (gates i, f, g, o; S = P with a projection W_p [P, H], else H)::
+LSTM (gates i, f, g, o; S = P with a projection W_p [P, H], else H; peepholes P_i, P_f, P_o
+zero without ``cell.peepholes``)::
 
-    a = x_proj + b_W + h_m·Rᵀ + b_R;  i = f_i(c(a_i)), f = f_f(c(a_f)), g = g(c(a_g)), o = f_o(c(a_o))
-    c' = f ⊙ c + i ⊙ g;   h' = o ⊙ h(c')  (projection: h' = (o ⊙ h(c'))·W_pᵀ)
+    a = x_proj + b_W + h_m·Rᵀ + b_R
+    i = f_i(c(a_i + P_i ⊙ c)),  f = f_f(c(a_f + P_f ⊙ c))  (input_forget: f = 1 − i),  g = g(c(a_g))
+    c' = f ⊙ c + i ⊙ g;   o = f_o(c(a_o + P_o ⊙ c'));   h' = o ⊙ h(c')
+    (projection: h' = (o ⊙ h(c'))·W_pᵀ)
 
 Vanilla RNN::
 
@@ -149,11 +152,14 @@ def lstm_step(cell, x_proj, h, c, lp, mask=None):
     H = c.shape[-1]
     h_m = h if mask is None else h * mask
     a = x_proj + lp.b_W + h_m @ lp.R.T + lp.b_R                             # [N, 4H]
-    i = activate(cell.f_i, _clamp(cell, a[:, :H]))
-    f = activate(cell.f_f, _clamp(cell, a[:, H:2 * H]))
+    P = lp.P if cell.peepholes else np.zeros(3 * H, a.dtype)
+    i = activate(cell.f_i, _clamp(cell, a[:, :H] + P[:H] * c))
+    f = activate(cell.f_f, _clamp(cell, a[:, H:2 * H] + P[H:2 * H] * c))
+    if cell.input_forget:
+        f = c.dtype.type(1) - i
     g = activate(cell.g, _clamp(cell, a[:, 2 * H:3 * H]))
-    o = activate(cell.f_o, _clamp(cell, a[:, 3 * H:]))
     c_new = f * c + i * g
+    o = activate(cell.f_o, _clamp(cell, a[:, 3 * H:] + P[2 * H:] * c_new))
     hf = o * activate(cell.h, c_new)                                        # [N, H]
     return (hf if lp.W_p is None else hf @ lp.W_p.T), c_new
 
@@ -469,11 +475,14 @@ def lstm_step_backward(cell, x_proj, h, c, lp, mask, dh_new, dc_new):
     m = np.ones_like(h) if mask is None else mask
     h_m = h * m
     a = x_proj + lp.b_W + h_m @ lp.R.T + lp.b_R
-    i, di_da = _act_and_grad(cell, cell.f_i, a[:, :H])
-    f, df_da = _act_and_grad(cell, cell.f_f, a[:, H:2 * H])
+    P = lp.P if cell.peepholes else np.zeros(3 * H, a.dtype)
+    i, di_da = _act_and_grad(cell, cell.f_i, a[:, :H] + P[:H] * c)
+    f, df_da = _act_and_grad(cell, cell.f_f, a[:, H:2 * H] + P[H:2 * H] * c)
+    if cell.input_forget:
+        f, df_da = c.dtype.type(1) - i, np.zeros_like(df_da)
     g, dg_da = _act_and_grad(cell, cell.g, a[:, 2 * H:3 * H])
-    o, do_da = _act_and_grad(cell, cell.f_o, a[:, 3 * H:])
     c_new = f * c + i * g
+    o, do_da = _act_and_grad(cell, cell.f_o, a[:, 3 * H:] + P[2 * H:] * c_new)
     hc = activate(cell.h, c_new)
     grads = {}
     if lp.W_p is not None:                  # bwd of the projection
@@ -481,12 +490,19 @@ def lstm_step_backward(cell, x_proj, h, c, lp, mask, dh_new, dc_new):
         dhf = dh_new @ lp.W_p
     else:
         dhf = dh_new
-    do = dhf * hc
-    dc = dc_new + dhf * o * activate_grad(cell.h, c_new)
+    da_o = dhf * hc * do_da
+    dc = dc_new + dhf * o * activate_grad(cell.h, c_new) + da_o * P[2 * H:]
     di, dg, df, dc_prev = dc * g, dc * i, dc * c, dc * f
-    da = np.concatenate([di * di_da, df * df_da, dg * dg_da, do * do_da], axis=1)
+    if cell.input_forget:                   # f = 1 − i
+        di = di - df
+    da_i, da_f = di * di_da, df * df_da
+    dc_prev = dc_prev + da_i * P[:H] + da_f * P[H:2 * H]
+    da = np.concatenate([da_i, da_f, dg * dg_da, da_o], axis=1)
     grads["R"] = da.T @ h_m
     grads["b_W"] = grads["b_R"] = da.sum(0)
+    if cell.peepholes:
+        grads["P"] = np.concatenate([(da_i * c).sum(0), (da_f * c).sum(0),
+                                     (da_o * c_new).sum(0)])
     dh = (da @ lp.R) * m
     return da, dh, dc_prev, grads
 

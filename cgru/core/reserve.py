@@ -163,7 +163,7 @@ def data_digest(*arrays):
 def create(layout, *, lengths, dropout, seed, seed2, batch_major, x, weights, h0, state_mask):
     """A reserve with its header and lengths written; the rest for the forward to fill.
     ``x``, ``h0``, ``state_mask`` are digests (``data_digest``), ``weights`` one too."""
-    reserve = plan.empty(layout.nbytes, np.uint8)
+    reserve = plan.recycled(layout.nbytes)
     layout.zero_gaps(reserve)
     header, lens, lds, xin = layout.carve(reserve)
     header[:] = 0

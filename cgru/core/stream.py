@@ -1,0 +1,125 @@
+"""Step a network through time a few steps per call: ``cgru.Stream``.
+
+For autoregressive decoding and online inference, where a call runs one step (or a short
+chunk) and the state goes in and out::
+
+    stream = cgru.Stream(net)                 # packs the weights once (a snapshot)
+    h = None
+    for x_t in frames:                        # x_t [N, I] (one step) or [T, N, I]
+        y_t, h = stream.step(x_t, h)          # an LSTM: y_t, (h, c) = stream.step(x_t, (h, c))
+
+A stream computes what ``cgru.forward`` computes on the concatenated steps — the same time
+loops; the input projection runs in the kernels' packed GEMM instead of BLAS (for a few rows
+it is twice as fast there), so the two agree to float rounding, not bitwise — but does the
+per-call work once, when it is made: the weights are packed, the biases are summed, and
+every check that does not depend on ``x`` is done.  What a call still does: check ``x`` and the state, one packed GEMM
+and one time loop per layer.
+
+The stream is a **snapshot** of the network's weights: changes made to the network's arrays
+afterwards are not seen until ``refresh()`` (or a new stream).  Streams run forward in time:
+reverse and bidirectional networks need whole sequences (``cgru.forward``).  Inference only
+(no reserve, no dropout), time-major, every sequence of the batch advancing together.
+"""
+import numpy as np
+
+from cgru.core import plan, validate
+from cgru.core import engine
+from cgru.core.network import Network
+from cgru._kernels.loops import gemm_packed_rm, pack_rhs
+from cgru._kernels.threads import resolve_num_threads
+
+__all__ = ["Stream"]
+
+
+class _Layer:
+    """One layer's packed weights and the kernels' fixed arguments."""
+    __slots__ = ("Wp", "n_in", "fixed", "G", "H", "S")
+
+
+class Stream:
+    """``Stream(net, *, num_threads=None)``: ``net`` unidirectional (forward); see the module
+    docstring.  ``step(x, state=None)`` returns ``(y, state)``: ``x`` ``[N, I]`` or
+    ``[T, N, I]`` of the network's dtype, ``y`` shaped alike (``[N, S]`` / ``[T, N, S]``, the
+    last layer's output), ``state`` ``h`` ``[L, N, S]`` — or ``(h, c)`` for an LSTM, ``c``
+    ``[L, N, H]``; ``None`` means zeros."""
+
+    def __init__(self, net, *, num_threads=None):
+        if not isinstance(net, Network):
+            raise TypeError(f"net: expected a cgru.Network, got {type(net).__name__}")
+        topo = net.topology
+        if topo.direction != "forward":
+            raise ValueError(f"net: a Stream runs forward in time; a {topo.direction} network "
+                             f"needs whole sequences (use cgru.forward)")
+        if topo.input_mode != "linear":
+            raise ValueError(f"net: input_mode={topo.input_mode!r} is not supported by Stream "
+                             f"(use cgru.forward)")
+        validate.cell_for_dtype(net.cell, net.dtype)
+        self.net = net
+        self.num_threads = resolve_num_threads(num_threads)
+        self._kernels = engine._KERNELS[net.cell.kind]
+        self.refresh()
+
+    def refresh(self):
+        """Take a new snapshot of the network's weights (after they changed in place)."""
+        net, cell, topo = self.net, self.net.cell, self.net.topology
+        self._layers = []
+        for i, lp in enumerate(net.layers):
+            L = _Layer()
+            L.G, L.H, L.S = cell.gates, topo.hidden_size, topo.state_size
+            L.n_in = lp.W.shape[1]
+            L.Wp = pack_rhs(np.ascontiguousarray(lp.W), True)       # gx = x·Wᵀ, packed
+            fixed = dict(reverse=False, **engine._packed(lp, cell, L.H, True))
+            if cell.kind == "gru":
+                fixed["b_rzn"], fixed["b_hn"] = engine._gate_biases(lp, cell, L.H)
+            else:
+                fixed["b"] = engine._gate_biases(lp, cell, L.H)
+                if cell.kind == "lstm" and lp.P is not None:
+                    fixed["P"] = np.ascontiguousarray(lp.P)
+            L.fixed = fixed
+            self._layers.append(L)
+
+    def step(self, x, state=None):
+        net, topo, dtype = self.net, self.net.topology, self.net.dtype
+        lstm = net.cell.has_cell_state
+        validate.plain_array(x, "x")
+        if x.dtype != dtype:
+            raise TypeError(f"x: expected dtype {dtype} (the dtype of the network), got "
+                            f"{x.dtype}")
+        one_step = x.ndim == 2
+        if x.ndim not in (2, 3) or x.shape[-1] != topo.input_size:
+            raise ValueError(f"x: expected [N, I={topo.input_size}] (one step) or "
+                             f"[T, N, I={topo.input_size}], got shape {list(x.shape)}")
+        x3 = x[None] if one_step else x
+        T, N = x3.shape[0], x3.shape[1]
+        if T == 0 or N == 0:
+            raise ValueError(f"x: expected T ≥ 1 and N ≥ 1, got shape {list(x.shape)}")
+        validate.call_sizes(topo, net.cell.gates, T, N, "x")
+        if lstm and state is not None and not (isinstance(state, tuple) and len(state) == 2):
+            raise TypeError("state: expected None or the (h, c) pair of an LSTM")
+        h0, c0 = state if lstm and state is not None else (state, None)
+        h0 = engine._check_h(h0, "state h" if lstm else "state", topo, dtype, N)
+        c0 = engine._check_h(c0, "state c", topo, dtype, N, topo.hidden_size) if lstm else None
+        L, S, H = topo.num_layers, topo.state_size, topo.hidden_size
+        if h0 is None:
+            h0 = np.zeros((L, N, S), dtype)
+        if lstm and c0 is None:
+            c0 = np.zeros((L, N, H), dtype)
+        hy = plan.empty((L, N, S), dtype)
+        cy = plan.empty((L, N, H), dtype) if lstm else None
+        lengths = np.full(N, T, np.int64)
+        X = np.ascontiguousarray(x3).reshape(T * N, topo.input_size)
+        chunks = plan.n_chunks(N)
+        for layer, Lr in enumerate(self._layers):
+            gx = plan.empty((T * N, Lr.G * H), dtype)
+            # gx[T·N, G·H] = X[T·N, in] · W[G·H, in]ᵀ
+            gemm_packed_rm(X, Lr.Wp, Lr.G * H, gx, False)
+            y = plan.empty((T, N, S), dtype)
+            kw = dict(Lr.fixed, gx=gx, ldgx=Lr.G * H, h0=h0[layer], hy=hy[layer])
+            if lstm:
+                kw.update(c0=c0[layer], cy=cy[layer])
+            threads = plan.loop_threads(self.num_threads, T, N, H, 1, Lr.G)
+            self._kernels.forward_layer(dtype, T, N, H, S, chunks, threads, net.cell, lengths,
+                                        None, y, [self._kernels.Direction(**kw)], False)
+            X = y.reshape(T * N, S)
+        y = X.reshape(T, N, S)
+        return (y[0] if one_step else y), ((hy, cy) if lstm else hy)

@@ -1,0 +1,79 @@
+"""cgru.core.plan: the work split and the buffers of a call, and the pool of recycled blocks.
+
+The pool hands a workspace block or a reserve out again only when nothing refers to it any
+more: a reserve the caller still holds is never overwritten by the next call.
+"""
+import numpy as np
+import pytest
+
+import cgru
+from cgru.core import plan
+
+
+@pytest.fixture(autouse=True)
+def fresh_pool():
+    plan.release_memory()
+    yield
+    plan.release_memory()
+
+
+def _net_and_x():
+    net = cgru.Network.random(cgru.Topology(4, 6, 2), np.float64, seed=1, cell=cgru.GRUCell())
+    x = np.random.default_rng(2).standard_normal((5, 3, 4))
+    return net, x
+
+
+def test_a_released_reserve_is_reused_and_a_held_one_never():
+    net, x = _net_and_x()
+    f1 = cgru.forward(net, x, training=True)
+    held = f1.reserve
+    addr = held.ctypes.data
+    snapshot = held.copy()
+    f2 = cgru.forward(net, x * 2, training=True)           # f1's reserve is still held
+    assert f2.reserve.ctypes.data != addr
+    np.testing.assert_array_equal(held, snapshot)          # untouched
+    del f1, held
+    f3 = cgru.forward(net, x, training=True)               # now free: handed out again
+    assert f3.reserve.ctypes.data == addr
+    np.testing.assert_array_equal(f3.reserve, snapshot)    # and written as by a fresh call
+    g = cgru.backward(net, x, f3.reserve, np.ones_like(f3.y))
+    assert np.isfinite(g.dx).all()
+
+
+def test_a_view_keeps_a_reserve_from_reuse():
+    net, x = _net_and_x()
+    f = cgru.forward(net, x, training=True)
+    view = f.reserve[16:]
+    addr = f.reserve.ctypes.data
+    del f
+    f2 = cgru.forward(net, x, training=True)
+    assert f2.reserve.ctypes.data != addr
+    assert view.base is not None
+
+
+def test_a_reserve_made_read_only_is_writable_again_when_reused():
+    net, x = _net_and_x()
+    f = cgru.forward(net, x, training=True)
+    f.reserve.flags.writeable = False
+    addr = f.reserve.ctypes.data
+    del f
+    f2 = cgru.forward(net, x, training=True)
+    assert f2.reserve.ctypes.data == addr and f2.reserve.flags.writeable
+
+
+def test_the_pool_is_bounded_and_can_be_emptied(monkeypatch):
+    monkeypatch.setattr(plan, "POOL_BYTES", 1 << 20)
+    blocks = [plan.recycled(200_000) for _ in range(8)]       # all held: all new
+    assert len({b.ctypes.data for b in blocks}) == 8
+    assert sum(b.size for b in plan._pool) <= 1 << 20
+    del blocks
+    plan.recycled(300_000)                                     # above POOL_BYTES / 4: unpooled
+    assert all(b.size != 300_000 for b in plan._pool)
+    plan.release_memory()
+    assert plan._pool == []
+
+
+def test_n_chunks_and_loop_threads_depend_on_shapes_only():
+    assert [plan.n_chunks(n) for n in (1, 15, 16, 32, 48, 64, 1000)] == [1, 1, 2, 2, 3, 4, 4]
+    assert plan.loop_threads(2, 1, 1, 8, 1, 3) == 1           # too small for a second thread
+    assert plan.loop_threads(2, 100, 32, 256, 1, 3) == 2

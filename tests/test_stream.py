@@ -1,0 +1,86 @@
+"""cgru.Stream: a network stepped through time, a few steps per call, state in and out.
+
+Compared with ``cgru.forward`` on the whole sequence (every kind, several layers, one step or
+chunks per call), the snapshot semantics (``refresh``), and bad input.  Nothing here times
+anything: the per-call overhead is the benchmark's business.
+"""
+import numpy as np
+import pytest
+
+import cgru
+from cgru import GRUCell, LSTMCell, Network, RNNCell, Stream, Topology
+
+CELLS = {"gru": GRUCell(), "gru_rb": GRUCell(reset_after=False, g="softsign"),
+         "lstm": LSTMCell(), "lstm_peep": LSTMCell(peepholes=True),
+         "rnn_relu": RNNCell("relu")}
+TOL = {np.float32: dict(rtol=2e-5, atol=2e-6), np.float64: dict(rtol=1e-12, atol=1e-13)}
+
+
+def _problem(kind, dtype, L=2, proj=0, N=3, T=7):
+    topo = Topology(5, 6, L, proj_size=proj)
+    net = Network.random(topo, dtype, seed=1, cell=CELLS[kind])
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((T, N, 5)).astype(dtype)
+    h0 = rng.standard_normal((L, N, topo.state_size)).astype(dtype)
+    c0 = rng.standard_normal((L, N, 6)).astype(dtype) if net.cell.has_cell_state else None
+    return net, x, h0, c0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("chunk", [1, 3, 7])
+@pytest.mark.parametrize("kind,proj", [("gru", 0), ("gru_rb", 0), ("lstm", 0), ("lstm", 4),
+                                       ("lstm_peep", 0), ("rnn_relu", 0)])
+def test_steps_equal_the_whole_sequence(kind, proj, chunk, dtype):
+    net, x, h0, c0 = _problem(kind, dtype, proj=proj)
+    want = cgru.forward(net, x, h0, c0=c0)
+    stream = Stream(net)
+    state = (h0, c0) if c0 is not None else h0
+    ys = []
+    for t in range(0, x.shape[0], chunk):
+        xt = x[t] if chunk == 1 else x[t:t + chunk]
+        y, state = stream.step(xt, state)
+        assert y.shape == (xt.shape[:-1] + (net.topology.state_size,))
+        ys.append(y[None] if chunk == 1 else y)
+    np.testing.assert_allclose(np.concatenate(ys), want.y, **TOL[dtype])
+    h = state[0] if c0 is not None else state
+    np.testing.assert_allclose(h, want.hy, **TOL[dtype])
+    if c0 is not None:
+        np.testing.assert_allclose(state[1], want.cy, **TOL[dtype])
+
+
+def test_state_none_means_zeros_and_results_are_reproducible():
+    net, x, _, _ = _problem("gru", np.float32)
+    s = Stream(net)
+    a = s.step(x[0])
+    b = s.step(x[0], np.zeros((2, 3, 6), np.float32))
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_the_stream_is_a_snapshot_until_refresh():
+    net, x, h0, _ = _problem("gru", np.float64, L=1)
+    s = Stream(net)
+    before = s.step(x[0], h0)[0]
+    net[0].R[...] *= 0.5                        # the weights change in place
+    np.testing.assert_array_equal(s.step(x[0], h0)[0], before)      # the snapshot
+    s.refresh()
+    after = s.step(x[0], h0)[0]
+    np.testing.assert_allclose(after, cgru.forward(net, x[:1], h0).y[0], **TOL[np.float64])
+    assert not np.allclose(after, before)
+
+
+def test_bad_input():
+    net, x, h0, _ = _problem("lstm", np.float32, L=1)
+    s = Stream(net)
+    with pytest.raises(TypeError, match="^x: expected dtype float32"):
+        s.step(x[0].astype(np.float64))
+    with pytest.raises(ValueError, match=r"^x: expected \[N, I=5\]"):
+        s.step(x[0, :, :4])
+    with pytest.raises(TypeError, match=r"^state: expected None or the \(h, c\) pair"):
+        s.step(x[0], h0)
+    with pytest.raises(ValueError, match=r"^state h: expected shape \[L·D=1, N=3, H=6\]"):
+        s.step(x[0], (h0[:, :2], None))
+    with pytest.raises(ValueError, match="^net: a Stream runs forward in time"):
+        Stream(Network.random(Topology(5, 6, 1, "bidirectional"), np.float32))
+    with pytest.raises(TypeError, match="^net: expected a cgru.Network"):
+        Stream("gru")
