@@ -546,7 +546,7 @@ class _OpPlan:
     def pre_activations(self, y):
         """The single-gate RNN's ``z[t] = x[t]·Wᵀ + (h[t−1] ⊙ m)·Rᵀ + b`` ``[T, N, D·H]`` from
         its output (whole-sequence GEMMs; no time loop)."""
-        T, N, H, D = self.T, self.N, self.H, self.D
+        N, H, D = self.N, self.H, self.D
         h0 = np.zeros((D, N, H), self.dtype) if self.h0 is None else self.h0
         out = []
         for d in range(D):

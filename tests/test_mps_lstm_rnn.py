@@ -4,7 +4,6 @@ with Apple's full peephole p ⊙ c[t−1] on all four gates), against float64 ce
 differences (cgru.core.gradcheck), against torch.nn.LSTM / nn.RNN in the configurations that
 coincide, and for its refusals and the immutability of its inputs."""
 import itertools
-import math
 
 import numpy as np
 import pytest
@@ -797,4 +796,3 @@ def test_weight_mapping_round_trip():
                                rtol=1e-13, atol=1e-13)
     with pytest.raises(ValueError, match="activation"):
         system.to_mps_rnn(Network.random(Topology(I, H), cell=RNNCell("softplus")))
-    assert math.isclose(1.0, 1.0)
