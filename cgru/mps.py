@@ -1,6 +1,10 @@
-"""Apple MPSGraph's ``GRU`` and ``GRUGradients`` on the CPU: ``GRUDescriptor``, ``gru``,
-``gru_gradients``.
+"""Apple MPSGraph's recurrent ops on the CPU: ``GRU`` / ``GRUGradients`` (``GRUDescriptor``,
+``gru``, ``gru_gradients``), ``LSTM`` / ``LSTMGradients`` (``LSTMDescriptor``, ``lstm``,
+``lstm_gradients``) and ``singleGateRNN`` / ``singleGateRNNGradients``
+(``SingleGateRNNDescriptor``, ``single_gate_rnn``, ``single_gate_rnn_gradients``).
 
+GRU
+---
 One call is one MPSGraph op: one layer, time-major ``[T, N, ·]``, no sequence lengths.  Gate
 order ``[z, r, o]`` (``[r, z, o]`` with ``reset_gate_first``) in ``input_weight``,
 ``recurrent_weight``, ``bias`` and a projected ``source``; matrices ``[out, in]`` applied as
@@ -40,16 +44,63 @@ gates in cgru's canonical order ``[r, z, n]`` (not the descriptor's order), ``z_
 being the gates of the step that produces ``output[t]`` (original time, for either direction).
 With ``output_fwd`` it is all ``gru_gradients`` needs: the core's reserve is rebuilt from it
 (``cgru.core.engine.reserve_from_gates``) without re-running the forward time loop.
+
+LSTM
+----
+Gate order ``[i, f, z, o]`` (``z``: the cell gate; ``[i, z, f, o]`` with ``forget_gate_last``)
+in ``input_weight [D·4H, I]``, ``recurrent_weight [4H, H]`` / ``[2, 4H, H]``, ``bias [D·4H]``,
+``peephole [4H]`` / ``[2, 4H]`` and a projected ``source [T, N, D·4H]``.  Per step and
+direction (Apple's comment on ``LSTMWithSourceTensor:``)::
+
+    [i, f, z, o] = f_gate((h ⊙ m)·Rᵀ + x·Wᵀ + b + p ⊙ c)      (each gate its own f_gate)
+    c' = f ⊙ c + i ⊙ z
+    h' = o ⊙ g(c')                                            (g: descriptor.activation)
+
+Mapping: ``cgru.LSTMCell(f_i, f_f, f_o, g=cell_gate_activation, h=activation)`` in canonical
+order ``i, f, g, o``; ``bias`` → ``b_W``, ``b_R = 0``; the peephole's input- and forget-gate
+blocks → ``LayerParams.P = [P_i, P_f, 0]``.  Outputs: ``[output]``, ``[output, cell]``
+(``produce_cell``), ``[output, cell, z_state]`` (``training``); ``z_state`` holds the activated
+gates ``[i, f, z, o]`` per direction (canonical = Apple's default order, whatever
+``forget_gate_last``), ``cell`` the cell state after every step, both aligned like ``output``.
+
+Single-gate RNN
+---------------
+``z = x·Wᵀ + (h ⊙ m)·Rᵀ + b``, ``h' = activation(z)`` (default ``relu``), mapped onto
+``cgru.RNNCell(activation)``; ``z_state`` is ``z`` itself (Apple documents it as the second
+output), recomputed from the output with whole-sequence GEMMs.
+
+Decisions for these two (Apple's text is self-contradictory or beyond the core):
+
+* ``forget_gate_last`` is ``[i, z, f, o]``, the order the property's comment writes (its name
+  would suggest ``[i, z, o, f]``).
+* With ``training`` the LSTM returns three tensors, the cell second, whatever
+  ``produce_cell``: the gradient op's comments name ``zState`` "the third output" and
+  ``cellOutputFwd`` "the second output … with training or produceCell" (the ``training``
+  property's comment says "secondary or third").
+* The peephole is ``[4H]`` / ``[2, 4H]`` (the forward op's comment; the gradient op's says
+  ``[8H]``), added as ``p ⊙ c[t−1]`` to all four gates.  cgru's core computes the input- and
+  forget-gate blocks only — it has no cell-gate peephole, and its output-gate peephole reads
+  the new cell state (ONNX's form) — so non-zero cell- or output-gate blocks raise
+  ``NotImplementedError``.  Their gradients are returned (``∂L/∂p`` at ``p``, all four
+  blocks): with a peephole ``lstm_gradients`` runs the core in the projected input mode, whose
+  input gradient is the gate pre-activation gradient, and forms ``Σ da ⊙ c[t−1]`` itself.
+* The gradient ops recompute the forward from their inputs: the core rebuilds a reserve from
+  saved training state for GRUs only (``reserve_from_gates``), so ``z_state`` and
+  ``cell_output_fwd`` are checked (shape, dtype) but not read.
 """
 from dataclasses import dataclass
 
 import numpy as np
 
 from cgru.core import engine, validate
+from cgru.core.network import LayerParams, Network, Topology
 from cgru.systems import _rules, mps as mps_system
-from cgru.systems.mps import ACTIVATIONS as MPS_ACTIVATIONS, FLAGS
+from cgru.systems.mps import (ACTIVATIONS as MPS_ACTIVATIONS, FLAGS, LSTM_ACTIVATION_FIELDS,
+                              LSTM_FLAGS, RNN_FLAGS)
 
-__all__ = ["GRUDescriptor", "gru", "gru_gradients", "MPS_ACTIVATIONS"]
+__all__ = ["GRUDescriptor", "gru", "gru_gradients", "LSTMDescriptor", "lstm", "lstm_gradients",
+           "SingleGateRNNDescriptor", "single_gate_rnn", "single_gate_rnn_gradients",
+           "MPS_ACTIVATIONS"]
 
 _ACTS = ("update_gate_activation", "reset_gate_activation", "output_gate_activation")
 
@@ -288,4 +339,454 @@ def gru_gradients(source, recurrent_weight, source_gradient, z_state, output_fwd
         out.append(np.ascontiguousarray(dh0.transpose(1, 0, 2)).reshape(N, D * H))
     if secondary_bias is not None:
         out.append(grad["secondary_bias"])
+    return out
+
+
+# === LSTM and single-gate RNN ===================================================================
+_LSTM_ACTS = tuple(name for name, _ in LSTM_ACTIVATION_FIELDS)
+
+
+@dataclass
+class LSTMDescriptor:
+    """``MPSGraphLSTMDescriptor``: the options of one LSTM op, MPSGraph's defaults.
+
+    ``reverse``, ``bidirectional``: as for ``GRUDescriptor`` (``reverse`` ignored with
+    ``bidirectional``; outputs aligned to the original time index).  ``produce_cell``: ``lstm``
+    also returns the cell state of every step.  ``training``: ``lstm`` returns
+    ``[output, cell, z_state]`` (the cell is always produced with ``training``: the gradient
+    op needs it as ``cell_output_fwd``).  ``forget_gate_last``: gate order ``[i, z, f, o]``
+    instead of ``[i, f, z, o]`` — the order Apple's comment writes (the property's name
+    suggests ``[i, z, o, f]``; cgru follows the written order).  Activations (``str`` or
+    ``bytes``; ``"none"``, ``"relu"``, ``"tanh"``, ``"sigmoid"``, ``"hard_sigmoid"`` =
+    ``clip(0.2·x + 0.5, 0, 1)``): ``input_gate_activation``, ``forget_gate_activation``,
+    ``output_gate_activation`` (sigmoid), ``cell_gate_activation`` (tanh, the ``z`` gate) and
+    ``activation`` (tanh, ``g`` in ``h = o ⊙ g(c)``).
+    """
+    reverse: bool = False
+    bidirectional: bool = False
+    produce_cell: bool = False
+    training: bool = False
+    forget_gate_last: bool = False
+    input_gate_activation: str = "sigmoid"
+    forget_gate_activation: str = "sigmoid"
+    cell_gate_activation: str = "tanh"
+    output_gate_activation: str = "sigmoid"
+    activation: str = "tanh"
+
+    def __post_init__(self):
+        _check_op_descriptor(self, LSTMDescriptor, LSTM_FLAGS, _LSTM_ACTS)
+
+
+@dataclass
+class SingleGateRNNDescriptor:
+    """``MPSGraphSingleGateRNNDescriptor``: ``reverse``, ``bidirectional`` (as for
+    ``GRUDescriptor``), ``training`` (``single_gate_rnn`` also returns ``z_state``) and
+    ``activation`` (default ``"relu"``, as Apple documents; names as for the GRU)."""
+    reverse: bool = False
+    bidirectional: bool = False
+    training: bool = False
+    activation: str = "relu"
+
+    def __post_init__(self):
+        _check_op_descriptor(self, SingleGateRNNDescriptor, RNN_FLAGS, ("activation",))
+
+
+def _check_op_descriptor(desc, cls, flags, acts):
+    """Validate an LSTM / RNN descriptor (at every call too: the dataclass is mutable)."""
+    if not isinstance(desc, cls):
+        raise TypeError(f"descriptor: expected a cgru.mps.{cls.__name__}, got "
+                        f"{type(desc).__name__}")
+    for name in flags:
+        validate.flag(getattr(desc, name), f"descriptor.{name}")
+    for name in acts:
+        _rules.option(getattr(desc, name), f"descriptor.{name}", MPS_ACTIVATIONS)
+    return desc
+
+
+def _blocks(k):
+    """The name of ``k`` blocks of ``H`` (``"H"``, ``"2H"``, ``"4H"``, ``"8H"``)."""
+    return "H" if k == 1 else f"{k}H"
+
+
+def _per_direction_state(a, N, D, H):
+    """``[N, D·H]`` = ``[fwd | bwd]`` → the core's ``[D, N, H]`` (``None`` stays ``None``)."""
+    return None if a is None else np.ascontiguousarray(a.reshape(N, D, H).transpose(1, 0, 2))
+
+
+def _op_state(a, N, D, H):
+    """The core's ``[D, N, H]`` → MPSGraph's ``[N, D·H]``."""
+    return np.ascontiguousarray(a.transpose(1, 0, 2)).reshape(N, D * H)
+
+
+class _OpPlan:
+    """The validated inputs of one LSTM (``kind="lstm"``) or single-gate RNN (``"rnn"``) call,
+    mapped onto the core (see ``lstm`` and ``single_gate_rnn``)."""
+
+    def __init__(self, kind, descriptor, source, recurrent_weight, input_weight, bias,
+                 init_state, mask, init_cell=None, peephole=None):
+        lstm = kind == "lstm"
+        desc = _check_op_descriptor(descriptor, LSTMDescriptor, LSTM_FLAGS, _LSTM_ACTS) if lstm \
+            else _check_op_descriptor(descriptor, SingleGateRNNDescriptor, RNN_FLAGS,
+                                      ("activation",))
+        G = 4 if lstm else 1
+        validate.plain_array(source, "source", "[T, N, I]")
+        dtype = validate.float_array(source, "source").dtype
+        if source.ndim != 3:
+            raise ValueError(f"source: expected a 3-D array [T, N, I], got shape "
+                             f"{list(source.shape)}")
+        T, N, I = source.shape
+        validate.input_sizes("source", source.shape, T, N, "[T, N, I]")
+        D = 2 if desc.bidirectional else 1
+        GH, DGH, DH = _blocks(G), _blocks(D * G), _blocks(D)
+        validate.float_array(recurrent_weight, "recurrent_weight", dtype,
+                             like="(the dtype of source)")
+        H = recurrent_weight.shape[-1] if recurrent_weight.ndim else 0
+        if D == 1:
+            _shaped(recurrent_weight, "recurrent_weight", dtype, (G * H, H), (GH, "H"))
+        else:
+            _shaped(recurrent_weight, "recurrent_weight (bidirectional)", dtype,
+                    (2, G * H, H), ("2", GH, "H"))
+        if H == 0:
+            raise ValueError(f"recurrent_weight: expected H ≥ 1, got shape "
+                             f"{list(recurrent_weight.shape)}")
+        if input_weight is None:
+            if I != D * G * H:
+                raise ValueError(f"source: without input_weight the source holds the gate "
+                                 f"pre-activations, expected shape [T={T}, N={N}, "
+                                 f"{DGH}={D * G * H}], got {list(source.shape)}")
+        else:
+            _shaped(input_weight, "input_weight", dtype, (D * G * H, I), (DGH, "I"))
+        if bias is not None:
+            _shaped(bias, "bias", dtype, (D * G * H,), (DGH,))
+        if init_state is not None:
+            _shaped(init_state, "init_state", dtype, (N, D * H), ("N", DH))
+        if init_cell is not None:
+            _shaped(init_cell, "init_cell", dtype, (N, D * H), ("N", DH))
+        if peephole is not None:
+            if D == 1:
+                _shaped(peephole, "peephole", dtype, (4 * H,), ("4H",))
+            elif peephole.shape == (8 * H,):
+                raise ValueError(f"peephole (bidirectional): expected shape [2=2, 4H={4 * H}] "
+                                 f"(the forward op's documented layout), got [8H={8 * H}] (the "
+                                 f"layout Apple's gradient comment writes); reshape it to "
+                                 f"[2, 4H]")
+            else:
+                _shaped(peephole, "peephole (bidirectional)", dtype, (2, 4 * H), ("2", "4H"))
+            mps_system.check_peephole(peephole, H, D, desc.forget_gate_last)
+        self.state_mask = None
+        if mask is not None:
+            validate.plain_array(mask, "mask")
+            if mask.dtype != dtype and mask.dtype != np.bool_:
+                raise TypeError(f"mask: expected dtype {dtype} (the dtype of source) or bool, "
+                                f"got {mask.dtype}")
+            try:
+                np.broadcast_to(mask, (T, N, D * H))            # a view: checks only
+            except ValueError:
+                raise ValueError(f"mask: expected a shape broadcastable to the output shape "
+                                 f"[T={T}, N={N}, {DH}={D * H}], got "
+                                 f"{list(mask.shape)}") from None
+            self.state_mask = mask.astype(dtype, copy=False)
+
+        self.kind, self.desc, self.dtype = kind, desc, dtype
+        self.T, self.N, self.I, self.H, self.D, self.G = T, N, I, H, D, G
+        self.projected = input_weight is None
+        self.source = source
+        layer = {"recurrent_weight": recurrent_weight, "input_weight": input_weight,
+                 "bias": bias}
+        if lstm:
+            self.order = mps_system.lstm_gate_order(desc.forget_gate_last)
+            cell = mps_system.lstm_cell_from_descriptor(
+                **{name: getattr(desc, name) for name in _LSTM_ACTS},
+                peepholes=peephole is not None, what="descriptor.")
+            layer["peephole"] = peephole
+            self.net = mps_system.lstm_network(
+                [layer], reverse=desc.reverse, bidirectional=desc.bidirectional,
+                forget_gate_last=desc.forget_gate_last, cell=cell, canonical_source=True)
+        else:
+            self.order = (0,)
+            cell = mps_system.rnn_cell_from_descriptor(activation=desc.activation,
+                                                       what="descriptor.")
+            self.net = mps_system.rnn_network([layer], reverse=desc.reverse,
+                                              bidirectional=desc.bidirectional, cell=cell)
+        # a projected source in canonical gate order (the core's projected input mode)
+        self.x = mps_system.gates_to_canonical(source, H, D, self.order) if self.projected \
+            else np.ascontiguousarray(source)
+        self.h0 = _per_direction_state(init_state, N, D, H)
+        self.c0 = _per_direction_state(init_cell, N, D, H)
+
+    def names(self, what):
+        """Axis names for messages: ``"out"`` (output, cell), ``"z"`` (z_state),
+        ``"state"``."""
+        D, G = self.D, self.G
+        return {"out": ("T", "N", _blocks(D)), "z": ("T", "N", _blocks(D * G)),
+                "state": ("N", _blocks(D))}[what]
+
+    def forward(self, training, net=None, x=None):
+        return engine.forward(self.net if net is None else net, self.x if x is None else x,
+                              self.h0, c0=self.c0, state_mask=self.state_mask,
+                              training=training)
+
+    def cell_states(self, reserve, net=None, x=None):
+        """``(c after every step, c before every step)`` ``[T, N, D·H]`` (original time, every
+        direction) from a training forward's reserve."""
+        net = self.net if net is None else net
+        opened = engine.open_reserve(reserve, net, self.x if x is None else x, cell=net.cell,
+                                     data=False)
+        T, after, before = self.T, [], []
+        for d in range(self.D):
+            cs = opened.lds[d]["cstates"]       # [T+1, N, H]: c0 and c after every step
+            if net.topology.reversed_direction(d):      # slot t = c[t], slot T = c0
+                after.append(cs[:T])
+                before.append(cs[1:])
+            else:                                       # slot 0 = c0, slot t+1 = c[t]
+                after.append(cs[1:])
+                before.append(cs[:T])
+        return np.concatenate(after, axis=-1), np.concatenate(before, axis=-1)
+
+    def pre_activations(self, y):
+        """The single-gate RNN's ``z[t] = x[t]·Wᵀ + (h[t−1] ⊙ m)·Rᵀ + b`` ``[T, N, D·H]`` from
+        its output (whole-sequence GEMMs; no time loop)."""
+        N, H, D = self.N, self.H, self.D
+        h0 = np.zeros((D, N, H), self.dtype) if self.h0 is None else self.h0
+        out = []
+        for d in range(D):
+            lp = self.net[d]
+            yd = y[:, :, d * H:(d + 1) * H]
+            if self.net.topology.reversed_direction(d):
+                h_prev = np.concatenate([yd[1:], h0[d][None]])
+            else:
+                h_prev = np.concatenate([h0[d][None], yd[:-1]])
+            if self.state_mask is not None:
+                h_prev = h_prev * self.state_mask[..., d * H:(d + 1) * H]
+            xp = self.x[..., d * H:(d + 1) * H] if self.projected else self.x @ lp.W.T
+            out.append(xp + (h_prev @ lp.R.T) + (lp.b_W + lp.b_R))
+        return np.concatenate(out, axis=-1)
+
+    def projected_network(self):
+        """``(net, x)``: the op's network in the projected input mode, ``x`` its canonical
+        pre-activations ``source·W_dᵀ`` per direction (the source itself without
+        ``input_weight``) — so that the core's input gradient is ∂L/∂(gate pre-activations)."""
+        if self.projected:
+            return self.net, self.x
+        topo, GH = self.net.topology, self.G * self.H
+        X = self.x.reshape(self.T * self.N, self.I)
+        x = np.concatenate([X @ lp.W.T for lp in self.net], axis=-1).reshape(
+            self.T, self.N, self.D * GH)
+        layers = [LayerParams(W=np.zeros((GH, 0), self.dtype), R=lp.R, b_W=lp.b_W,
+                              b_R=lp.b_R, P=lp.P) for lp in self.net]
+        net = Network(Topology(self.D * GH, self.H, 1, topo.direction, "projected"), layers,
+                      self.net.cell)
+        return net, np.ascontiguousarray(x)
+
+    def check_gradient_inputs(self, source_gradient, z_state, state_gradient, others=()):
+        """Shapes of the gradient op's extra inputs; ``(dy, dhy)`` for the core."""
+        T, N, H, D, dtype = self.T, self.N, self.H, self.D, self.dtype
+        out_shape = (T, N, D * H)
+        _shaped(z_state, "z_state", dtype, (T, N, D * self.G * H), self.names("z"))
+        for name, a in others:
+            _shaped(a, name, dtype, out_shape, self.names("out"))
+        if source_gradient is not None:
+            _shaped(source_gradient, "source_gradient", dtype, out_shape, self.names("out"))
+        if state_gradient is not None:
+            _shaped(state_gradient, "state_gradient", dtype, (N, D * H), self.names("state"))
+        return (None if source_gradient is None else np.ascontiguousarray(source_gradient),
+                _per_direction_state(state_gradient, N, D, H))
+
+
+# --- LSTM ------------------------------------------------------------------------------------
+def lstm(source, recurrent_weight, input_weight=None, bias=None, init_state=None,
+         init_cell=None, mask=None, peephole=None, *, descriptor):
+    """MPSGraph ``LSTMWithSourceTensor:recurrentWeight:inputWeight:bias:initState:initCell:
+    mask:peephole:descriptor:name:`` — one LSTM layer (every overload, through the optional
+    arguments).
+
+    Per step and direction, gates in the descriptor's order (``[i, f, z, o]``, or
+    ``[i, z, f, o]`` with ``forget_gate_last``), ``m`` the mask (ones when absent)::
+
+        [i, f, z, o] = f_gate((h[t−1] ⊙ m)·Rᵀ + x[t]·Wᵀ + b + p ⊙ c[t−1])   (each gate its own)
+        c[t] = f ⊙ c[t−1] + i ⊙ z
+        h[t] = o ⊙ g(c[t])                  (g: descriptor.activation)
+
+    Args (D = 2 with ``descriptor.bidirectional``, else 1; all one float dtype):
+        source: ``[T, N, I]``; ``[T, N, 4H]`` / ``[T, N, 8H]`` without ``input_weight`` (the
+            gate pre-activations ``x·Wᵀ``, descriptor's gate order, forward direction first).
+        recurrent_weight: ``[4H, H]``, or ``[2, 4H, H]`` bidirectional.
+        input_weight: ``[4H, I]`` / ``[8H, I]`` (``None``: the source is already projected).
+        bias: ``[4H]`` / ``[8H]`` (``None``: zeros).
+        init_state, init_cell: ``[N, H]`` / ``[N, 2H]`` = ``[fwd | bwd]`` (``None``: zeros).
+        mask: broadcastable to the output ``[T, N, D·H]`` (float of the source dtype, or
+            bool); ``h ⊙ mask[t]`` enters the recurrent product of the step producing
+            ``output[t]`` (original time, either direction); the peephole term is not masked.
+        peephole: ``[4H]`` / ``[2, 4H]``, one vector per gate in the descriptor's order, added
+            as ``p ⊙ c[t−1]`` to every gate (Apple's formula).  cgru computes the input- and
+            forget-gate blocks; non-zero cell- or output-gate blocks raise
+            ``NotImplementedError`` (cgru's core has no cell-gate peephole, and its
+            output-gate peephole reads ``c[t]``).
+        descriptor: an ``LSTMDescriptor``.
+
+    Returns:
+        ``[output]``; ``[output, cell]`` with ``descriptor.produce_cell``; ``[output, cell,
+        z_state]`` with ``descriptor.training`` (whatever ``produce_cell``: the gradient op's
+        ``cellOutputFwd`` is "the second output … with training or produceCell").
+        ``output``, ``cell`` ``[T, N, D·H]``: ``h[t]`` and ``c[t]``, aligned to the original
+        time index for a reverse direction too.  ``z_state`` ``[T, N, 4H]`` / ``[T, N, 8H]``:
+        each direction's activated gates in cgru's canonical order ``[i, f, z, o]`` (Apple's
+        default order, whatever ``forget_gate_last``), ``z_state[t]`` those of the step
+        producing ``output[t]``.
+    """
+    plan = _OpPlan("lstm", descriptor, source, recurrent_weight, input_weight, bias,
+                   init_state, mask, init_cell, peephole)
+    desc = plan.desc
+    if not (desc.training or desc.produce_cell):
+        return [plan.forward(False).y]
+    fwd = plan.forward(True)
+    cell, _ = plan.cell_states(fwd.reserve)
+    if not desc.training:
+        return [fwd.y, cell]
+    z_state = np.concatenate(engine.reserve_gates(fwd.reserve, plan.net, plan.x), axis=-1)
+    return [fwd.y, cell, z_state]
+
+
+def lstm_gradients(source, recurrent_weight, source_gradient, z_state, cell_output_fwd, *,
+                   state_gradient=None, cell_gradient=None, input_weight=None, bias=None,
+                   init_state=None, init_cell=None, mask=None, peephole=None, descriptor):
+    """MPSGraph ``LSTMGradientsWithSourceTensor:…`` — every overload, through the optional
+    arguments.
+
+    Pass the forward's inputs (same meaning and shapes as ``lstm``), its ``z_state`` and its
+    ``cell`` as ``cell_output_fwd`` ``[T, N, D·H]``, the gradient of the loss with respect to
+    the output as ``source_gradient`` ``[T, N, D·H]`` (``None``: zeros) and, optionally, with
+    respect to the final state and the final cell as ``state_gradient`` and ``cell_gradient``
+    ``[N, D·H]`` = ``[fwd | bwd]`` (the backward halves belong to the reverse direction's
+    final values, at original time 0; ``None``: zeros).
+
+    ``z_state`` and ``cell_output_fwd`` are checked (shape, dtype) but not read: cgru
+    recomputes the forward from the inputs (its core rebuilds a reserve from saved gates for
+    GRUs only), so the gradients are those of the forward of exactly these inputs.
+
+    Returns the list of gradients in MPSGraph's order — source, recurrent_weight,
+    input_weight, bias, peephole, init_state, init_cell — with an entry only for the inputs
+    that were given (source and recurrent_weight always), each shaped like its input, in the
+    descriptor's gate order.  The peephole gradient has all four blocks (``∂L/∂p`` at ``p``,
+    cell- and output-gate blocks included, which the forward requires to be zero).
+    """
+    plan = _OpPlan("lstm", descriptor, source, recurrent_weight, input_weight, bias,
+                   init_state, init_cell=init_cell, mask=mask, peephole=peephole)
+    N, H, D, order = plan.N, plan.H, plan.D, plan.order
+    dy, dhy = plan.check_gradient_inputs(source_gradient, z_state, state_gradient,
+                                         (("cell_output_fwd", cell_output_fwd),))
+    dcy = None
+    if cell_gradient is not None:
+        _shaped(cell_gradient, "cell_gradient", plan.dtype, (N, D * H), plan.names("state"))
+        dcy = _per_direction_state(cell_gradient, N, D, H)
+    # With a peephole the gate pre-activation gradients are needed (the core's dP_o is that of
+    # its own c[t] peephole): run the core in the projected mode, where dx is exactly them.
+    net, x = plan.projected_network() if peephole is not None else (plan.net, plan.x)
+    fwd = plan.forward(True, net, x)
+    g = engine.backward(net, x, fwd.reserve, dy, dhy, dcy=dcy, state_mask=plan.state_mask)
+    grad = mps_system.op_gradient_tensors(g.dparams, order)
+
+    d_peephole = None
+    if peephole is None:
+        d_source = mps_system.gates_from_canonical(g.dx, H, D, order) if plan.projected \
+            else g.dx
+        d_input_weight = grad["input_weight"]
+    else:
+        da = g.dx                                   # [T, N, D·4H], canonical per direction
+        _, c_prev = plan.cell_states(fwd.reserve, net, x)
+        TN, GH = plan.T * N, 4 * H
+        ps, dWs = [], []
+        d_source = None if plan.projected else np.zeros((TN, plan.I), plan.dtype)
+        for d in range(D):
+            da_d = da[..., d * GH:(d + 1) * GH].reshape(TN, GH)
+            c_d = c_prev[..., d * H:(d + 1) * H].reshape(TN, H)
+            # ∂L/∂p_gate = Σ_rows da_gate ⊙ c[t−1], every gate
+            dp = np.einsum("rgj,rj->gj", da_d.reshape(TN, 4, H), c_d).reshape(GH)
+            ps.append(_rules.permute_gates(dp, H, order))
+            if not plan.projected:
+                W = plan.net[d].W                   # canonical [4H, I]
+                d_source += da_d @ W                # ∂L/∂source = Σ_d da_d·W_d
+                dWs.append(_rules.permute_gates(da_d.T @ plan.x.reshape(TN, plan.I), H,
+                                                order))
+        if plan.projected:
+            d_source = mps_system.gates_from_canonical(da, H, D, order)
+            d_input_weight = None
+        else:
+            d_source = d_source.reshape(plan.T, N, plan.I)
+            d_input_weight = np.concatenate(dWs)
+        d_peephole = ps[0] if D == 1 else np.stack(ps)
+
+    out = [d_source, grad["recurrent_weight"]]
+    if input_weight is not None:
+        out.append(d_input_weight)
+    if bias is not None:
+        out.append(grad["bias"])
+    if peephole is not None:
+        out.append(d_peephole)
+    if init_state is not None:
+        out.append(_op_state(g.dh0, N, D, H))
+    if init_cell is not None:
+        out.append(_op_state(g.dc0, N, D, H))
+    return out
+
+
+# --- single-gate RNN -------------------------------------------------------------------------
+def single_gate_rnn(source, recurrent_weight, input_weight=None, bias=None, init_state=None,
+                    mask=None, *, descriptor):
+    """MPSGraph ``singleGateRNNWithSourceTensor:recurrentWeight:inputWeight:bias:initState:
+    mask:descriptor:name:`` — one vanilla RNN layer (every overload, through the optional
+    arguments)::
+
+        z[t] = x[t]·Wᵀ + (h[t−1] ⊙ m)·Rᵀ + b
+        h[t] = activation(z[t])
+
+    Args (D = 2 with ``descriptor.bidirectional``, else 1; all one float dtype):
+        source: ``[T, N, I]``; ``[T, N, H]`` / ``[T, N, 2H]`` without ``input_weight`` (Apple:
+            "assumes diagonal unit-matrix": the source is ``x·Wᵀ`` itself).
+        recurrent_weight: ``[H, H]``, or ``[2, H, H]`` bidirectional.
+        input_weight: ``[H, I]`` / ``[2H, I]``; bias: ``[H]`` / ``[2H]``.
+        init_state: ``[N, H]`` / ``[N, 2H]`` = ``[fwd | bwd]``; mask: as for ``lstm``.
+        descriptor: a ``SingleGateRNNDescriptor``.
+
+    Returns ``[output]``, or ``[output, z_state]`` with ``descriptor.training``, both
+    ``[T, N, D·H]`` and aligned to the original time index: ``output[t] = h[t]`` and
+    ``z_state[t] = z[t]``, the pre-activation of the step producing ``output[t]`` (Apple's
+    documented content of the second output).
+    """
+    plan = _OpPlan("rnn", descriptor, source, recurrent_weight, input_weight, bias,
+                   init_state, mask)
+    y = plan.forward(False).y
+    if not plan.desc.training:
+        return [y]
+    return [y, plan.pre_activations(y)]
+
+
+def single_gate_rnn_gradients(source, recurrent_weight, source_gradient, z_state, *,
+                              state_gradient=None, input_weight=None, bias=None,
+                              init_state=None, mask=None, descriptor):
+    """MPSGraph ``singleGateRNNGradientsWithSourceTensor:…`` — every overload, through the
+    optional arguments.
+
+    Pass the forward's inputs (same meaning and shapes as ``single_gate_rnn``), its
+    ``z_state``, the gradient of the loss with respect to the output as ``source_gradient``
+    ``[T, N, D·H]`` (``None``: zeros) and, optionally, with respect to the final state as
+    ``state_gradient`` ``[N, D·H]`` = ``[fwd | bwd]``.  ``z_state`` is checked (shape, dtype)
+    but not read: cgru recomputes the forward from the inputs.
+
+    Returns the gradients in MPSGraph's order — source, recurrent_weight, input_weight, bias,
+    init_state — with an entry only for the inputs that were given, each shaped like its input.
+    """
+    plan = _OpPlan("rnn", descriptor, source, recurrent_weight, input_weight, bias,
+                   init_state, mask)
+    dy, dhy = plan.check_gradient_inputs(source_gradient, z_state, state_gradient)
+    fwd = plan.forward(True)
+    g = engine.backward(plan.net, plan.x, fwd.reserve, dy, dhy, state_mask=plan.state_mask)
+    grad = mps_system.op_gradient_tensors(g.dparams, plan.order)
+    out = [g.dx, grad["recurrent_weight"]]
+    if input_weight is not None:
+        out.append(grad["input_weight"])
+    if bias is not None:
+        out.append(grad["bias"])
+    if init_state is not None:
+        out.append(_op_state(g.dh0, plan.N, plan.D, plan.H))
     return out
