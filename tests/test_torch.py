@@ -1,0 +1,515 @@
+"""``cgru.torch``: drop-in ``GRU``/``LSTM``/``RNN`` modules against ``torch.nn``'s own.
+
+Oracles: ``torch.nn.GRU``/``LSTM``/``RNN`` with autograd (outputs, final states and every
+gradient — input, ``h_0``/``c_0``, each parameter — over kinds, layers, directions,
+``batch_first``, padded / packed unsorted / unbatched input, ``hx`` given or not, both dtypes);
+``torch.autograd.gradcheck`` (float64 finite differences through ``functional_call``);
+``state_dict`` in both directions; ``swap`` on a model; SGD training reaching the same weights;
+dropout seeded by torch's RNG; the errors.  The whole file is skipped without torch.
+"""
+import copy
+import io
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cgru  # noqa: E402
+import cgru.torch as ct  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.func import functional_call  # noqa: E402
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa: E402
+
+I, H, P = 4, 5, 3
+KINDS = {
+    "gru": (nn.GRU, ct.GRU, {}),
+    "lstm": (nn.LSTM, ct.LSTM, {}),
+    "lstm_proj": (nn.LSTM, ct.LSTM, {"proj_size": P}),
+    "rnn_tanh": (nn.RNN, ct.RNN, {"nonlinearity": "tanh"}),
+    "rnn_relu": (nn.RNN, ct.RNN, {"nonlinearity": "relu"}),
+}
+DTYPES = [torch.float32, torch.float64]
+TOL = {torch.float32: 1e-5, torch.float64: 1e-12}    # max |Δ| relative to max |reference|
+
+
+def assert_close(got, want, dtype, what):
+    assert got.shape == want.shape, f"{what}: shape {list(got.shape)} != {list(want.shape)}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    scale = max(want.abs().max().item(), 1e-30) if want.numel() else 1.0
+    err = (got - want).abs().max().item() if want.numel() else 0.0
+    assert err <= TOL[dtype] * scale, f"{what}: max |Δ| = {err:.3g} > {TOL[dtype]} × {scale:.3g}"
+
+
+def pair(kind, dtype=torch.float64, **kw):
+    """``(torch module, cgru module)`` with the same weights (torch's random init)."""
+    theirs, ours, extra = KINDS[kind]
+    torch.manual_seed(0)
+    ref = theirs(I, H, dtype=dtype, **extra, **kw)
+    mine = ours(I, H, dtype=dtype, **extra, **kw)
+    mine.load_state_dict(ref.state_dict())
+    return ref, mine
+
+
+def is_lstm(module):
+    return isinstance(module, nn.LSTM)
+
+
+def make_inputs(module, T, N, dtype, *, batched=True, with_hx=True, seed=1):
+    """``(x, hx)``: x ``[T, N, I]`` (``[N, T, I]`` batch-first; ``[T, I]`` unbatched)."""
+    g = torch.Generator().manual_seed(seed)
+    xs = ((N, T, I) if module.batch_first else (T, N, I)) if batched else (T, I)
+    x = torch.randn(xs, generator=g, dtype=dtype)
+    if not with_hx:
+        return x, None
+    LD = module.num_layers * (2 if module.bidirectional else 1)
+    S = getattr(module, "proj_size", 0) or H
+    hs, cs = ((LD, N, S), (LD, N, H)) if batched else ((LD, S), (LD, H))
+    h = torch.randn(hs, generator=g, dtype=dtype)
+    if is_lstm(module):
+        return x, (h, torch.randn(cs, generator=g, dtype=dtype))
+    return x, h
+
+
+def run(module, x, hx=None, lengths=None, seed=2):
+    """Outputs of ``module`` and the gradients of a fixed random linear function of them."""
+    x = x.detach().clone().requires_grad_()
+    leaves = [x]
+    if hx is not None:
+        hx = tuple(h.detach().clone().requires_grad_() for h in hx) if is_lstm(module) \
+            else hx.detach().clone().requires_grad_()
+        leaves += list(hx) if is_lstm(module) else [hx]
+    inp = x
+    if lengths is not None:
+        inp = pack_padded_sequence(x, torch.tensor(lengths), batch_first=module.batch_first,
+                                   enforce_sorted=False)
+    y, h = module(inp, hx)
+    out = {}
+    if lengths is not None:
+        out["packed"] = y
+        out["y"] = y.data
+    else:
+        out["y"] = y
+    if is_lstm(module):
+        out["hy"], out["cy"] = h
+    else:
+        out["hy"] = h
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).sum()
+               for k, t in out.items() if k != "packed")
+    module.zero_grad(set_to_none=True)
+    loss.backward()
+    out["dx"] = x.grad
+    for i, leaf in enumerate(leaves[1:]):
+        out[f"dh{i}"] = leaf.grad
+    for name, p in module.named_parameters():
+        out["grad " + name] = p.grad
+    return out
+
+
+def assert_same_results(got, want, dtype):
+    assert got.keys() == want.keys()
+    for key in want:
+        if key == "packed":
+            for field in ("batch_sizes", "sorted_indices", "unsorted_indices"):
+                a, b = getattr(got[key], field), getattr(want[key], field)
+                assert (a is None and b is None) or torch.equal(a, b), field
+            continue
+        assert_close(got[key], want[key], dtype, key)
+
+
+# --- 1. the same results as torch.nn ---------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("with_hx", [False, True], ids=["no_hx", "hx"])
+@pytest.mark.parametrize("mode", ["padded", "packed", "unbatched"])
+@pytest.mark.parametrize("batch_first", [False, True], ids=["tm", "bf"])
+@pytest.mark.parametrize("L,bidir", [(1, False), (2, True), (3, False)], ids=["L1", "L2bi", "L3"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_matches_torch(kind, L, bidir, batch_first, mode, with_hx, dtype):
+    ref, mine = pair(kind, dtype, num_layers=L, bidirectional=bidir, batch_first=batch_first)
+    T, N = 6, 4
+    x, hx = make_inputs(ref, T, N, dtype, batched=mode != "unbatched", with_hx=with_hx)
+    lengths = [6, 2, 5, 1] if mode == "packed" else None
+    assert_same_results(run(mine, x, hx, lengths), run(ref, x, hx, lengths), dtype)
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm_proj"])
+def test_packed_sorted_and_padded_output(kind):
+    """enforce_sorted=True (no indices), and the padded output pad_packed_sequence makes."""
+    ref, mine = pair(kind, num_layers=2, bidirectional=True)
+    x, hx = make_inputs(ref, 5, 3, torch.float64)
+    packed = pack_padded_sequence(x, torch.tensor([5, 3, 2]))
+    (y1, h1), (y2, h2) = ref(packed, hx), mine(packed, hx)
+    assert y2.sorted_indices is None and torch.equal(y1.batch_sizes, y2.batch_sizes)
+    assert_close(pad_packed_sequence(y2)[0], pad_packed_sequence(y1)[0], torch.float64, "y")
+    for a, b in zip(h2 if is_lstm(ref) else [h2], h1 if is_lstm(ref) else [h1]):
+        assert_close(a, b, torch.float64, "hy")
+
+
+def test_bias_false():
+    for kind in KINDS:
+        ref, mine = pair(kind, bias=False, num_layers=2)
+        assert [n for n, _ in mine.named_parameters()] == [n for n, _ in ref.named_parameters()]
+        x, hx = make_inputs(ref, 5, 3, torch.float64)
+        assert_same_results(run(mine, x, hx), run(ref, x, hx), torch.float64)
+
+
+def test_same_init_and_names_as_torch():
+    for kind, (theirs, ours, extra) in KINDS.items():
+        kw = dict(num_layers=2, bidirectional=True, **extra)
+        torch.manual_seed(7)
+        ref = theirs(I, H, **kw)
+        torch.manual_seed(7)
+        mine = ours(I, H, **kw)
+        assert isinstance(mine, theirs)
+        assert list(mine.state_dict()) == list(ref.state_dict())
+        for (n1, p1), (n2, p2) in zip(mine.named_parameters(), ref.named_parameters()):
+            assert n1 == n2 and torch.equal(p1, p2), n1
+        assert repr(mine) == repr(ref)
+        assert mine._flat_weights_names == ref._flat_weights_names
+
+
+def test_no_grad_and_inference_mode(monkeypatch):
+    """Without grad cgru runs its inference forward (no reserve); with grad its training one."""
+    ref, mine = pair("gru", num_layers=2)
+    x, hx = make_inputs(ref, 5, 3, torch.float64)
+    seen, real = [], cgru.forward
+
+    def recording_forward(*args, **kw):
+        seen.append(kw["training"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(cgru, "forward", recording_forward)
+    want, _ = ref(x, hx)
+    for context in (torch.no_grad, torch.inference_mode):
+        with context():
+            y, h = mine(x, hx)
+        assert y.grad_fn is None and not y.requires_grad
+        assert_close(y, want.detach(), torch.float64, "y")
+    y, _ = mine(x, hx)
+    assert y.grad_fn is not None
+    mine.eval()
+    for p in mine.parameters():
+        p.requires_grad_(False)
+    y, _ = mine(x, hx)                          # nothing requires grad: inference forward
+    assert y.grad_fn is None
+    assert seen == [False, False, True, False]
+
+
+def test_needs_input_grad():
+    """Only what requires grad gets a gradient (frozen weights get none), and it is right."""
+    ref, mine = pair("lstm", num_layers=2)
+    x, (h, c) = make_inputs(ref, 5, 3, torch.float64)
+    for m in (ref, mine):
+        for p in m.parameters():
+            p.requires_grad_(False)
+        m.bias_hh_l1.requires_grad_(True)
+    got, want = [], []
+    for m, out in ((mine, got), (ref, want)):
+        xg, hg = x.clone().requires_grad_(), h.clone().requires_grad_()
+        y, (hy, cy) = m(xg, (hg, c))
+        (y.sum() + cy.sum()).backward()
+        assert [n for n, p in m.named_parameters() if p.grad is not None] == ["bias_hh_l1"]
+        out += [xg.grad, hg.grad, m.bias_hh_l1.grad]
+    for a, b, what in zip(got, want, ("dx", "dh0", "dbias_hh_l1")):
+        assert_close(a, b, torch.float64, what)
+    xg = x.clone().requires_grad_()             # only x: no parameter gradient at all
+    mine.bias_hh_l1.requires_grad_(False)
+    mine.bias_hh_l1.grad = None
+    mine(xg)[0].sum().backward()
+    assert xg.grad is not None and all(p.grad is None for p in mine.parameters())
+
+
+def test_unused_outputs_and_retain_graph():
+    """Gradients of only hy (y unused), and a second backward on a retained graph."""
+    ref, mine = pair("gru", num_layers=2, bidirectional=True)
+    x, _ = make_inputs(ref, 5, 3, torch.float64)
+    grads = []
+    for m in (mine, ref):
+        xg = x.clone().requires_grad_()
+        _, hy = m(xg)
+        hy.sum().backward(retain_graph=True)
+        first = xg.grad.clone()
+        hy.sum().backward()
+        assert_close(xg.grad, 2 * first, torch.float64, "dx twice")
+        grads.append(first)
+    assert_close(grads[0], grads[1], torch.float64, "dx")
+
+
+def test_functional_call_and_pickle():
+    ref, mine = pair("lstm_proj", num_layers=2, bidirectional=True)
+    x, hx = make_inputs(ref, 5, 3, torch.float64)
+    params = {n: torch.randn_like(p) for n, p in ref.named_parameters()}
+    want = functional_call(ref, params, (x, hx))[0]
+    assert_close(functional_call(mine, params, (x, hx))[0], want, torch.float64, "y")
+    buf = io.BytesIO()
+    torch.save(mine, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert type(loaded) is ct.LSTM
+    assert_close(loaded(x, hx)[0], mine(x, hx)[0], torch.float64, "pickled y")
+    assert_close(copy.deepcopy(mine)(x, hx)[0], mine(x, hx)[0], torch.float64, "deepcopy y")
+    mine.flatten_parameters()                   # a no-op on the CPU, as torch's
+
+
+# --- 2. gradcheck ----------------------------------------------------------------------------
+GRADCHECK_CASES = [
+    ("gru", dict(num_layers=2, bidirectional=True), "packed"),
+    ("gru", dict(batch_first=True), "padded"),
+    ("lstm", dict(num_layers=2, bidirectional=True), "packed"),
+    ("lstm_proj", dict(num_layers=2, bidirectional=True, batch_first=True), "padded"),
+    ("lstm_proj", dict(), "unbatched"),
+    ("rnn_tanh", dict(num_layers=2, bidirectional=True), "packed"),
+    ("rnn_relu", dict(num_layers=2), "padded"),
+]
+
+
+@pytest.mark.parametrize("kind,kw,mode", GRADCHECK_CASES,
+                         ids=[f"{k}-{m}-{i}" for i, (k, _, m) in enumerate(GRADCHECK_CASES)])
+def test_gradcheck(kind, kw, mode):
+    _, mine = pair(kind, **kw)
+    x, hx = make_inputs(mine, 4, 3, torch.float64, batched=mode != "unbatched")
+    names = [n for n, _ in mine.named_parameters()]
+    lstm = is_lstm(mine)
+    states = list(hx) if lstm else [hx]
+
+    def f(x, *rest):
+        hs, ws = rest[:len(states)], rest[len(states):]
+        inp = x
+        if mode == "packed":
+            inp = pack_padded_sequence(x, torch.tensor([2, 4, 3]), enforce_sorted=False)
+        y, h = functional_call(mine, dict(zip(names, ws)), (inp, tuple(hs) if lstm else hs[0]))
+        return (y.data if mode == "packed" else y, *(h if lstm else [h]))
+
+    leaves = [t.detach().clone().requires_grad_() for t in
+              [x, *states, *mine.parameters()]]
+    assert torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+def test_gradcheck_with_dropout():
+    """The same seed gives the same masks: finite differences see one function."""
+    _, mine = pair("gru", num_layers=3, dropout=0.4)
+    x, h = make_inputs(mine, 4, 3, torch.float64)
+    names = [n for n, _ in mine.named_parameters()]
+
+    def f(x, h, *ws):
+        torch.manual_seed(5)
+        return functional_call(mine, dict(zip(names, ws)), (x, h))
+
+    leaves = [t.detach().clone().requires_grad_() for t in [x, h, *mine.parameters()]]
+    assert torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+# --- 3. state_dict, swap, training -----------------------------------------------------------
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_state_dict_round_trip(kind):
+    theirs, ours, extra = KINDS[kind]
+    kw = dict(num_layers=2, bidirectional=True, **extra)
+    torch.manual_seed(3)
+    trained = theirs(I, H, **kw)
+    mine = ours(I, H, **kw)
+    mine.load_state_dict(trained.state_dict())          # torch -> cgru
+    back = theirs(I, H, **kw)
+    back.load_state_dict(mine.state_dict())             # cgru -> torch
+    for (k1, v1), (k2, v2) in zip(trained.state_dict().items(), back.state_dict().items()):
+        assert k1 == k2 and torch.equal(v1, v2), k1
+    x, hx = make_inputs(trained, 5, 3, torch.float32)
+    assert_close(mine(x, hx)[0], trained(x, hx)[0], torch.float32, "y")
+
+
+class Tagger(nn.Module):
+    """Embedding → bidirectional 2-layer GRU → Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 6)
+        self.rnn = nn.GRU(6, 8, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = nn.Sequential(nn.Linear(16, 3))
+
+    def forward(self, tokens):
+        y, _ = self.rnn(self.emb(tokens))
+        return self.head(y)
+
+
+def tokens(seed=0, N=4, T=7):
+    return torch.randint(0, 20, (N, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_swap_keeps_parameters_and_outputs():
+    torch.manual_seed(0)
+    model = Tagger().double()
+    model.extra = nn.ModuleList([nn.LSTM(3, 4, proj_size=2), nn.RNN(3, 4, nonlinearity="relu")])
+    params = list(model.parameters())
+    want = model(tokens())
+    assert ct.swap(model) is model
+    assert type(model.rnn) is ct.GRU and isinstance(model.rnn, nn.GRU)
+    assert type(model.extra[0]) is ct.LSTM and type(model.extra[1]) is ct.RNN
+    assert all(a is b for a, b in zip(model.parameters(), params))     # the same tensors
+    assert_close(model(tokens()), want, torch.float64, "model output")
+
+
+def test_swap_module_itself_and_subclasses():
+    class MyGRU(nn.GRU):
+        pass
+
+    gru, mine = nn.GRU(3, 4), MyGRU(3, 4)
+    assert type(ct.swap(gru)) is ct.GRU
+    assert type(ct.swap(mine)) is MyGRU                 # user subclasses are left alone
+    with pytest.raises(TypeError, match="model"):
+        ct.swap(gru.state_dict())
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda params: torch.optim.SGD(params, lr=0.5, momentum=0.9),
+    lambda params: torch.optim.Adam(params, lr=0.05)], ids=["SGD", "Adam"])
+def test_training_reaches_the_same_weights(optimizer):
+    torch.manual_seed(0)
+    ref = Tagger().double()
+    mine = ct.swap(copy.deepcopy(ref))
+    targets = torch.randint(0, 3, (4, 7), generator=torch.Generator().manual_seed(1))
+    for model in (ref, mine):
+        opt = optimizer(model.parameters())
+        for step in range(5):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(tokens(step)).reshape(-1, 3),
+                                               targets.reshape(-1))
+            loss.backward()
+            opt.step()
+    for (name, a), (_, b) in zip(mine.named_parameters(), ref.named_parameters()):
+        assert_close(a.detach(), b.detach(), torch.float64, name)
+    assert not torch.equal(ref.rnn.weight_hh_l0, Tagger().double().rnn.weight_hh_l0)
+
+
+# --- 4. dropout ------------------------------------------------------------------------------
+def test_dropout_reproducible_and_off_in_eval():
+    ref, mine = pair("lstm", num_layers=3, dropout=0.5, bidirectional=True)
+    x, hx = make_inputs(ref, 6, 4, torch.float64)
+    torch.manual_seed(11)
+    y1 = mine(x, hx)[0]
+    torch.manual_seed(11)
+    y2 = mine(x, hx)[0]
+    y3 = mine(x, hx)[0]
+    assert torch.equal(y1, y2) and not torch.equal(y1, y3)
+    with torch.no_grad():                    # training mode: dropout on, as torch's
+        torch.manual_seed(11)
+        assert torch.equal(mine(x, hx)[0], y1)
+    ref.eval(), mine.eval()
+    assert_close(mine(x, hx)[0], ref(x, hx)[0], torch.float64, "eval y")
+
+
+def test_dropout_masks_are_cgrus_seeded_by_torch():
+    _, mine = pair("gru", num_layers=2, dropout=0.3)
+    x, h = make_inputs(mine, 5, 3, torch.float64)
+    torch.manual_seed(4)
+    y = mine(x, h)[0]
+    torch.manual_seed(4)
+    s = torch.randint(-2 ** 63, 2 ** 63 - 1, (2,), dtype=torch.int64)
+    net = cgru.Network(cgru.Topology(I, H, 2), [
+        cgru.LayerParams(*(getattr(mine, f"{n}_l{l}").detach().numpy()
+                           for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")))
+        for l in range(2)], cgru.GRUCell())
+    want = cgru.forward(net, x.numpy(), h.numpy(), training=True, dropout=0.3,
+                        seed=(int(s[0]), int(s[1]))).y
+    np.testing.assert_array_equal(y.detach().numpy(), want)
+
+
+def test_no_dropout_with_one_layer_consumes_no_rng():
+    with pytest.warns(UserWarning):
+        _, mine = pair("gru", num_layers=1, dropout=0.5)
+    x, _ = make_inputs(mine, 4, 2, torch.float64)
+    torch.manual_seed(0)
+    mine(x)
+    after_forward = torch.rand(3)
+    torch.manual_seed(0)
+    assert torch.equal(after_forward, torch.rand(3))
+
+
+# --- 5. errors -------------------------------------------------------------------------------
+def test_errors_name_the_argument():
+    gru = ct.GRU(I, H, num_layers=2)
+    lstm = ct.LSTM(I, H, proj_size=P)
+    x = torch.randn(5, 3, I)
+    cases = [
+        (TypeError, "input: expected a torch.Tensor", lambda: gru(x.numpy())),
+        (ValueError, "input: cgru.torch computes on the CPU", lambda: gru(x.to("meta"))),
+        (TypeError, "input: expected dtype torch.float32", lambda: gru(x.double())),
+        (TypeError, "input: expected dtype torch.float32", lambda: gru(x.half())),
+        (TypeError, "input: expected dtype torch.float32", lambda: gru(x.bfloat16())),
+        (TypeError, "input: expected dtype torch.float32", lambda: gru(x.long())),
+        (TypeError, "input: expected a dense", lambda: gru(x.to_sparse())),
+        (ValueError, "input: expected a 3-D tensor", lambda: gru(x[None])),
+        (ValueError, "input: expected shape", lambda: gru(torch.randn(5, 3, I + 1))),
+        (ValueError, "input: expected shape", lambda: gru(torch.randn(0, 3, I))),
+        (ValueError, r"hx: expected shape \[L·D=2, N=3, H=5\]",
+         lambda: gru(x, torch.zeros(1, 3, H))),
+        (ValueError, r"hx: expected shape", lambda: gru(x, torch.zeros(2, 3))),
+        (ValueError, r"hx \(unbatched input\): expected shape",
+         lambda: gru(x[:, 0], torch.zeros(2, 1, H))),
+        (TypeError, "hx: expected dtype torch.float32",
+         lambda: gru(x, torch.zeros(2, 3, H, dtype=torch.float64))),
+        (TypeError, "hx: expected a torch.Tensor", lambda: gru(x, [1.0])),
+        (TypeError, r"hx: expected a \(h_0, c_0\) tuple", lambda: lstm(x, torch.zeros(1, 3, P))),
+        (ValueError, r"hx\[0\] \(h_0\): expected shape \[L·D=1, N=3, proj_size=3\]",
+         lambda: lstm(x, (torch.zeros(1, 3, H), torch.zeros(1, 3, H)))),
+        (ValueError, r"hx\[1\] \(c_0\): expected shape \[L·D=1, N=3, H=5\]",
+         lambda: lstm(x, (torch.zeros(1, 3, P), torch.zeros(1, 3, P)))),
+        (TypeError, r"hx\[1\] \(c_0\): expected dtype",
+         lambda: lstm(x, (torch.zeros(1, 3, P), torch.zeros(1, 3, H).double()))),
+        (ValueError, "input.data: expected a packed 2-D tensor",
+         lambda: gru(pack_padded_sequence(torch.randn(5, 3, I + 1), torch.tensor([5, 4, 1])))),
+    ]
+    for exc, message, call in cases:
+        with pytest.raises(exc, match=message):
+            call()
+
+
+def test_module_errors():
+    half = ct.GRU(I, H).half()
+    with pytest.raises(TypeError, match="weight_ih_l0: expected dtype torch.float32 or"):
+        half(torch.randn(5, 3, I).half())
+    meta = ct.GRU(I, H, device="meta")
+    with pytest.raises(ValueError, match="weight_ih_l0: cgru.torch computes on the CPU"):
+        meta(torch.randn(5, 3, I))
+    mixed = ct.GRU(I, H)
+    mixed.bias_hh_l0.data = mixed.bias_hh_l0.data.double()
+    with pytest.raises(TypeError, match="bias_hh_l0: expected dtype torch.float32"):
+        mixed(torch.randn(5, 3, I))
+    full = ct.GRU(I, H, num_layers=2, dropout=1.0)
+    with pytest.raises(ValueError, match="dropout"):
+        full(torch.randn(5, 3, I))
+    full.eval()
+    full(torch.randn(5, 3, I))                  # eval: no dropout, fine
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (the meta device "
+                    "stands in for other devices in test_errors_name_the_argument)")
+def test_cuda_tensors_refused():
+    with pytest.raises(ValueError, match="input: cgru.torch computes on the CPU"):
+        ct.GRU(I, H)(torch.randn(5, 3, I, device="cuda"))
+    with pytest.raises(ValueError, match="weight_ih_l0: cgru.torch computes on the CPU"):
+        ct.GRU(I, H).cuda()(torch.randn(5, 3, I, device="cuda"))
+
+
+def test_double_backward_refused():
+    _, mine = pair("gru")
+    x = torch.randn(3, 2, I, dtype=torch.float64, requires_grad=True)
+    (dx,) = torch.autograd.grad(mine(x)[0].pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|double backward|twice"):
+        dx.sum().backward()
+
+
+# --- 6. import hygiene -----------------------------------------------------------------------
+def test_import_cgru_does_not_import_torch():
+    code = ("import sys, cgru; cgru.forward; "
+            "assert 'cgru.torch' not in sys.modules and 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_clear_import_error_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "try:\n    import cgru.torch\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
+                         capture_output=True, text=True).stdout
+    assert "cgru.torch needs PyTorch" in out
