@@ -57,9 +57,10 @@ direction (Apple's comment on ``LSTMWithSourceTensor:``)::
     h' = o ⊙ g(c')                                            (g: descriptor.activation)
 
 Mapping: ``cgru.LSTMCell(f_i, f_f, f_o, g=cell_gate_activation, h=activation)`` in canonical
-order ``i, f, g, o``; ``bias`` → ``b_W``, ``b_R = 0``; the peephole's input- and forget-gate
-blocks → ``LayerParams.P = [P_i, P_f, 0]``.  Outputs: ``[output]``, ``[output, cell]``
-(``produce_cell``), ``[output, cell, z_state]`` (``training``); ``z_state`` holds the activated
+order ``i, f, g, o``; ``bias`` → ``b_W``, ``b_R = 0``; the peephole →
+``LSTMCell(peepholes="ifgo")`` with ``LayerParams.P = [P_i, P_f, P_g, P_o]``.  Outputs:
+``[output]``, ``[output, cell]`` (``produce_cell``), ``[output, cell, z_state]``
+(``training``); ``z_state`` holds the activated
 gates ``[i, f, z, o]`` per direction (canonical = Apple's default order, whatever
 ``forget_gate_last``), ``cell`` the cell state after every step, both aligned like ``output``.
 
@@ -78,12 +79,8 @@ Decisions for these two (Apple's text is self-contradictory or beyond the core):
   ``cellOutputFwd`` "the second output … with training or produceCell" (the ``training``
   property's comment says "secondary or third").
 * The peephole is ``[4H]`` / ``[2, 4H]`` (the forward op's comment; the gradient op's says
-  ``[8H]``), added as ``p ⊙ c[t−1]`` to all four gates.  cgru's core computes the input- and
-  forget-gate blocks only — it has no cell-gate peephole, and its output-gate peephole reads
-  the new cell state (ONNX's form) — so non-zero cell- or output-gate blocks raise
-  ``NotImplementedError``.  Their gradients are returned (``∂L/∂p`` at ``p``, all four
-  blocks): with a peephole ``lstm_gradients`` runs the core in the projected input mode, whose
-  input gradient is the gate pre-activation gradient, and forms ``Σ da ⊙ c[t−1]`` itself.
+  ``[8H]``, refused with a hint), added as ``p ⊙ c[t−1]`` to all four gates, the output gate
+  included (Apple's formula: ONNX's output gate reads the new cell state instead).
 * The gradient ops recompute the forward from their inputs: the core rebuilds a reserve from
   saved training state for GRUs only (``reserve_from_gates``), so ``z_state`` and
   ``cell_output_fwd`` are checked (shape, dtype) but not read.
@@ -93,7 +90,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from cgru.core import engine, validate
-from cgru.core.network import LayerParams, Network, Topology
 from cgru.systems import _rules, mps as mps_system
 from cgru.systems.mps import (ACTIVATIONS as MPS_ACTIVATIONS, FLAGS, LSTM_ACTIVATION_FIELDS,
                               LSTM_FLAGS, RNN_FLAGS)
@@ -472,7 +468,6 @@ class _OpPlan:
                                  f"[2, 4H]")
             else:
                 _shaped(peephole, "peephole (bidirectional)", dtype, (2, 4 * H), ("2", "4H"))
-            mps_system.check_peephole(peephole, H, D, desc.forget_gate_last)
         self.state_mask = None
         if mask is not None:
             validate.plain_array(mask, "mask")
@@ -521,17 +516,15 @@ class _OpPlan:
         return {"out": ("T", "N", _blocks(D)), "z": ("T", "N", _blocks(D * G)),
                 "state": ("N", _blocks(D))}[what]
 
-    def forward(self, training, net=None, x=None):
-        return engine.forward(self.net if net is None else net, self.x if x is None else x,
-                              self.h0, c0=self.c0, state_mask=self.state_mask,
-                              training=training)
+    def forward(self, training):
+        return engine.forward(self.net, self.x, self.h0, c0=self.c0,
+                              state_mask=self.state_mask, training=training)
 
-    def cell_states(self, reserve, net=None, x=None):
+    def cell_states(self, reserve):
         """``(c after every step, c before every step)`` ``[T, N, D·H]`` (original time, every
         direction) from a training forward's reserve."""
-        net = self.net if net is None else net
-        opened = engine.open_reserve(reserve, net, self.x if x is None else x, cell=net.cell,
-                                     data=False)
+        net = self.net
+        opened = engine.open_reserve(reserve, net, self.x, cell=net.cell, data=False)
         T, after, before = self.T, [], []
         for d in range(self.D):
             cs = opened.lds[d]["cstates"]       # [T+1, N, H]: c0 and c after every step
@@ -561,22 +554,6 @@ class _OpPlan:
             xp = self.x[..., d * H:(d + 1) * H] if self.projected else self.x @ lp.W.T
             out.append(xp + (h_prev @ lp.R.T) + (lp.b_W + lp.b_R))
         return np.concatenate(out, axis=-1)
-
-    def projected_network(self):
-        """``(net, x)``: the op's network in the projected input mode, ``x`` its canonical
-        pre-activations ``source·W_dᵀ`` per direction (the source itself without
-        ``input_weight``) — so that the core's input gradient is ∂L/∂(gate pre-activations)."""
-        if self.projected:
-            return self.net, self.x
-        topo, GH = self.net.topology, self.G * self.H
-        X = self.x.reshape(self.T * self.N, self.I)
-        x = np.concatenate([X @ lp.W.T for lp in self.net], axis=-1).reshape(
-            self.T, self.N, self.D * GH)
-        layers = [LayerParams(W=np.zeros((GH, 0), self.dtype), R=lp.R, b_W=lp.b_W,
-                              b_R=lp.b_R, P=lp.P) for lp in self.net]
-        net = Network(Topology(self.D * GH, self.H, 1, topo.direction, "projected"), layers,
-                      self.net.cell)
-        return net, np.ascontiguousarray(x)
 
     def check_gradient_inputs(self, source_gradient, z_state, state_gradient, others=()):
         """Shapes of the gradient op's extra inputs; ``(dy, dhy)`` for the core."""
@@ -618,10 +595,7 @@ def lstm(source, recurrent_weight, input_weight=None, bias=None, init_state=None
             bool); ``h ⊙ mask[t]`` enters the recurrent product of the step producing
             ``output[t]`` (original time, either direction); the peephole term is not masked.
         peephole: ``[4H]`` / ``[2, 4H]``, one vector per gate in the descriptor's order, added
-            as ``p ⊙ c[t−1]`` to every gate (Apple's formula).  cgru computes the input- and
-            forget-gate blocks; non-zero cell- or output-gate blocks raise
-            ``NotImplementedError`` (cgru's core has no cell-gate peephole, and its
-            output-gate peephole reads ``c[t]``).
+            as ``p ⊙ c[t−1]`` to every gate (Apple's formula).
         descriptor: an ``LSTMDescriptor``.
 
     Returns:
@@ -667,8 +641,7 @@ def lstm_gradients(source, recurrent_weight, source_gradient, z_state, cell_outp
     Returns the list of gradients in MPSGraph's order — source, recurrent_weight,
     input_weight, bias, peephole, init_state, init_cell — with an entry only for the inputs
     that were given (source and recurrent_weight always), each shaped like its input, in the
-    descriptor's gate order.  The peephole gradient has all four blocks (``∂L/∂p`` at ``p``,
-    cell- and output-gate blocks included, which the forward requires to be zero).
+    descriptor's gate order.
     """
     plan = _OpPlan("lstm", descriptor, source, recurrent_weight, input_weight, bias,
                    init_state, init_cell=init_cell, mask=mask, peephole=peephole)
@@ -679,42 +652,12 @@ def lstm_gradients(source, recurrent_weight, source_gradient, z_state, cell_outp
     if cell_gradient is not None:
         _shaped(cell_gradient, "cell_gradient", plan.dtype, (N, D * H), plan.names("state"))
         dcy = _per_direction_state(cell_gradient, N, D, H)
-    # With a peephole the gate pre-activation gradients are needed (the core's dP_o is that of
-    # its own c[t] peephole): run the core in the projected mode, where dx is exactly them.
-    net, x = plan.projected_network() if peephole is not None else (plan.net, plan.x)
-    fwd = plan.forward(True, net, x)
-    g = engine.backward(net, x, fwd.reserve, dy, dhy, dcy=dcy, state_mask=plan.state_mask)
+    fwd = plan.forward(True)
+    g = engine.backward(plan.net, plan.x, fwd.reserve, dy, dhy, dcy=dcy,
+                        state_mask=plan.state_mask)
     grad = mps_system.op_gradient_tensors(g.dparams, order)
-
-    d_peephole = None
-    if peephole is None:
-        d_source = mps_system.gates_from_canonical(g.dx, H, D, order) if plan.projected \
-            else g.dx
-        d_input_weight = grad["input_weight"]
-    else:
-        da = g.dx                                   # [T, N, D·4H], canonical per direction
-        _, c_prev = plan.cell_states(fwd.reserve, net, x)
-        TN, GH = plan.T * N, 4 * H
-        ps, dWs = [], []
-        d_source = None if plan.projected else np.zeros((TN, plan.I), plan.dtype)
-        for d in range(D):
-            da_d = da[..., d * GH:(d + 1) * GH].reshape(TN, GH)
-            c_d = c_prev[..., d * H:(d + 1) * H].reshape(TN, H)
-            # ∂L/∂p_gate = Σ_rows da_gate ⊙ c[t−1], every gate
-            dp = np.einsum("rgj,rj->gj", da_d.reshape(TN, 4, H), c_d).reshape(GH)
-            ps.append(_rules.permute_gates(dp, H, order))
-            if not plan.projected:
-                W = plan.net[d].W                   # canonical [4H, I]
-                d_source += da_d @ W                # ∂L/∂source = Σ_d da_d·W_d
-                dWs.append(_rules.permute_gates(da_d.T @ plan.x.reshape(TN, plan.I), H,
-                                                order))
-        if plan.projected:
-            d_source = mps_system.gates_from_canonical(da, H, D, order)
-            d_input_weight = None
-        else:
-            d_source = d_source.reshape(plan.T, N, plan.I)
-            d_input_weight = np.concatenate(dWs)
-        d_peephole = ps[0] if D == 1 else np.stack(ps)
+    d_source = mps_system.gates_from_canonical(g.dx, H, D, order) if plan.projected else g.dx
+    d_input_weight, d_peephole = grad["input_weight"], grad["peephole"]
 
     out = [d_source, grad["recurrent_weight"]]
     if input_weight is not None:

@@ -111,6 +111,12 @@ GRAD_CASES = {
     "lstm_proj_mask_batch_major": dict(kind="lstm", proj=2, mask=True, batch_major=True),
     "lstm_peepholes_bi_lengths": dict(kind=LSTMCell(peepholes=True), L=2,
                                       direction="bidirectional", lengths=[4, 2, 0], scale=0.8),
+    "lstm_ifgo_peepholes_bi_lengths": dict(kind=LSTMCell(peepholes="ifgo"), L=2,
+                                           direction="bidirectional", lengths=[4, 2, 0],
+                                           scale=0.8),
+    "lstm_ifgo_peepholes_general_mask": dict(
+        kind=LSTMCell(peepholes="ifgo", f_i="hard_sigmoid", g="softsign", clip=1.4),
+        mask=True, direction="reverse", scale=1.2),
     "lstm_input_forget_proj": dict(kind=LSTMCell(input_forget=True), proj=2,
                                    direction="reverse"),
     "lstm_peepholes_input_forget_clip_mask": dict(
@@ -182,10 +188,11 @@ def test_backward_matches_finite_differences(case, loss):
 @pytest.mark.parametrize("L", [1, 2])
 @pytest.mark.parametrize("kind,proj", [("lstm", 0), ("lstm", 2), ("rnn_tanh", 0),
                                        ("rnn_relu", 0), ("lstm_peepholes", 0),
-                                       ("lstm_input_forget", 2)])
+                                       ("lstm_peepholes_ifgo", 2), ("lstm_input_forget", 2)])
 def test_matches_the_reference(kind, proj, L, direction, dtype):
     T, N = 5, 18                          # N = 18: two batch chunks per direction
     cell = {"lstm_peepholes": LSTMCell(peepholes=True),
+            "lstm_peepholes_ifgo": LSTMCell(peepholes="ifgo"),
             "lstm_input_forget": LSTMCell(input_forget=True)}.get(kind, kind)
     net = _net(cell, L=L, direction=direction, proj=proj, dtype=dtype, H=4)
     a = _inputs(net, T, N)
@@ -343,3 +350,32 @@ def test_peepholes_are_weights_of_their_own():
                 LSTMCell())
     with pytest.raises(TypeError, match=r"params\[0\]\.P: expected a numpy array \[15\]"):
         Network(plain.topology, [lp], cell)
+
+
+def test_ifgo_peepholes_follow_their_equations():
+    """peepholes="ifgo" (MPSGraph's form): every gate sees the previous cell state through
+    P = [P_i, P_f, P_g, P_o] [4H] — written out here step by step, independently of the
+    reference module."""
+    T, N, I, H = 4, 3, 2, 5
+    cell = LSTMCell(peepholes="ifgo")
+    net = Network.random(Topology(I, H), np.float64, seed=3, cell=cell)
+    assert net[0].P.shape == (4 * H,) and net.flat_size() == Topology(I, H).flat_size(4) + 4 * H
+    rng = np.random.default_rng(4)
+    x, h, c = rng.standard_normal((T, N, I)), rng.standard_normal((N, H)), \
+        rng.standard_normal((N, H))
+    f = cgru.forward(net, x, h[None], c0=c[None])
+    lp = net[0]
+    sig = lambda v: 1 / (1 + np.exp(-v))
+    for t in range(T):
+        a = x[t] @ lp.W.T + lp.b_W + h @ lp.R.T + lp.b_R + np.tile(lp.P, 1) * np.tile(c, 4)
+        i, fg, g, o = sig(a[:, :H]), sig(a[:, H:2 * H]), np.tanh(a[:, 2 * H:3 * H]), \
+            sig(a[:, 3 * H:])
+        c = fg * c + i * g
+        h = o * np.tanh(c)
+        np.testing.assert_allclose(f.y[t], h, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(f.cy[0], c, rtol=1e-13, atol=1e-13)
+    # "ifo" differs: its output gate sees the new cell state, and it has no P_g
+    assert LSTMCell(peepholes=True).peepholes == "ifo" and LSTMCell().peepholes is False
+    with pytest.raises(ValueError, match=r"LSTMCell.peepholes: expected False, True, 'ifo' or "
+                                         r"'ifgo', got 'iofc'"):
+        LSTMCell(peepholes="iofc")

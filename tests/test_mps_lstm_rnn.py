@@ -108,14 +108,9 @@ def rnn_equations(desc, source, recurrent_weight, input_weight=None, bias=None,
 
 
 # --- test data --------------------------------------------------------------------------------
-def _peephole_blocks(desc):
-    """Positions (descriptor order) of the input- and forget-gate peephole blocks."""
-    return (0, 2) if desc.forget_gate_last else (0, 1)
-
-
 def make_inputs(kind, desc, present, seed, dtype=np.float64, mask_shape="full"):
-    """Random inputs of the op; the optional ones only when in ``present``.  A peephole has
-    random input- and forget-gate blocks and zero cell- and output-gate blocks."""
+    """Random inputs of the op; the optional ones only when in ``present`` (a peephole has
+    all four gate blocks random)."""
     rng = np.random.default_rng(seed)
     D = _D(desc)
     G = 4 if kind == "lstm" else 1
@@ -135,9 +130,7 @@ def make_inputs(kind, desc, present, seed, dtype=np.float64, mask_shape="full"):
         shape = {"full": (T, N, D * H), "no_time": (N, D * H), "one_row": (T, 1, D * H)}
         a["mask"] = rng.uniform(0.0, 1.5, shape[mask_shape]).astype(dtype)
     if "peephole" in present and kind == "lstm":
-        p = np.zeros((D, 4 * H), dtype)
-        for k in _peephole_blocks(desc):
-            p[:, k * H:(k + 1) * H] = u(D, H)
+        p = u(D, 4 * H)
         a["peephole"] = p[0] if D == 1 else p
     return a
 
@@ -251,14 +244,17 @@ def test_forget_gate_last_is_the_written_order_i_z_f_o(forget_gate_last):
     np.testing.assert_allclose(cell.ravel(), [5.0], rtol=1e-12)
 
 
-def test_peephole_adds_p_times_previous_cell_to_input_and_forget_gates():
-    """Two steps with a peephole on the forget gate only: the second step's forget gate sees
-    the first step's cell state c[0] (not c[1])."""
-    desc = mps.LSTMDescriptor(produce_cell=True, training=True)
+@pytest.mark.parametrize("forget_gate_last", [False, True])
+@pytest.mark.parametrize("block", [0, 1, 2, 3])
+def test_each_peephole_block_adds_p_times_the_previous_cell_to_its_gate(block,
+                                                                        forget_gate_last):
+    """A peephole on one gate only (descriptor order): every step's gate sees the previous
+    cell state c[t−1] — the output gate too (not c[t], ONNX's form)."""
+    desc = mps.LSTMDescriptor(produce_cell=True, training=True, forget_gate_last=forget_gate_last)
     rng = np.random.default_rng(5)
     a = make_inputs("lstm", desc, ("input_weight", "bias", "init_cell"), seed=6)
     p = np.zeros(4 * H)
-    p[H:2 * H] = rng.uniform(1, 2, H)
+    p[block * H:(block + 1) * H] = rng.uniform(1, 2, H)
     y0, c0, _ = mps.lstm(**a, descriptor=desc)
     y1, c1, _ = mps.lstm(**a, peephole=p, descriptor=desc)
     want_y, want_c, _ = lstm_equations(desc, **a, peephole=p)
@@ -282,9 +278,8 @@ def test_lstm_reverse_is_ignored_when_bidirectional():
 # --- LSTM gradients ---------------------------------------------------------------------------
 def _lstm_jacobians(desc, a):
     """``{name: d[output, cell]/d(name)}`` ``[*name.shape, 2, T, N, D·H]`` by central differences
-    (cgru.core.gradcheck): through cgru's own forward, and for the peephole through the
-    equations above (cgru refuses the non-zero cell- and output-gate peepholes a perturbation
-    makes, so their column comes from MPSGraph's documented function)."""
+    (cgru.core.gradcheck) through cgru's own forward; for the peephole also through the
+    equations above (MPSGraph's documented function), which must agree."""
     desc_pc = mps.LSTMDescriptor(**{**desc.__dict__, "training": False, "produce_cell": True})
     mine = {k: v.copy() for k, v in a.items()}
 
@@ -294,23 +289,11 @@ def _lstm_jacobians(desc, a):
     def doc_fn():
         return np.stack(lstm_equations(desc, **mine)[:2])
 
-    names = [n for n in LSTM_GRAD_ORDER if n in a and n != "peephole"]
+    names = [n for n in LSTM_GRAD_ORDER if n in a]
     jac = dict(zip(names, gradcheck.central_differences(cgru_fn, [mine[n] for n in names])))
     if "peephole" in a:
-        (jac["peephole"],) = gradcheck.central_differences(doc_fn, [mine["peephole"]])
-        # the blocks cgru computes: through cgru as well (perturbing them keeps it computable)
-        p = mine["peephole"].reshape(-1, 4 * H)
-        cols = [k * H + j for k in _peephole_blocks(desc) for j in range(H)]
-        for d in range(p.shape[0]):
-            for col in cols:
-                v = p[d, col]
-                p[d, col] = v + 1e-6
-                up, plus = p[d, col], cgru_fn()
-                p[d, col] = v - 1e-6
-                down, minus = p[d, col], cgru_fn()
-                p[d, col] = v
-                want = jac["peephole"].reshape(p.shape + plus.shape)[d, col]
-                assert _rel((plus - minus) / (up - down), want, FD_FLOOR) <= 1e-7
+        (doc,) = gradcheck.central_differences(doc_fn, [mine["peephole"]])
+        assert _rel(jac["peephole"], doc, FD_FLOOR) <= 1e-7
     return jac
 
 
@@ -666,22 +649,6 @@ def test_projected_source_width_is_checked():
         mps.single_gate_rnn(**r, descriptor=rdesc)
 
 
-@pytest.mark.parametrize("block", [2, 3])
-@pytest.mark.parametrize("forget_gate_last", [False, True])
-def test_cell_and_output_gate_peepholes_are_not_implemented(block, forget_gate_last):
-    """MPSGraph's cell- and output-gate peepholes (p ⊙ c[t−1]) are beyond cgru's core."""
-    desc = mps.LSTMDescriptor(training=True, forget_gate_last=forget_gate_last)
-    a = make_inputs("lstm", desc, LSTM_OPTIONAL, seed=15)
-    # canonical block 2 = z (cell gate), 3 = o; their positions in the descriptor's order
-    pos = {2: 1 if forget_gate_last else 2, 3: 3}[block]
-    a["peephole"][pos * H] = 0.5
-    with pytest.raises(NotImplementedError, match="peephole.*cell-gate and output-gate"):
-        mps.lstm(**a, descriptor=desc)
-    with pytest.raises(NotImplementedError, match="peephole"):
-        mps.lstm_gradients(a["source"], a["recurrent_weight"], None, np.zeros((T, N, 4 * H)),
-                           np.zeros((T, N, H)), **_rest(a), descriptor=desc)
-
-
 @pytest.mark.parametrize("name", ["source_gradient", "z_state", "cell_output_fwd",
                                   "state_gradient", "cell_gradient"])
 def test_lstm_gradient_argument_shapes_are_checked(name):
@@ -771,7 +738,7 @@ def test_weight_mapping_round_trip():
         a = make_inputs("lstm", desc, ("input_weight", "bias", "peephole"), seed=41)
         layer = {k: a[k] for k in ("recurrent_weight", "input_weight", "bias", "peephole")}
         net = system.from_mps_lstm([layer], bidirectional=True, forget_gate_last=fgl)
-        assert net.cell == LSTMCell(peepholes=True)
+        assert net.cell == LSTMCell(peepholes="ifgo")
         (back,), d = system.to_mps_lstm(net, forget_gate_last=fgl)
         assert d["bidirectional"] and d["forget_gate_last"] == fgl
         for k, v in layer.items():
@@ -782,6 +749,13 @@ def test_weight_mapping_round_trip():
     onnx_like = Network.random(Topology(I, H), np.float64, cell=LSTMCell(peepholes=True))
     with pytest.raises(ValueError, match="output-gate peephole"):
         system.to_mps_lstm(onnx_like)
+    for lp in onnx_like:                      # "ifo" without P_o: MPSGraph's form, P_g = P_o = 0
+        lp.P[2 * H:] = 0
+    (layer,), d = system.to_mps_lstm(onnx_like)
+    np.testing.assert_array_equal(layer["peephole"][2 * H:], 0)
+    x = rng.standard_normal((T, N, I))
+    np.testing.assert_allclose(engine.forward(system.from_mps_lstm([layer], **d), x).y,
+                               engine.forward(onnx_like, x).y, rtol=1e-13, atol=1e-13)
     with pytest.raises(ValueError, match="clip"):
         system.to_mps_lstm(Network.random(Topology(I, H), cell=LSTMCell(clip=1.0)))
     with pytest.raises(ValueError, match="proj"):

@@ -12,6 +12,7 @@ from cgru import GRUCell, LSTMCell, Network, RNNCell, Stream, Topology
 
 CELLS = {"gru": GRUCell(), "gru_rb": GRUCell(reset_after=False, g="softsign"),
          "lstm": LSTMCell(), "lstm_peep": LSTMCell(peepholes=True),
+         "lstm_peep_ifgo": LSTMCell(peepholes="ifgo"),
          "rnn_relu": RNNCell("relu")}
 TOL = {np.float32: dict(rtol=2e-5, atol=2e-6), np.float64: dict(rtol=1e-12, atol=1e-13)}
 

@@ -7,10 +7,11 @@ vector form, per step t, one direction; S = P with a projection, else H)::
     1. gx = x_t·Wᵀ                            [N, 4H]  (all steps at once, before the loop)
     2. gh = (h ⊙ m)·Rᵀ                        [N, 4H]  (R [4H, S])
     3. a = gx + gh + b      (b = b_W + b_R, summed in the engine)
-       peepholes: a_i += P_i ⊙ c,  a_f += P_f ⊙ c
+       peepholes "ifo": a_i += P_i ⊙ c,  a_f += P_f ⊙ c          (P [3H] = P_i, P_f, P_o)
+       peepholes "ifgo": a_k += P_k ⊙ c for k = i, f, g, o       (P [4H] = P_i, P_f, P_g, P_o)
        i = f_i(clip(a_i)), f = f_f(clip(a_f)) (input_forget: f = 1 − i), g = g(clip(a_g))
     4. c' = f ⊙ c + i ⊙ g
-       peepholes: a_o += P_o ⊙ c';   o = f_o(clip(a_o))
+       peepholes "ifo": a_o += P_o ⊙ c';   o = f_o(clip(a_o))
     5. hf = o ⊙ h(c')                         [N, H]   (h = tanh for cuDNN)
     6. h' = hf·W_pᵀ (projection, W_p [P, H]) or h' = hf;  y_t = h'
     Rows with t ≥ len[b] are inactive: h' = h, c' = c, y_t = 0.
@@ -29,14 +30,14 @@ Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
     dh += dy_t
     bwd of 6: dhp_t = dh (kept for dW_p);  dhf = dh·W_p   (projection; else dhf = dh)
     bwd of 5: do = dhf ⊙ h(c');  dc += dhf ⊙ o ⊙ h'(c');  da_o = do ⊙ f_o'(…)
-              peepholes: dc += da_o ⊙ P_o
+              peepholes "ifo": dc += da_o ⊙ P_o
     bwd of 4: di = dc ⊙ g,  dg = dc ⊙ i,  df = dc ⊙ c,  dc_prev = dc ⊙ f
               input_forget: di −= df, and the forget gate's own pre-activation gets nothing
     bwd of 3: da = (di, df, dg) ⊙ activations' (⊙ clip'), da_o  → dgx  [N, 4H]
-              peepholes: dc_prev += da_i ⊙ P_i + da_f ⊙ P_f
+              peepholes: dc_prev += da_i ⊙ P_i + da_f ⊙ P_f ("ifgo": + da_g ⊙ P_g + da_o ⊙ P_o)
     bwd of 2: dh_prev = m ⊙ (da·R)            (the state enters only through the gates)
     After the loop (engine): dW = daᵀ·X, dR = daᵀ·(h ⊙ m), db_W = db_R = Σ da,
-    dW_p = dhpᵀ·hf, dX = da·W, dP = Σ (da_i ⊙ c, da_f ⊙ c, da_o ⊙ c').
+    dW_p = dhpᵀ·hf, dX = da·W, dP = Σ (da_i ⊙ c, da_f ⊙ c, da_o ⊙ c') ("ifgo": Σ da ⊙ c).
 
 Parallelism: the work items (direction, batch chunk) run on cgru's thread pool; each item
 runs the whole time loop for its rows.  The chunking depends on N only, so results are
@@ -57,6 +58,7 @@ cnp.import_array()
 cdef struct CellSpec:
     bint fast            # sigmoid gates, tanh cell input and output, no clip, plain gates
     bint coupled         # input_forget: f = 1 − i
+    bint peep_all        # peepholes "ifgo": all four gates see c (P [4H]); else "ifo" (P [3H])
     bint has_clip
     double clip
     Act f_i
@@ -77,7 +79,7 @@ cdef struct Dir:
     const void *Wpp          # W_p [P, H] packed for hf·W_pᵀ      (IN, forward, projection)
     const void *Wpb          # W_p [P, H] packed for dh·W_p       (IN, backward, projection)
     const void *b            # [4H] b_W + b_R                    (IN)
-    const void *P            # [3H] peepholes P_i, P_f, P_o, or NULL   (IN)
+    const void *P            # [3H] ("ifo") or [4H] ("ifgo") peepholes, or NULL        (IN)
     const void *h0           # [N, S]                            (IN)
     const void *c0           # [N, H]                            (IN)
     void *hy                 # [N, S]                            (OUT)
@@ -132,6 +134,9 @@ cdef inline void gates_and_cell(const CellSpec *C, int H, const floating *gxr,
         if P != NULL:
             g4[j] += P[j] * cp[j]
             g4[H + j] += P[H + j] * cp[j]
+            if C.peep_all:
+                g4[2 * H + j] += P[2 * H + j] * cp[j]
+                g4[3 * H + j] += P[3 * H + j] * cp[j]
         if pre4 != NULL:
             pre4[j], pre4[H + j], pre4[2 * H + j] = g4[j], g4[H + j], g4[2 * H + j]
         g4[j] = activate(&C.f_i, clamp(g4[j], has_clip, clipv))
@@ -142,7 +147,7 @@ cdef inline void gates_and_cell(const CellSpec *C, int H, const floating *gxr,
         g4[2 * H + j] = activate(&C.g, clamp(g4[2 * H + j], has_clip, clipv))
         cn[j] = g4[H + j] * cp[j] + g4[j] * g4[2 * H + j]
         a = g4[3 * H + j]
-        if P != NULL:
+        if P != NULL and not C.peep_all:
             a = a + P[2 * H + j] * cn[j]
         if pre4 != NULL:
             pre4[3 * H + j] = a
@@ -309,7 +314,7 @@ cdef inline void bwd_row(const CellSpec *C, int H, const floating *g4, const flo
                                                                   clipv), og) \
             * clip_grad(pre4[3 * H + j], has_clip, clipv)
         dcj = dc[j] + dhf[j] * og * dhc
-        if P != NULL:
+        if P != NULL and not C.peep_all:
             dcj = dcj + da[3 * H + j] * P[2 * H + j]
         # bwd of 4
         di = dcj * gg
@@ -327,6 +332,8 @@ cdef inline void bwd_row(const CellSpec *C, int H, const floating *g4, const flo
         dc[j] = dcj * fg
         if P != NULL:
             dc[j] = dc[j] + da[j] * P[j] + da[H + j] * P[H + j]
+            if C.peep_all:
+                dc[j] = dc[j] + da[2 * H + j] * P[2 * H + j] + da[3 * H + j] * P[3 * H + j]
 
 
 cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C,
@@ -453,6 +460,7 @@ cdef CellSpec make_cell(object cell):
     cdef CellSpec C
     C.fast = cell.is_fast
     C.coupled = cell.input_forget
+    C.peep_all = cell.peepholes == "ifgo"
     C.has_clip = cell.clip is not None
     C.clip = cell.clip if cell.clip is not None else 0.0
     set_act(&C.f_i, cell.f_i)

@@ -148,6 +148,10 @@ class GRUCell:
                 and self.g.name == "tanh" and self.clip is None)
 
 
+# LSTM peephole forms, named by the gates that have peephole weights (LSTMCell.peepholes)
+PEEPHOLE_FORMS = ("ifo", "ifgo")
+
+
 @dataclass(frozen=True)
 class LSTMCell:
     """An LSTM cell: cuDNN's ``CUDNN_LSTM`` (= PyTorch's ``nn.LSTM``) by default.
@@ -166,8 +170,12 @@ class LSTMCell:
     state is not clipped (as onnxruntime does).  Two ONNX / MPSGraph options:
 
     * ``peepholes``: the gates also see the cell state through per-unit weights
-      ``P = [P_i, P_f, P_o]`` (``LayerParams.P`` ``[3H]``):
-      ``a_i += P_i ⊙ c``, ``a_f += P_f ⊙ c``, and ``a_o += P_o ⊙ c'`` (the new cell state);
+      (``LayerParams.P``), in one of two forms named by the gates that have them:
+
+      - ``"ifo"`` (or ``True``; ONNX, Gers et al. 2002): ``P = [P_i, P_f, P_o]`` ``[3H]``,
+        ``a_i += P_i ⊙ c``, ``a_f += P_f ⊙ c``, and ``a_o += P_o ⊙ c'`` (the new cell state);
+      - ``"ifgo"`` (MPSGraph's LSTM): ``P = [P_i, P_f, P_g, P_o]`` ``[4H]``, every gate's
+        pre-activation gains ``P_k ⊙ c`` (the previous cell state);
     * ``input_forget`` (ONNX's coupled input and forget gates): ``f = 1 − i`` (the forget
       gate's own weights are then not used).
     """
@@ -181,19 +189,37 @@ class LSTMCell:
     g: Activation = field(default="tanh")
     h: Activation = field(default="tanh")
     clip: float = None
-    peepholes: bool = False
+    peepholes: object = False
     input_forget: bool = False
 
     def __post_init__(self):
         for name in ("f_i", "f_f", "f_o", "g", "h"):
             object.__setattr__(self, name, _as_activation(getattr(self, name),
                                                           f"LSTMCell.{name}"))
-        for name in ("peepholes", "input_forget"):
-            v = getattr(self, name)
-            if not isinstance(v, (bool, int)) or v not in (0, 1):
-                raise TypeError(f"LSTMCell.{name}: expected a bool, got {v!r}")
-            object.__setattr__(self, name, bool(v))
+        p = self.peepholes
+        if isinstance(p, bytes):
+            p = p.decode()
+        if isinstance(p, str):
+            if p not in PEEPHOLE_FORMS:
+                raise ValueError(f"LSTMCell.peepholes: expected False, True, 'ifo' or 'ifgo', "
+                                 f"got {p!r}")
+        elif isinstance(p, (bool, int)) and p in (0, 1):
+            p = "ifo" if p else False
+        else:
+            raise TypeError(f"LSTMCell.peepholes: expected False, True, 'ifo' or 'ifgo', got "
+                            f"{p!r}")
+        object.__setattr__(self, "peepholes", p)
+        v = self.input_forget
+        if not isinstance(v, (bool, int)) or v not in (0, 1):
+            raise TypeError(f"LSTMCell.input_forget: expected a bool, got {v!r}")
+        object.__setattr__(self, "input_forget", bool(v))
         _check_clip(self)
+
+    @property
+    def peephole_gates(self):
+        """How many gates have peephole weights: 0, 3 (``"ifo"``) or 4 (``"ifgo"``); ``P`` is
+        ``[peephole_gates·H]``."""
+        return len(self.peepholes) if self.peepholes else 0
 
     @property
     def is_fast(self):

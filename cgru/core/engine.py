@@ -594,16 +594,22 @@ def _layer_gradients(topo, cell, params, grads, layer, X, opened, ld, dX, nt, ac
             # dW_p[P, H] = dhpᵀ · hf
             plan.gemm(True, False, ld["dhp"][d], saved["hf"].reshape(TN, H), g.W_p, nt=nt)
         if g.P is not None:
-            # dP = Σ_rows (da_i ⊙ c, da_f ⊙ c, da_o ⊙ c'), c the state before the step
+            # dP = Σ_rows (da_i ⊙ c, da_f ⊙ c, da_o ⊙ c') ("ifgo": Σ_rows da ⊙ c), c the
+            # state before the step
             cs = saved["cstates"].reshape(-1, H)
             c_prev, c_new = (cs[-TN:], cs[:TN]) if topo.reversed_direction(d) else \
                 (cs[:TN], cs[-TN:])
             if active is not None:         # padded rows may hold an empty sequence's c0
                 c_prev, c_new = np.where(active, c_prev, 0), np.where(active, c_new, 0)
             da = dgx[d]
-            g.P[:H] = np.einsum("rj,rj->j", da[:, :H], c_prev)
-            g.P[H:2 * H] = np.einsum("rj,rj->j", da[:, H:2 * H], c_prev)
-            g.P[2 * H:] = np.einsum("rj,rj->j", da[:, 3 * H:], c_new)
+            if cell.peepholes == "ifgo":
+                for k in range(4):
+                    g.P[k * H:(k + 1) * H] = np.einsum("rj,rj->j", da[:, k * H:(k + 1) * H],
+                                                       c_prev)
+            else:
+                g.P[:H] = np.einsum("rj,rj->j", da[:, :H], c_prev)
+                g.P[H:2 * H] = np.einsum("rj,rj->j", da[:, H:2 * H], c_prev)
+                g.P[2 * H:] = np.einsum("rj,rj->j", da[:, 3 * H:], c_new)
     if layer == 0 and topo.input_mode == "projected":
         for d in range(D):
             dX[:, d * G * H:(d + 1) * G * H] = dgx[d]

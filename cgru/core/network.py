@@ -11,7 +11,7 @@ the cell's canonical order (GRU: r, z, n; LSTM: i, f, g, o; vanilla RNN: one blo
     b_W  [G·H]       input biases
     b_R  [G·H]       recurrent biases
     W_p  [P, H]      the LSTM's recurrent projection (only with proj_size = P > 0)
-    P    [3H]        an LSTM's peephole weights P_i, P_f, P_o (only with LSTMCell(peepholes))
+    P    [3H] or [4H] an LSTM's peephole weights, gates as LSTMCell(peepholes="ifo" | "ifgo") names them
 
 Opaque layout (TF ``CudnnRNN`` ``params``, the C ABI weight space): all matrices of
 layer-direction 0 in cuDNN linLayerID order (the G input matrices ``[H, in]``, the G recurrent
@@ -159,15 +159,16 @@ _DEFAULT_CELL = GRUCell()
 
 def _shapes(topology, cell, index):
     shapes = topology.shapes(index, cell.gates)
-    if getattr(cell, "peepholes", False):
-        shapes["P"] = (3 * topology.hidden_size,)
+    k = getattr(cell, "peephole_gates", 0)
+    if k:
+        shapes["P"] = (k * topology.hidden_size,)
     return shapes
 
 
 def _flat_size(topology, cell):
-    extra = 3 * topology.hidden_size * topology.num_layer_directions \
-        if getattr(cell, "peepholes", False) else 0
-    return topology.flat_size(cell.gates) + extra
+    k = getattr(cell, "peephole_gates", 0)
+    return topology.flat_size(cell.gates) + k * topology.hidden_size * \
+        topology.num_layer_directions
 
 
 class Network:

@@ -22,12 +22,13 @@ GRU (gates r, z, n)::
     reset_after=False:  n = g(c(x_proj_n + (r ⊙ h_m)·R_nᵀ + b_Wn + b_Rn))
     flip_z=False: h' = (1 − z) ⊙ n + z ⊙ h     flip_z=True: h' = z ⊙ n + (1 − z) ⊙ h   (unmasked h)
 
-LSTM (gates i, f, g, o; S = P with a projection W_p [P, H], else H; peepholes P_i, P_f, P_o
-zero without ``cell.peepholes``)::
+LSTM (gates i, f, g, o; S = P with a projection W_p [P, H], else H; peepholes zero without
+``cell.peepholes``: "ifo" P = [P_i, P_f, P_o], "ifgo" P = [P_i, P_f, P_g, P_o])::
 
     a = x_proj + b_W + h_m·Rᵀ + b_R
-    i = f_i(c(a_i + P_i ⊙ c)),  f = f_f(c(a_f + P_f ⊙ c))  (input_forget: f = 1 − i),  g = g(c(a_g))
-    c' = f ⊙ c + i ⊙ g;   o = f_o(c(a_o + P_o ⊙ c'));   h' = o ⊙ h(c')
+    i = f_i(c(a_i + P_i ⊙ c)),  f = f_f(c(a_f + P_f ⊙ c))  (input_forget: f = 1 − i)
+    g = g(c(a_g))                              ("ifgo": g = g(c(a_g + P_g ⊙ c)))
+    c' = f ⊙ c + i ⊙ g;   o = f_o(c(a_o + P_o ⊙ c'))   ("ifgo": P_o ⊙ c);   h' = o ⊙ h(c')
     (projection: h' = (o ⊙ h(c'))·W_pᵀ)
 
 Vanilla RNN::
@@ -146,20 +147,31 @@ def gru_step(cell, x_proj, h, lp_R, b_W, b_R, mask=None):
 cell_step = gru_step        # the GRU step (its name since cgru's first release)
 
 
+def _peepholes(cell, lp, H, dtype):
+    """``(p_i, p_f, p_g, p_o, p_o_new)``: the peephole weights on ``c`` of each gate and the
+    output gate's on ``c'`` (zeros where the cell's peephole form has none)."""
+    z = np.zeros(H, dtype)
+    if cell.peepholes == "ifgo":
+        return lp.P[:H], lp.P[H:2 * H], lp.P[2 * H:3 * H], lp.P[3 * H:], z
+    if cell.peepholes:
+        return lp.P[:H], lp.P[H:2 * H], z, z, lp.P[2 * H:]
+    return z, z, z, z, z
+
+
 def lstm_step(cell, x_proj, h, c, lp, mask=None):
     """One LSTM step for a batch: ``(h' [N, S], c' [N, H])`` (``lp``: the layer-direction's
     weights; ``W_p`` its projection or ``None``)."""
     H = c.shape[-1]
     h_m = h if mask is None else h * mask
     a = x_proj + lp.b_W + h_m @ lp.R.T + lp.b_R                             # [N, 4H]
-    P = lp.P if cell.peepholes else np.zeros(3 * H, a.dtype)
-    i = activate(cell.f_i, _clamp(cell, a[:, :H] + P[:H] * c))
-    f = activate(cell.f_f, _clamp(cell, a[:, H:2 * H] + P[H:2 * H] * c))
+    p_i, p_f, p_g, p_o, p_on = _peepholes(cell, lp, H, a.dtype)
+    i = activate(cell.f_i, _clamp(cell, a[:, :H] + p_i * c))
+    f = activate(cell.f_f, _clamp(cell, a[:, H:2 * H] + p_f * c))
     if cell.input_forget:
         f = c.dtype.type(1) - i
-    g = activate(cell.g, _clamp(cell, a[:, 2 * H:3 * H]))
+    g = activate(cell.g, _clamp(cell, a[:, 2 * H:3 * H] + p_g * c))
     c_new = f * c + i * g
-    o = activate(cell.f_o, _clamp(cell, a[:, 3 * H:] + P[2 * H:] * c_new))
+    o = activate(cell.f_o, _clamp(cell, a[:, 3 * H:] + p_o * c + p_on * c_new))
     hf = o * activate(cell.h, c_new)                                        # [N, H]
     return (hf if lp.W_p is None else hf @ lp.W_p.T), c_new
 
@@ -475,14 +487,14 @@ def lstm_step_backward(cell, x_proj, h, c, lp, mask, dh_new, dc_new):
     m = np.ones_like(h) if mask is None else mask
     h_m = h * m
     a = x_proj + lp.b_W + h_m @ lp.R.T + lp.b_R
-    P = lp.P if cell.peepholes else np.zeros(3 * H, a.dtype)
-    i, di_da = _act_and_grad(cell, cell.f_i, a[:, :H] + P[:H] * c)
-    f, df_da = _act_and_grad(cell, cell.f_f, a[:, H:2 * H] + P[H:2 * H] * c)
+    p_i, p_f, p_g, p_o, p_on = _peepholes(cell, lp, H, a.dtype)
+    i, di_da = _act_and_grad(cell, cell.f_i, a[:, :H] + p_i * c)
+    f, df_da = _act_and_grad(cell, cell.f_f, a[:, H:2 * H] + p_f * c)
     if cell.input_forget:
         f, df_da = c.dtype.type(1) - i, np.zeros_like(df_da)
-    g, dg_da = _act_and_grad(cell, cell.g, a[:, 2 * H:3 * H])
+    g, dg_da = _act_and_grad(cell, cell.g, a[:, 2 * H:3 * H] + p_g * c)
     c_new = f * c + i * g
-    o, do_da = _act_and_grad(cell, cell.f_o, a[:, 3 * H:] + P[2 * H:] * c_new)
+    o, do_da = _act_and_grad(cell, cell.f_o, a[:, 3 * H:] + p_o * c + p_on * c_new)
     hc = activate(cell.h, c_new)
     grads = {}
     if lp.W_p is not None:                  # bwd of the projection
@@ -491,16 +503,18 @@ def lstm_step_backward(cell, x_proj, h, c, lp, mask, dh_new, dc_new):
     else:
         dhf = dh_new
     da_o = dhf * hc * do_da
-    dc = dc_new + dhf * o * activate_grad(cell.h, c_new) + da_o * P[2 * H:]
+    dc = dc_new + dhf * o * activate_grad(cell.h, c_new) + da_o * p_on
     di, dg, df, dc_prev = dc * g, dc * i, dc * c, dc * f
     if cell.input_forget:                   # f = 1 − i
         di = di - df
-    da_i, da_f = di * di_da, df * df_da
-    dc_prev = dc_prev + da_i * P[:H] + da_f * P[H:2 * H]
-    da = np.concatenate([da_i, da_f, dg * dg_da, da_o], axis=1)
+    da_i, da_f, da_g = di * di_da, df * df_da, dg * dg_da
+    dc_prev = dc_prev + da_i * p_i + da_f * p_f + da_g * p_g + da_o * p_o
+    da = np.concatenate([da_i, da_f, da_g, da_o], axis=1)
     grads["R"] = da.T @ h_m
     grads["b_W"] = grads["b_R"] = da.sum(0)
-    if cell.peepholes:
+    if cell.peepholes == "ifgo":
+        grads["P"] = np.concatenate([(da_k * c).sum(0) for da_k in (da_i, da_f, da_g, da_o)])
+    elif cell.peepholes:
         grads["P"] = np.concatenate([(da_i * c).sum(0), (da_f * c).sum(0),
                                      (da_o * c_new).sum(0)])
     dh = (da @ lp.R) * m

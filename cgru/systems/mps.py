@@ -46,7 +46,7 @@ __all__ = ["to_mps", "from_mps", "ACTIVATIONS", "FLAGS", "gate_order", "cell_fro
            "to_mps_lstm", "from_mps_lstm", "to_mps_rnn", "from_mps_rnn", "LSTM_FLAGS",
            "RNN_FLAGS", "LSTM_ACTIVATION_FIELDS", "lstm_gate_order", "lstm_cell_from_descriptor",
            "rnn_cell_from_descriptor", "lstm_network", "rnn_network", "gates_to_canonical",
-           "gates_from_canonical", "op_gradient_tensors", "check_peephole"]
+           "gates_from_canonical", "op_gradient_tensors"]
 
 # MPSGraphRNNActivation: None = 0, Relu = 1, Tanh = 2, Sigmoid = 3, HardSigmoid = 4.
 ACTIVATIONS = ("none", "relu", "tanh", "sigmoid", "hard_sigmoid")
@@ -263,13 +263,8 @@ RNN_FLAGS = ("reverse", "bidirectional", "training")
 LSTM_ACTIVATION_FIELDS = (("input_gate_activation", "f_i"), ("forget_gate_activation", "f_f"),
                           ("cell_gate_activation", "g"), ("output_gate_activation", "f_o"),
                           ("activation", "h"))
-# Only the input- and forget-gate peepholes of MPSGraph's documented LSTM are the core's: MPSGraph
-# adds p ⊙ c[t−1] to all four gates, the core's LSTMCell(peepholes=True) has none on the cell
-# gate and reads the *new* cell state c[t] in the output gate (ONNX's form).
-_PEEPHOLE_LIMIT = ("cgru computes only the input- and forget-gate blocks of MPSGraph's peephole "
-                   "(p ⊙ c[t−1] added to every gate): its core LSTM has no cell-gate peephole, "
-                   "and its output-gate peephole reads the new cell state c[t] (ONNX's), not "
-                   "c[t−1]")
+# MPSGraph's documented LSTM adds p ⊙ c[t−1] to all four gates: the core's
+# LSTMCell(peepholes="ifgo"), P [4H] in canonical gate order i, f, g, o.
 
 
 def lstm_gate_order(forget_gate_last):
@@ -285,14 +280,15 @@ def lstm_cell_from_descriptor(*, input_gate_activation, forget_gate_activation,
                               peepholes=False, what=""):
     """The ``cgru.LSTMCell`` of an ``MPSGraphLSTMDescriptor``'s activations (names ``str`` or
     ``bytes``, named ``what + field`` in messages); ``activation`` is the cell-output
-    activation ``g()`` of ``h = o ⊙ g(c)`` (the cell's ``h``)."""
+    activation ``g()`` of ``h = o ⊙ g(c)`` (the cell's ``h``); ``peepholes`` (an op's
+    ``peephole`` is given) gives MPSGraph's form, ``LSTMCell(peepholes="ifgo")``."""
     names = dict(input_gate_activation=input_gate_activation,
                  forget_gate_activation=forget_gate_activation,
                  cell_gate_activation=cell_gate_activation,
                  output_gate_activation=output_gate_activation, activation=activation)
     acts = {field: validate.name(names[mps_name], what + mps_name, _CELL_ACTIVATIONS)
             for mps_name, field in LSTM_ACTIVATION_FIELDS}
-    return LSTMCell(**acts, peepholes=peepholes)
+    return LSTMCell(**acts, peepholes="ifgo" if peepholes else False)
 
 
 def rnn_cell_from_descriptor(*, activation, what=""):
@@ -314,29 +310,6 @@ def gates_from_canonical(a, H, D, order):
     G = len(order)
     return np.concatenate([_rules.permute_gates(a[..., d * G * H:(d + 1) * G * H], H, order,
                                                 axis=-1) for d in range(D)], axis=-1)
-
-
-def check_peephole(peephole, H, D, forget_gate_last, what="peephole"):
-    """Refuse (``NotImplementedError``, naming ``what``) an MPSGraph peephole ``[4H]`` /
-    ``[2, 4H]`` (descriptor order) whose cell- or output-gate blocks are not zero: the part of
-    MPSGraph's documented peephole the core cannot compute (``_PEEPHOLE_LIMIT``)."""
-    order = lstm_gate_order(forget_gate_last)
-    p = peephole.reshape(D, 4 * H)
-    for d in range(D):
-        _peephole_to_core(p[d], H, order, what + (f"[{d}]" if D == 2 else ""))
-
-
-def _peephole_to_core(p, H, order, what):
-    """MPSGraph's peephole of one direction ``[4H]`` (descriptor order) → the core's ``P`` ``[3H]``
-    ``= [P_i, P_f, P_o = 0]``; ``NotImplementedError`` unless its cell- and output-gate blocks
-    are zero (``_PEEPHOLE_LIMIT``)."""
-    canon = _rules.permute_gates(p, H, _rules.inverse(order))        # i, f, g, o
-    rest = canon[2 * H:]
-    if np.any(rest != 0):
-        raise NotImplementedError(
-            f"{what}: the cell-gate and output-gate blocks must be zero, got max |·| = "
-            f"{float(np.max(np.abs(rest))):.3g}; {_PEEPHOLE_LIMIT}")
-    return np.concatenate([canon[:2 * H], np.zeros(H, canon.dtype)])
 
 
 def _op_network(layers, *, kind, reverse, bidirectional, order, cell, canonical_source):
@@ -383,8 +356,9 @@ def _op_network(layers, *, kind, reverse, bidirectional, order, cell, canonical_
                           (D * G * H,))
         p = op.get("peephole")
         if p is not None:
-            if not cell.peepholes:
-                raise ValueError(f"{what}['peephole']: given, but the cell has no peepholes")
+            if cell.peepholes != "ifgo":
+                raise ValueError(f"{what}['peephole']: given, but the cell has no peepholes "
+                                 f"in MPSGraph's form (LSTMCell(peepholes='ifgo'))")
             p = _rules.shaped(_rules.weight(p, what + "['peephole']", dtype),
                               what + "['peephole']", (4 * H,) if D == 1 else (D, 4 * H))
             p = p.reshape(D, 4 * H)
@@ -393,9 +367,8 @@ def _op_network(layers, *, kind, reverse, bidirectional, order, cell, canonical_
                 _rules.permute_gates(IW[d * G * H:(d + 1) * G * H], H, back)
             extra = {}
             if kind == "lstm" and cell.peepholes:
-                extra["P"] = np.zeros(3 * H, dtype) if p is None else \
-                    _peephole_to_core(p[d], H, order, what + "['peephole']" +
-                                      (f"[{d}]" if D == 2 else ""))
+                extra["P"] = np.zeros(4 * H, dtype) if p is None else \
+                    _rules.permute_gates(p[d], H, back)                 # canonical i, f, g, o
             out.append(LayerParams(
                 W=W, R=_rules.permute_gates(RW[d], H, back),
                 b_W=_rules.permute_gates(b[d * G * H:(d + 1) * G * H], H, back),
@@ -413,9 +386,8 @@ def lstm_network(layers, *, reverse, bidirectional, forget_gate_last, cell,
     ``bias`` ``[D·4H]`` and ``peephole`` ``[4H]`` / ``[2, 4H]`` (with ``cell.peepholes``).
 
     Gates in MPSGraph's order (``lstm_gate_order``) are reordered to canonical ``i, f, g, o``;
-    ``bias`` goes to ``b_W`` with ``b_R = 0`` (only the sum is observable); the peephole's
-    input- and forget-gate blocks become ``P_i``, ``P_f`` with ``P_o = 0``, and a non-zero
-    cell- or output-gate block is a ``NotImplementedError`` (the core has no such peephole).
+    ``bias`` goes to ``b_W`` with ``b_R = 0`` (only the sum is observable); the peephole
+    becomes ``P = [P_i, P_f, P_g, P_o]`` of ``LSTMCell(peepholes="ifgo")``.
     ``canonical_source``: the caller reorders a projected source itself (``gates_to_canonical``),
     so ``input_weight=None`` is accepted with ``forget_gate_last`` too."""
     return _op_network(layers, kind="lstm", reverse=reverse, bidirectional=bidirectional,
@@ -439,7 +411,7 @@ def from_mps_lstm(layers, *, reverse=False, bidirectional=False, forget_gate_las
     """A ``cgru.Network`` (with its ``LSTMCell``) from MPSGraph ``LSTM`` ops (dicts as
     ``lstm_network``) and the ``MPSGraphLSTMDescriptor`` arguments (``produce_cell`` and
     ``training`` do not affect the function).  A ``peephole`` in any op gives a cell with
-    peepholes; its cell- and output-gate blocks must be zero (``NotImplementedError``)."""
+    MPSGraph's peepholes (``LSTMCell(peepholes="ifgo")``; ops without one get zeros)."""
     layers = _rules.node_list(layers, "MPSGraph tensor")
     flags = {name: validate.flag(v, name) for name, v in zip(LSTM_FLAGS, (
         reverse, bidirectional, produce_cell, training, forget_gate_last))}
@@ -519,8 +491,9 @@ def to_mps_lstm(net, *, forget_gate_last=False):
     "peephole": [4H] / [2, 4H] (cells with peepholes, else None)}``, gates ``[i, f, z, o]``
     (``[i, z, f, o]`` with ``forget_gate_last``), forward direction first.  ``descriptor``
     holds the ``LSTMDescriptor`` arguments.  Refused (``ValueError``): clip, coupled gates,
-    a projection, activations MPSGraph lacks, a non-zero output-gate peephole (MPSGraph's reads
-    ``c[t−1]``, the network's ``c[t]``), and a projected input with ``forget_gate_last``."""
+    a projection, activations MPSGraph lacks, ONNX-form peepholes (``"ifo"``) with a non-zero
+    output-gate block (it reads the new cell state ``c[t]``, MPSGraph's every gate ``c[t−1]``),
+    and a projected input with ``forget_gate_last``."""
     target = "MPSGraph LSTM"
     topo, cell = _require_op_cell(net, None, "lstm", target)
     forget_gate_last = validate.flag(forget_gate_last, "forget_gate_last")
@@ -537,11 +510,14 @@ def to_mps_lstm(net, *, forget_gate_last=False):
             ps = []
             for i in range(l * D, (l + 1) * D):
                 P = net[i].P
-                if np.any(P[2 * H:] != 0):
+                if cell.peepholes == "ifgo":
+                    canon = P                                               # i, f, g, o
+                elif np.any(P[2 * H:] != 0):
                     raise ValueError(f"{target}: layer-direction {i} has a non-zero output-gate "
                                      f"peephole P_o on the new cell state c[t] (ONNX's form); "
                                      f"MPSGraph's output-gate peephole reads c[t−1]")
-                canon = np.concatenate([P[:2 * H], np.zeros(2 * H, P.dtype)])     # i, f, g, o
+                else:                       # "ifo" with P_o = 0: the same function
+                    canon = np.concatenate([P[:2 * H], np.zeros(2 * H, P.dtype)])
                 ps.append(_rules.permute_gates(canon, H, order))
             peep = ps[0] if D == 1 else np.stack(ps)
         layer["peephole"] = peep
@@ -569,8 +545,10 @@ def to_mps_rnn(net):
 def op_gradient_tensors(grads, order):
     """The gradients of one LSTM / RNN op's ``input_weight`` (None in projected mode),
     ``recurrent_weight`` and ``bias`` (MPSGraph's gate ``order``) from the core's gradient
-    network ``grads`` of the op's network (``bias`` maps to ``b_W``, so ∂L/∂bias = ``db_W``).
-    The LSTM peephole's gradient is not here: the core's ``dP_o`` is that of its own
-    (``c[t]``) output-gate peephole."""
+    network ``grads`` of the op's network (``bias`` maps to ``b_W``, so ∂L/∂bias = ``db_W``),
+    and ``peephole`` (``None`` without peepholes) in MPSGraph's ``[4H]`` / ``[2, 4H]``."""
     (tensors,) = _op_tensors(grads, order, gradients=True)
+    H, D = grads.topology.hidden_size, grads.topology.num_directions
+    ps = [_rules.permute_gates(lp.P, H, order) for lp in grads.layers[:D] if lp.P is not None]
+    tensors["peephole"] = (ps[0] if D == 1 else np.stack(ps)) if ps else None
     return tensors
