@@ -32,25 +32,35 @@ def info():
 
 
 def demo():
-    """A real 2-layer bidirectional GRU: forward, backward, checks, timings."""
+    """Real recurrent stacks: every gradient against finite differences (a 2-layer
+    bidirectional GRU, a cuDNN LSTM with a recurrent projection, a ReLU RNN), then a
+    realistic GRU forward and backward, timed."""
     from cgru.core import gradcheck
     rng = np.random.default_rng(0)
-    print("cgru demo: 2-layer bidirectional GRU (cuDNN/PyTorch cell), variable lengths\n")
-    # 1. gradients against float64 central finite differences, on a small problem
+    print("cgru demo: cuDNN's GRU, LSTM (with projection) and RNN, variable lengths\n")
+    # 1. gradients against float64 central finite differences, on small problems
     T, N, I, H = 5, 3, 3, 4
-    topo = cgru.Topology(I, H, num_layers=2, direction="bidirectional")
-    net = cgru.Network.random(topo, np.float64, seed=1, cell=cgru.GRUCell())
-    x = rng.standard_normal((T, N, I))
-    h0 = rng.standard_normal((topo.num_layer_directions, N, H))
     lengths = np.array([5, 2, 4])
-    t0 = time.perf_counter()
-    worst = gradcheck.backward_errors(net, x, h0, lengths=lengths)
-    name = max(worst, key=worst.get)
-    print(f"[1] float64 T={T} N={N} I={I} H={H} lengths={lengths.tolist()}: every gradient "
-          f"vs central finite differences ({len(worst)} arrays, "
-          f"{time.perf_counter() - t0:.2f} s)")
-    print(f"    largest relative error {worst[name]:.2e} ({name})")
-    ok = worst[name] < 1e-7
+    ok = True
+    cases = [("2-layer bidirectional GRU", cgru.GRUCell(), dict(num_layers=2,
+                                                                 direction="bidirectional")),
+             ("2-layer LSTM, projection 3", cgru.LSTMCell(), dict(num_layers=2, proj_size=3)),
+             ("reverse ReLU RNN", cgru.RNNCell("relu"), dict(direction="reverse"))]
+    print(f"[1] float64 T={T} N={N} I={I} H={H} lengths={lengths.tolist()}: every gradient vs "
+          f"central finite differences")
+    for k, (label, cell, kw) in enumerate(cases):
+        topo = cgru.Topology(I, H, **kw)
+        net = cgru.Network.random(topo, np.float64, seed=1 + k, cell=cell)
+        x = rng.standard_normal((T, N, I))
+        h0 = rng.standard_normal((topo.num_layer_directions, N, topo.state_size))
+        c0 = rng.standard_normal((topo.num_layer_directions, N, H)) \
+            if cell.kind == "lstm" else None
+        t0 = time.perf_counter()
+        worst = gradcheck.backward_errors(net, x, h0, c0=c0, lengths=lengths)
+        name = max(worst, key=worst.get)
+        print(f"    {label:28s} {len(worst):2d} arrays, largest relative error "
+              f"{worst[name]:.2e} ({name}), {time.perf_counter() - t0:.2f} s")
+        ok &= worst[name] < 1e-7
 
     # 2. a realistic size in float32, timed
     T, N, I, H = 100, 32, 256, 256
@@ -68,7 +78,8 @@ def demo():
     pad = np.arange(T)[:, None] >= lengths[None, :]
     ok &= bool(np.all(f.y[pad] == 0)) and bool(np.isfinite(g.dx).all())
     from cgru._kernels.threads import resolve_num_threads
-    print(f"\n[2] float32 T={T} N={N} I={I} H={H}, lengths {lengths.min()}…{lengths.max()}:")
+    print(f"\n[2] float32 2-layer bidirectional GRU, T={T} N={N} I={I} H={H}, lengths "
+          f"{lengths.min()}…{lengths.max()}:")
     print(f"    x {list(x.shape)} -> y {list(f.y.shape)}, hy {list(f.hy.shape)}, reserve "
           f"{f.reserve.nbytes / 2**20:.1f} MiB")
     print(f"    dx {list(g.dx.shape)}, dh0 {list(g.dh0.shape)}, "

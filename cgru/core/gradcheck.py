@@ -75,22 +75,26 @@ def directional(loss_at, grads, inputs, rng, eps=1e-6):
     return (plus - minus) / (2 * eps), pred
 
 
-def backward_errors(net, x, h0, *, lengths=None, seed=1, eps=1e-6):
+def backward_errors(net, x, h0, *, c0=None, lengths=None, seed=1, eps=1e-6):
     """``{name: largest relative error}`` of every gradient ``cgru.backward`` returns for a
-    float64 ``net`` — ``dx``, ``dh0`` and each weight of each layer-direction — against
-    central differences of ``Σ y·dy + Σ hy·dhy`` with random ``dy``, ``dhy``."""
+    float64 ``net`` — ``dx``, ``dh0`` (an LSTM's ``dc0`` when ``c0`` is given) and each weight
+    of each layer-direction — against central differences of
+    ``Σ y·dy + Σ hy·dhy (+ Σ cy·dcy)`` with random ``dy``, ``dhy`` (``dcy``)."""
     from cgru.core import engine
     rng = np.random.default_rng(seed)
-    f = engine.forward(net, x, h0, lengths=lengths, training=True)
+    f = engine.forward(net, x, h0, c0=c0, lengths=lengths, training=True)
     dy = rng.standard_normal(f.y.shape)
     dhy = rng.standard_normal(f.hy.shape)
-    g = engine.backward(net, x, f.reserve, dy, dhy)
+    dcy = None if f.cy is None else rng.standard_normal(f.cy.shape)
+    g = engine.backward(net, x, f.reserve, dy, dhy, dcy=dcy)
 
     def fn():
-        r = engine.forward(net, x, h0, lengths=lengths, num_threads=1)
-        return loss(r.y, r.hy, dy, dhy)
+        r = engine.forward(net, x, h0, c0=c0, lengths=lengths, num_threads=1)
+        return loss(r.y, r.hy, dy, dhy) + (0.0 if dcy is None else float(np.sum(r.cy * dcy)))
 
     pairs = [("dx", x, g.dx), ("dh0", h0, g.dh0)]
+    if c0 is not None:
+        pairs.append(("dc0", c0, g.dc0))
     for i, (lp, glp) in enumerate(zip(net, g.dparams)):
         for name, a in lp.arrays().items():
             pairs.append((f"d{name}[{i}]", a, getattr(glp, name)))
