@@ -127,3 +127,30 @@ def test_fork_while_another_thread_is_inside_a_call():
         assert codes == [0, 0, 0], codes
         print("OK")
     """)
+
+
+def test_torch_dataloader_workers():
+    """DataLoader workers (forked) computing with cgru, and a cgru.torch module trained in
+    the parent between epochs: every worker's results are the parent's bits."""
+    pytest.importorskip("torch")
+    _run("""
+        import torch
+        import cgru.torch
+
+        class Features(torch.utils.data.Dataset):
+            def __len__(self):
+                return 4
+
+            def __getitem__(self, i):
+                r = call(2 if i % 2 else None)
+                return torch.tensor(float(same(r, want)))
+
+        loader = torch.utils.data.DataLoader(Features(), batch_size=2, num_workers=2,
+                                             multiprocessing_context="fork")
+        rnn = cgru.torch.GRU(16, 8, batch_first=True)
+        for epoch in range(2):
+            flags = torch.cat(list(loader))
+            assert bool(flags.all()), flags
+            rnn(torch.randn(3, 5, 16))[0].sum().backward()     # the parent keeps computing
+        print("OK")
+    """)
