@@ -41,7 +41,7 @@ extensions = [
         extra_compile_args=compile_args,
         extra_link_args=link_args,
         depends=[f"{KERNELS}/{h}" for h in ("simd.h", "pool.h", "threads.pxd", "blas.pxd",
-                                            "loops.pxd")],
+                                            "loops.pxd", "entry.pxi")],
     )
     for name in ("threads", "blas", "loops", "gru", "lstm", "rnn")
 ]

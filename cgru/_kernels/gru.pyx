@@ -558,8 +558,10 @@ cdef class Direction:
         self.dhy, self.dh0, self.dgx, self.dgh, self.rhm, self.hm = dhy, dh0, dgx, dgh, rhm, hm
 
 
-cdef Layer make_layer(int T, int N, int H, int n_chunks, object lengths, object mask,
-                      object y, object dy, list dirs, int *abort, list errors):
+cdef Layer make_layer(int T, int N, int H, int S, int n_chunks, object lengths,
+                      object mask, object y, object dy, list dirs, int *abort,
+                      list errors):
+    # (S, the state width, is H for this kind)
     cdef Layer L
     cdef Dir *P
     cdef Direction a
@@ -578,59 +580,4 @@ cdef Layer make_layer(int T, int N, int H, int n_chunks, object lengths, object 
     return L
 
 
-cdef void forward_item_f(void *ctx, int item) noexcept nogil:
-    cdef Job *J = <Job *>ctx
-    if forward_item(<const float *>NULL, <Layer *>J.layer, <const CellSpec *>J.cell, item,
-                    J.training) != 0:
-        set_flag(&J.failed)
-
-
-cdef void forward_item_d(void *ctx, int item) noexcept nogil:
-    cdef Job *J = <Job *>ctx
-    if forward_item(<const double *>NULL, <Layer *>J.layer, <const CellSpec *>J.cell, item,
-                    J.training) != 0:
-        set_flag(&J.failed)
-
-
-cdef void backward_item_f(void *ctx, int item) noexcept nogil:
-    cdef Job *J = <Job *>ctx
-    if backward_item(<const float *>NULL, <Layer *>J.layer, <const CellSpec *>J.cell,
-                     item) != 0:
-        set_flag(&J.failed)
-
-
-cdef void backward_item_d(void *ctx, int item) noexcept nogil:
-    cdef Job *J = <Job *>ctx
-    if backward_item(<const double *>NULL, <Layer *>J.layer, <const CellSpec *>J.cell,
-                     item) != 0:
-        set_flag(&J.failed)
-
-
-def forward_layer(dtype, int T, int N, int H, int S, int n_chunks, int num_threads, cell,
-                  lengths, mask, y, list dirs, bint training):
-    """Run the forward time loops of one layer.  ``dirs`` holds one ``Direction`` per
-    direction."""
-    cdef CellSpec C = make_cell(cell)          # (S, the state width, is H for this kind)
-    cdef int abort = 0
-    cdef list errors = []
-    cdef Layer L = make_layer(T, N, H, n_chunks, lengths, mask, y, None, dirs, &abort, errors)
-    cdef Job J
-    J.layer, J.cell, J.loop, J.training, J.failed = &L, &C, &L.loop, training, 0
-    run_job(forward_item_f if np.dtype(dtype) == np.float32 else forward_item_d, &J,
-            num_threads, errors, "forward")
-
-
-def backward_layer(dtype, int T, int N, int H, int S, int n_chunks, int num_threads, cell,
-                   lengths, mask, dy, list dirs):
-    """Run the backward time loops of one layer (see ``forward_layer``)."""
-    cdef CellSpec C = make_cell(cell)          # (S, the state width, is H for this kind)
-    cdef int abort = 0
-    cdef list errors = []
-    cdef Layer L = make_layer(T, N, H, n_chunks, lengths, mask, None, dy, dirs, &abort, errors)
-    cdef Job J
-    J.layer, J.cell, J.loop, J.training, J.failed = &L, &C, &L.loop, False, 0
-    run_job(backward_item_f if np.dtype(dtype) == np.float32 else backward_item_d, &J,
-            num_threads, errors, "backward")
-
-
-cgru_isa()  # decide the ISA once, at import, before any thread can ask
+include "entry.pxi"

@@ -46,7 +46,7 @@ static inline size_t cgru_packed_size(int n, int k, int nr) {
 }
 
 #define CGRU_DEFINE_PACK(NAME, T, NR)                                                          \
-static void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {                        \
+static inline void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {                 \
     int panels = (n + NR - 1) / NR;                                                            \
     for (int p = 0; p < panels; p++) {                                                         \
         T *dst = Bp + (size_t)p * NR * k;                                                      \
