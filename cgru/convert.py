@@ -19,10 +19,12 @@ Which cells each system has, and its gate orders and orientation::
     ONNX          z, r, h      i, o, f, c  no proj  any ONNX activation          [G·H, in]
     Keras         z, r, h      i, f, c, o  no proj  SimpleRNN, Keras activations kernel [in, G·H]
     oneDNN        u, r, o      i, f, c̃, o  + proj   relu / tanh / logistic       ldigo
-    MPSGraph      z, r, o      —                    —                            [G·H, in]
+    MPSGraph      z, r, o      i, f, z, o  no proj  singleGateRNN: relu, …       [G·H, in]
     Arraymancer   r, z, n      —                    —                            [G·H, in]
 
-(MPSGraph: ``r, z, o`` with ``reset_gate_first``.)  The kind is read from the tensors where they
+(MPSGraph: ``r, z, o`` with ``reset_gate_first``; its LSTM and single-gate RNN operators
+convert with ``to_mps_lstm`` / ``from_mps_lstm`` and ``to_mps_rnn`` / ``from_mps_rnn``, the
+GRU operator with ``to_mps`` / ``from_mps``.)  The kind is read from the tensors where they
 say it (``from_torch``: ``weight_hh`` ``[G·H, H]``, ``weight_hr``; ``from_keras``: the
 recurrent kernel ``[H, G·H]``; ``from_onednn``: the gate axis) and given where they do not
 (``from_tf_canonical(rnn_mode=)``, ``from_tf_opaque(rnn_mode=)``, ``from_onnx(op_type=)``, "gru" /
@@ -32,11 +34,12 @@ refused.
 Rules (``cgru.systems._rules``):
 
 * A target that cannot compute the source's function is refused with a ``ValueError`` that
-  says why: a cell kind it lacks (MPSGraph and Arraymancer have GRUs only, for now), the other
-  GRU candidate form (reset after vs before the recurrent product), activations, ``clip`` or
-  ``flip_z`` the target lacks, the LSTM projection (ONNX, Keras), ONNX peepholes (non-zero
-  ``P``) and ``input_forget=1``, a direction or input mode it lacks, non-zero biases for a
-  bias-less target.
+  says why: a cell kind it lacks (Arraymancer has GRUs only; ``to_mps`` is MPSGraph's GRU
+  operator), the other GRU candidate form (reset after vs before the recurrent product),
+  activations, ``clip`` or ``flip_z`` the target lacks, the LSTM projection (ONNX, Keras,
+  MPSGraph), LSTM peepholes in a form the target lacks (ONNX has ``"ifo"``, MPSGraph
+  ``"ifgo"``, the others none) and coupled input/forget gates (ONNX only), a direction or
+  input mode it lacks, non-zero biases for a bias-less target.
 * Fewer-bias targets get the sums ``b_Wr + b_Rr`` and ``b_Wz + b_Rz`` (exact: only the sums are
   observable); for the reset-before cell also ``b_Wn + b_Rn``.  For the reset-after cell
   ``b_Wn`` and ``b_Rn`` are never merged (``b_Rn`` sits inside the reset product): every
@@ -69,7 +72,8 @@ bit for bit; S = exact with the bias sums; R = refused: the other candidate form
     oneDNN GRU   R  R  R  R  E  R  E  R  E  R  E
 
 The LSTM and RNN matrices (one forward layer; Rk = the target lacks the kind, Rp = the
-projection, Ra = the activation; a ``P`` source has a projection)::
+projection, Ra = the activation; a ``P`` source has a projection; MP = MPSGraph's GRU
+operator, see ``to_mps_lstm`` / ``to_mps_rnn`` for its others)::
 
                  PT TF ON KE DN MP AM                     PT TF ON KE DN MP AM
     PyTorch      E  E  E  S  S  Rk Rk    RNN tanh/relu    E  E  E  S  S  Rk Rk  (PT, TF, ONNX)
@@ -88,7 +92,8 @@ copies of the source dtype (float32 or float64).
 """
 from cgru.systems.arraymancer import from_arraymancer, to_arraymancer
 from cgru.systems.keras import from_keras, keras_config, to_keras
-from cgru.systems.mps import from_mps, to_mps
+from cgru.systems.mps import (from_mps, from_mps_lstm, from_mps_rnn, to_mps, to_mps_lstm,
+                               to_mps_rnn)
 from cgru.systems.onednn import from_onednn, to_onednn
 from cgru.systems.onnx import from_onnx, to_onnx
 from cgru.systems.tf import from_tf_canonical, from_tf_opaque, to_tf_canonical, to_tf_opaque
@@ -97,6 +102,7 @@ from cgru.systems.torch import from_torch, to_torch
 __all__ = [
     "to_torch", "from_torch", "to_keras", "from_keras", "keras_config",
     "to_tf_canonical", "from_tf_canonical", "to_tf_opaque", "from_tf_opaque",
-    "to_onnx", "from_onnx", "to_mps", "from_mps", "to_arraymancer", "from_arraymancer",
+    "to_onnx", "from_onnx", "to_mps", "from_mps", "to_mps_lstm", "from_mps_lstm",
+    "to_mps_rnn", "from_mps_rnn", "to_arraymancer", "from_arraymancer",
     "to_onednn", "from_onednn",
 ]

@@ -145,14 +145,14 @@ def as_cell(cell):
 
 
 # --- refusal rules ---------------------------------------------------------------------------
-def require_kind(cell, target, kinds):
+def require_kind(cell, target, kinds, hint=None):
     """``cell`` when its kind is one of ``kinds`` (what ``target`` has), else a ``ValueError``
-    naming the kind."""
+    naming the kind (and ``hint``: where to go instead)."""
     if cell.kind not in kinds:
         have = " and ".join(_PLURALS[k] for k in kinds)
         raise ValueError(f"{target} has {have} only: the network's cell is "
                          f"{KIND_NAMES[cell.kind]}, which it cannot compute (not supported "
-                         f"there)")
+                         f"there){'; ' + hint if hint else ''}")
     return cell
 
 
@@ -214,16 +214,27 @@ def require(cell, target, *, reset_after=None, activations=None, shared_gate_act
 
 
 def require_lstm(cell, target, *, activations=None, shared_gate_act=False,
-                 shared_cell_act=False, clip=False):
+                 shared_cell_act=False, clip=False, peepholes=(), input_forget=False):
     """``cell`` (an LSTM) when ``target`` can compute it, else a ``ValueError`` with the reason.
 
     ``activations``: a predicate ``Activation -> bool`` for what the target can name (None:
     sigmoid gates, tanh for g and h only); ``shared_gate_act``: one activation for the i, f
     and o gates (ONNX ``f``, Keras ``recurrent_activation``); ``shared_cell_act``: one for g
-    and h (Keras ``activation``); ``clip``: whether the target has it."""
+    and h (Keras ``activation``); ``clip``: whether the target has it; ``peepholes``: the
+    peephole forms it has (``"ifo"``, ``"ifgo"``); ``input_forget``: whether it has coupled
+    input and forget gates."""
     require_kind(cell, target, ("lstm",))
     if not clip:
         _no_clip(cell, target)
+    if cell.peepholes and cell.peepholes not in peepholes:
+        raise ValueError(f"{target} has no peepholes in the source's form "
+                         f"(peepholes={cell.peepholes!r}: the gates see the cell state)"
+                         if not peepholes else
+                         f"{target} has peepholes only in the form(s) {list(peepholes)}; the "
+                         f"source's are {cell.peepholes!r}")
+    if cell.input_forget and not input_forget:
+        raise ValueError(f"{target} has no coupled input and forget gates (the source has "
+                         f"input_forget=True: f = 1 − i)")
     _activations(cell, target, ("f_i", "f_f", "f_o", "g", "h"), activations,
                  ("sigmoid",) * 3 + ("tanh",) * 2, "sigmoid gates, tanh cell input and output")
     if shared_gate_act and not cell.f_i == cell.f_f == cell.f_o:

@@ -21,10 +21,9 @@ LSTM (``lstm_network``, ``from_mps_lstm``, ``to_mps_lstm``): gate order ``[i, f,
 (``[i, z, f, o]`` with ``forget_gate_last``, the order Apple's comment writes) → canonical
 ``i, f, g, o``; ``input_weight [D·4H, in]``, ``recurrent_weight [4H, H]`` / ``[2, 4H, H]``,
 ``bias [D·4H]`` (→ ``b_W``, ``b_R = 0``), ``peephole [4H]`` / ``[2, 4H]`` added as
-``p ⊙ c[t−1]`` to every gate: only its input- and forget-gate blocks exist in the core
-(``LayerParams.P = [P_i, P_f, 0]``); non-zero cell- or output-gate blocks are a
-``NotImplementedError``, and a network whose (ONNX-style, ``c[t]``) output-gate peephole is
-non-zero is refused by ``to_mps_lstm``.  Activations: ``input_gate_activation`` → ``f_i``,
+``p ⊙ c[t−1]`` to every gate: ``LSTMCell(peepholes="ifgo")``, ``LayerParams.P =
+[P_i, P_f, P_g, P_o]`` (a network with ONNX-form peepholes, whose output gate reads ``c[t]``,
+converts to MPSGraph only with a zero output-gate block).  Activations: ``input_gate_activation`` → ``f_i``,
 ``forget_gate_activation`` → ``f_f``, ``cell_gate_activation`` → ``g``,
 ``output_gate_activation`` → ``f_o``, ``activation`` → ``h``.
 
@@ -220,6 +219,9 @@ def to_mps(net, cell=None, *, reset_gate_first=False, reset_after=None):
     (None: the cell's form) demands one form.
     """
     topo, cell = _rules.network_and_cell(net, cell)
+    _rules.require_kind(cell, "MPSGraph GRU", ("gru",),
+                        hint="MPSGraph's LSTM and singleGateRNN operators: to_mps_lstm, "
+                             "to_mps_rnn")
     target, forms = _rules.demanded("MPSGraph GRU", reset_after, "reset_after",
                                     lambda ra: f"resetAfter={'YES' if ra else 'NO'}")
     _rules.require(cell, target, reset_after=forms, activations=_act_ok, flip_z=True)
