@@ -266,10 +266,11 @@ def to_onnx(net, cell=None, *, linear_before_reset=None):
 
     ``layers[l]`` = ``{"W": [D, G·H, in], "R": [D, G·H, H], "B": [D, 2G·H]}`` (ONNX's gate
     order, module docstring; ``B = [Wb, Rb]``), plus ``"P": [D, 3H]`` (i, o, f) for an LSTM
-    with peepholes; ``attributes`` (the same for every node) as ``attributes``.  The identity maps to ``Affine(1, 0)``.  Layer ``l ≥ 1``
-    reads the previous ``Y [T, D, N, H]`` transposed to ``[T, N, D·H]``.  Use as
-    ``onnx.helper.make_node(op_type, …, **attributes)``, ``cgru.onnx.gru(X, **layers[0],
-    **attributes)`` for a GRU, and read back with ``from_onnx(layers, op_type=…,
+    with peepholes; ``attributes`` (the same for every node) as ``attributes``.  The identity
+    maps to ``Affine(1, 0)``.  Layer ``l ≥ 1`` reads the previous ``Y [T, D, N, H]``
+    transposed to ``[T, N, D·H]``.  Use as ``onnx.helper.make_node(op_type, …,
+    **attributes)``, ``cgru.onnx.gru(X, **layers[0], **attributes)`` (``lstm``, ``rnn``
+    likewise), and read back with ``from_onnx(layers, op_type=…,
     **attributes)``.  ``linear_before_reset`` (GRU; None: the cell's form) demands one form.
     """
     topo, cell = _rules.network_and_cell(net, cell)
