@@ -25,7 +25,10 @@ the canonical parameters like this (``[A; B]`` stacks row blocks of ``H``)::
 
     RNN
     W [D, H, I], R [D, H, H], B [D, 2H] = [Wb, Rb]      → W, R, b_W, b_R
-    activations [f] (per direction)                     → RNNCell(f)
+    activations [f] (per direction)                     → RNNCell(f)  (two names for one
+                                                          direction: the first, as
+                                                          onnxruntime; the spec's default
+                                                          is Tanh, Tanh)
 
     every operator: clip → the cell's clip; direction forward / reverse / bidirectional →
     Topology(direction=...); hidden_size → H; layout does not change the weights.
@@ -106,6 +109,10 @@ def _parse_activations(activations, activation_alpha, activation_beta, op_type, 
         if isinstance(activations, (str, bytes)) or not hasattr(activations, "__iter__"):
             raise TypeError(f"activations: expected a list of names, got {activations!r}")
         names = [validate.text(a) for a in activations]
+        if op_type == "RNN" and D == 1 and len(names) == 2:
+            # the specification's default lists two names (Tanh, Tanh) whatever the direction;
+            # onnxruntime reads the first (and its alpha/beta) for a one-direction node
+            return _parse_activations(names, activation_alpha, activation_beta, op_type, 2)[:1]
         if len(names) != per * D:
             raise ValueError(f"activations: expected {per * D} names ({_ACT_ROLES[op_type]} "
                              f"for each of the {D} direction(s) of an ONNX {op_type}), got "
