@@ -76,7 +76,7 @@ def _describe(node):
 
 
 def _attributes(onnx, node):
-    """The node's attributes, checked against its operator (names decoded by the operators)."""
+    """The node's attributes, checked against its operator; names decoded to ``str``."""
     allowed = front.ATTRIBUTES[node.op_type]
     out = {}
     for a in node.attribute:
@@ -87,7 +87,12 @@ def _attributes(onnx, node):
         if a.name not in allowed:
             raise ValueError(f"model: unsupported {node.op_type} attribute {a.name!r} "
                              f"({_describe(node)}; expected one of {', '.join(allowed)})")
-        out[a.name] = onnx.helper.get_attribute_value(a)
+        value = onnx.helper.get_attribute_value(a)
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, list):
+            value = [v.decode() if isinstance(v, bytes) else v for v in value]
+        out[a.name] = value
     return out
 
 

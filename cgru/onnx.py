@@ -254,8 +254,9 @@ def rnn(X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None
 
     Attributes as for ``gru``; ``activations`` holds ``f`` per direction (default Tanh).  The
     specification's default lists two names (Tanh, Tanh), so a one-direction node that gives
-    two uses the first (and its alpha/beta), as onnxruntime does.  Returns ``Y`` ``[T, D, N, H]`` and ``Y_h``
-    ``[D, N, H]`` (batch first with layout=1); ``sequence_lens`` as for ``gru``.
+    two uses the first (and its alpha/beta), as onnxruntime does.  Returns ``Y``
+    ``[T, D, N, H]`` and ``Y_h`` ``[D, N, H]`` (batch first with layout=1); ``sequence_lens``
+    as for ``gru``.
     """
     return _operator("RNN", X, W, R, B, sequence_lens, initial_h, None, None,
                      hidden_size=hidden_size, direction=direction, layout=layout,
