@@ -185,7 +185,9 @@ def _consumer(graph, name):
 
 def _feeds(onnx, graph, inputs):
     """``inputs`` checked against the graph's inputs: every one without an initializer given,
-    no unknown name, declared element types and fixed dimensions respected."""
+    no unknown name, declared element types and fixed dimensions respected.  An initializer
+    may be given too (a graph input or not): the value given replaces the stored one, as the
+    single-node ``run`` always allowed."""
     if not isinstance(inputs, dict):
         raise TypeError(f"inputs: expected a dict from input name to array, got "
                         f"{type(inputs).__name__}")
@@ -196,14 +198,14 @@ def _feeds(onnx, graph, inputs):
         if name not in initialized and name not in inputs:
             raise ValueError(f"inputs: missing {name!r} ({_consumer(graph, name)}); got "
                              f"{sorted(inputs)}")
+    stored = {t.name: t for t in graph.initializer}
     feeds = {}
     for name, value in inputs.items():
-        if name not in declared:
-            what = "an initializer the graph does not list as an input" \
-                if name in initialized else "not an input of the graph"
-            raise ValueError(f"inputs: {name!r} is {what}; the graph's inputs are "
-                             f"{list(declared)}")
-        t = declared[name].type
+        if name not in declared and name not in stored:
+            raise ValueError(f"inputs: {name!r} is not an input of the graph (nor one of its "
+                             f"initializers); the graph's inputs are {list(declared)}")
+        t = declared[name].type if name in declared else \
+            onnx.helper.make_tensor_type_proto(stored[name].data_type, stored[name].dims)
         want = None
         if t.HasField("tensor_type") and t.tensor_type.elem_type:
             try:

@@ -276,8 +276,8 @@ def run(model, inputs, outputs=None):
     (opset ≥ 7; inside ``If``/``Loop``/``Scan`` bodies and local functions too) is computed by
     cgru (``gru``, ``lstm``, ``rnn``); every other node by the ``onnx`` package's reference
     evaluator (``onnx.reference.ReferenceEvaluator``).  ``inputs``: a dict from graph input
-    name to array — initializers supply the rest, and may be overridden where the graph lists
-    them as inputs too.  ``outputs``: the names to return (``None``: the graph's outputs; any
+    name to array — initializers supply the rest, and a value given under an initializer's
+    name replaces it.  ``outputs``: the names to return (``None``: the graph's outputs; any
     value the graph computes may be named).  Arrays are checked against the graph inputs'
     declared element types and fixed dimensions.  Needs the optional ``onnx`` package
     (``gru``, ``lstm`` and ``rnn`` do not).

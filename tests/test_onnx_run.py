@@ -390,8 +390,22 @@ def test_initializers_listed_as_inputs_may_be_overridden():
     name = sorted(init)[0]
     value = onnx.numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == name))
     _compare(model, dict(feeds, **{name: value * 0.5}))
-    with pytest.raises(ValueError, match="is not an input of the graph"):
-        connx.run(_export(module, args, input_names=names, opset=14), dict(feeds, q=value))
+    plain = _export(module, args, input_names=names, opset=14)
+    with pytest.raises(ValueError, match="'q' is not an input of the graph"):
+        connx.run(plain, dict(feeds, q=value))
+    # an initializer that is not a graph input may be replaced too (onnxruntime refuses
+    # that): the same as a model storing the new value
+    m = onnx.load_model_from_string(plain)
+    t = next(t for t in m.graph.initializer if list(t.dims) == [1, 15, 4])   # W [1, 3H, I]
+    w_name, W = t.name, onnx.numpy_helper.to_array(t)
+    t.CopyFrom(onnx.numpy_helper.from_array(W * 0.5, w_name))
+    swapped = connx.run(plain, dict(feeds, **{w_name: W * 0.5}))
+    want = _compare(m.SerializeToString(), feeds)
+    for n in want:
+        np.testing.assert_array_equal(swapped[n], want[n])
+    assert np.abs(swapped[n] - connx.run(plain, feeds)[n]).max() > 1e-3
+    with pytest.raises(TypeError, match=rf"inputs\['{w_name}'\]: expected dtype float32"):
+        connx.run(plain, dict(feeds, **{w_name: W.astype(np.float64)}))
 
 
 def test_omitted_outputs_do_not_leak_into_optional_inputs(counted):
