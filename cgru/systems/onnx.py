@@ -331,7 +331,8 @@ def from_onnx(layers, *, op_type="GRU", hidden_size=None, direction="forward",
     the fast kernels).  ``input_forget=1`` gives ``LSTMCell(input_forget=True)``.
 
     The two directions of a bidirectional node must use the same activations (a network has
-    one cell; ``cgru.onnx.gru`` runs such a GRU node directly).  ``layout`` (0 or 1) does not
+    one cell; ``cgru.onnx.gru`` / ``lstm`` / ``rnn`` run such a node directly, and
+    ``cgru.onnx.recurrent_layers`` gives it as two networks).  ``layout`` (0 or 1) does not
     affect the weights.
     """
     op_type = _rules.option(op_type, "op_type", tuple(OP_TYPES))
