@@ -1,18 +1,26 @@
-"""The ONNX ``GRU`` operator (opset 7/14/22) on the CPU: ``gru`` and ``run``.
+"""The ONNX ``GRU``, ``LSTM`` and ``RNN`` operators (opsets 7/14/22) on the CPU, and whole
+ONNX models: ``gru``, ``lstm``, ``rnn``, ``run``, ``recurrent_layers``.
 
 One ONNX node is one layer, one core call (two when the directions' activations differ).
-Validated in ONNX's words, its ``W``/``R``/``B`` tensors and attributes map onto a
-``cgru.Network`` through ``cgru.systems.onnx`` (its docstring has the table: gates ONNX
-``z, r, h`` → canonical ``r, z, n``; ``linear_before_reset`` → the cell's ``reset_after``;
-``activations`` → ``f_r = f_z = f``, ``g``; ``clip``; ``direction``).
+Validated in ONNX's words, its ``W``/``R``/``B`` (and an LSTM's ``P``) tensors and attributes
+map onto a ``cgru.Network`` through ``cgru.systems.onnx`` (its docstring has the table: GRU
+gates ONNX ``z, r, h`` → canonical ``r, z, n``, LSTM ``i, o, f, c`` → ``i, f, g, o``, peepholes
+``P`` ``i, o, f`` → ``i, f, o``; ``linear_before_reset`` → the GRU cell's ``reset_after``;
+``input_forget`` → ``LSTMCell(input_forget)``; ``activations``; ``clip``; ``direction``).
 
-``sequence_lens`` follows onnxruntime's CPU kernel (the ONNX specification is silent): outputs
-at ``t ≥ len`` are 0, the reverse direction starts at ``len − 1``, ``Y_h`` is the state after
-the last processed step, and ``Y_h = 0`` for a sequence of length 0.  Attribute values may be
+``sequence_lens`` follows onnxruntime's CPU kernels (the ONNX specification is silent): outputs
+at ``t ≥ len`` are 0, the reverse direction starts at ``len − 1``, ``Y_h`` (and ``Y_c``) is the
+state after the last processed step, and 0 for a sequence of length 0.  Attribute values may be
 ``str`` or ``bytes`` (``onnx.helper.get_attribute_value`` gives bytes).
+
+``run`` executes a whole model: every GRU/LSTM/RNN node by cgru, every other node by the
+``onnx`` package's reference evaluator (``onnx.reference.ReferenceEvaluator``).
+``recurrent_layers`` lists a model's recurrent nodes with their weights as cgru networks.
+Gradients: ``cgru.backward`` on those networks (or on ``cgru.convert.from_onnx``'s), with
+``cgru.convert.to_onnx`` mapping the weight gradients back to ONNX's layout.
 """
+from dataclasses import dataclass
 import numbers
-import os
 
 import numpy as np
 
@@ -21,11 +29,141 @@ from cgru.core.network import Network, Topology
 from cgru.systems import _rules, onnx as onnx_system
 from cgru.systems.onnx import ACTIVATIONS as ONNX_ACTIVATIONS
 
-__all__ = ["gru", "run", "ONNX_ACTIVATIONS"]
+__all__ = ["gru", "lstm", "rnn", "run", "recurrent_layers", "RecurrentLayer",
+           "ONNX_ACTIVATIONS"]
+
+# op_type -> the node's input slots, in ONNX order
+INPUTS = {"GRU": ("X", "W", "R", "B", "sequence_lens", "initial_h"),
+          "LSTM": ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"),
+          "RNN": ("X", "W", "R", "B", "sequence_lens", "initial_h")}
+# op_type -> the node's outputs, in ONNX order
+OUTPUTS = {"GRU": ("Y", "Y_h"), "LSTM": ("Y", "Y_h", "Y_c"), "RNN": ("Y", "Y_h")}
+_COMMON = ("hidden_size", "direction", "activations", "activation_alpha", "activation_beta",
+           "clip", "layout")
+# op_type -> the attributes its node may carry (opsets 7 to 22)
+ATTRIBUTES = {"GRU": _COMMON + ("linear_before_reset",), "LSTM": _COMMON + ("input_forget",),
+              "RNN": _COMMON}
 
 
 def _float_array(a, what, dtype=None):
     return validate.float_array(a, what, dtype, like="(the dtype of X)")
+
+
+def _gates_text(k):
+    return f"{k}H" if k > 1 else "H"
+
+
+def _check_hidden_size(hidden_size, R):
+    if hidden_size is not None:
+        if isinstance(hidden_size, bool) or not isinstance(hidden_size, numbers.Integral) \
+                or hidden_size <= 0:
+            raise ValueError(f"hidden_size: expected a positive int, got {hidden_size!r}")
+        if hidden_size != R.shape[2]:
+            raise ValueError(f"hidden_size: {hidden_size} disagrees with R's last axis "
+                             f"(R shape {list(R.shape)})")
+
+
+def _weights(op_type, W, R, B, P, D, hidden_size, dtype=None, I=None):
+    """``(W, R, B, P, H, I)`` checked (``I``: the input width when known from ``X``)."""
+    G = onnx_system.OP_TYPES[op_type][1]
+    R = _float_array(R, "R", dtype)
+    if R.ndim != 3:
+        raise ValueError(f"R: expected a 3-D array [D, {_gates_text(G)}, H], got shape "
+                         f"{list(R.shape)}")
+    dtype = R.dtype
+    H = R.shape[2]
+    _check_hidden_size(hidden_size, R)
+    if H == 0:
+        raise ValueError(f"R: expected H ≥ 1, got shape {list(R.shape)}")
+    validate.named_shape(R, "R", (D, G * H, H), ("D", _gates_text(G), "H"))
+    W = _float_array(W, "W", dtype)
+    if I is None:
+        if W.ndim != 3 or W.shape[2] == 0:
+            raise ValueError(f"W: expected a 3-D array [D, {_gates_text(G)}, I] with I ≥ 1, "
+                             f"got shape {list(W.shape)}")
+        I = W.shape[2]
+    validate.named_shape(W, "W", (D, G * H, I), ("D", _gates_text(G), "I"))
+    if B is not None:
+        B = _float_array(B, "B", dtype)
+        validate.named_shape(B, "B", (D, 2 * G * H), ("D", _gates_text(2 * G)))
+    if P is not None:
+        P = _float_array(P, "P", dtype)
+        validate.named_shape(P, "P", (D, 3 * H), ("D", "3H"))
+    return W, R, B, P, H, I
+
+
+def _plan(op_type, W, R, B, P, D, direction, I, H, attrs):
+    """``[(network, directions)]``: the core calls that compute one node — one network for
+    both directions when they share the cell, else one per direction (``directions`` a
+    slice of ``D``)."""
+    peepholes = P is not None and bool(np.any(P))
+    cells = onnx_system.cells_of(
+        op_type, attrs.get("activations"), attrs.get("activation_alpha"),
+        attrs.get("activation_beta"), attrs.get("clip"), D,
+        linear_before_reset=attrs.get("linear_before_reset", 0),
+        input_forget=attrs.get("input_forget", 0), peepholes=peepholes)
+    layers = onnx_system.layer_params(W, R, B, D, op_type, P if peepholes else None)
+    if D == 1 or cells[0] == cells[1]:
+        return [(Network(Topology(I, H, 1, direction), layers, cells[0]), slice(0, D))]
+    return [(Network(Topology(I, H, 1, "forward"), layers[:1], cells[0]), slice(0, 1)),
+            (Network(Topology(I, H, 1, "reverse"), layers[1:], cells[1]), slice(1, 2))]
+
+
+def _state(a, what, dtype, layout, D, N, H):
+    """An ``initial_h``/``initial_c`` as ``[D, N, H]`` (a view)."""
+    if a is None:
+        return None
+    a = _float_array(a, what, dtype)
+    if layout:
+        validate.named_shape(a, what, (N, D, H), ("N", "D", "H"))
+        return a.transpose(1, 0, 2)
+    return validate.named_shape(a, what, (D, N, H), ("D", "N", "H"))
+
+
+def _operator(op_type, X, W, R, B, sequence_lens, initial_h, initial_c, P, *, hidden_size,
+              direction, layout, **attrs):
+    """One ONNX recurrent node: ``(Y, Y_h)`` or, for an LSTM, ``(Y, Y_h, Y_c)``."""
+    X = _float_array(X, "X")
+    dtype = X.dtype
+    _rules.option(layout, "layout", (0, 1))
+    direction = _rules.option(direction, "direction", onnx_system.DIRECTIONS)
+    D = 2 if direction == "bidirectional" else 1
+    x_layout = "[N, T, I]" if layout else "[T, N, I]"
+    if X.ndim != 3:
+        raise ValueError(f"X: expected a 3-D array {x_layout}, got shape {list(X.shape)}")
+    N, T = (X.shape[0], X.shape[1]) if layout else (X.shape[1], X.shape[0])
+    I = X.shape[2]
+    validate.input_sizes("X", X.shape, T, N, x_layout)
+    W, R, B, P, H, _ = _weights(op_type, W, R, B, P, D, hidden_size, dtype, I)
+    h0 = _state(initial_h, "initial_h", dtype, layout, D, N, H)
+    c0 = _state(initial_c, "initial_c", dtype, layout, D, N, H)
+    lengths = None if sequence_lens is None else \
+        validate.lengths(sequence_lens, T, N, "sequence_lens", "T")
+    runs = _plan(op_type, W, R, B, P, D, direction, I, H, attrs)
+
+    lstm = op_type == "LSTM"
+    Y = np.empty((N, T, D, H) if layout else (T, D, N, H), dtype)
+    Y_h = np.empty((D, N, H), dtype)
+    Y_c = np.empty((D, N, H), dtype) if lstm else None
+    for net, ds in runs:
+        part = lambda s: None if s is None else np.ascontiguousarray(s[ds])    # noqa: E731
+        f = engine.forward(net, X, part(h0), c0=part(c0), lengths=lengths,
+                           batch_major=bool(layout))
+        nd = ds.stop - ds.start
+        if layout:   # y [N, T, nd·H] → Y[:, :, ds] [N, T, nd, H]
+            Y[:, :, ds] = f.y.reshape(N, T, nd, H)
+        else:        # y [T, N, nd·H] → Y[:, ds] [T, nd, N, H]
+            Y[:, ds] = f.y.reshape(T, N, nd, H).transpose(0, 2, 1, 3)
+        Y_h[ds] = f.hy
+        if lstm:
+            Y_c[ds] = f.cy
+    states = [Y_h, Y_c] if lstm else [Y_h]
+    if lengths is not None:
+        for s in states:
+            s[:, lengths == 0] = 0      # onnxruntime: Y_h = Y_c = 0 for an empty sequence
+    if layout:
+        states = [np.ascontiguousarray(s.transpose(1, 0, 2)) for s in states]
+    return (Y, *states)
 
 
 def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None,
@@ -58,154 +196,175 @@ def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None
     (``[N, D, H]``).  ``sequence_lens`` follows onnxruntime: ``Y`` is 0 at ``t ≥ len``, the
     reverse direction starts at ``len − 1``, and ``Y_h`` is 0 for ``len = 0``.
     """
-    X = _float_array(X, "X")
-    dtype = X.dtype
-    _rules.option(layout, "layout", (0, 1))
-    direction = _rules.option(direction, "direction", onnx_system.DIRECTIONS)
-    D = 2 if direction == "bidirectional" else 1
-    x_layout = "[N, T, I]" if layout else "[T, N, I]"
-    if X.ndim != 3:
-        raise ValueError(f"X: expected a 3-D array {x_layout}, got shape {list(X.shape)}")
-    N, T = (X.shape[0], X.shape[1]) if layout else (X.shape[1], X.shape[0])
-    I = X.shape[2]
-    validate.input_sizes("X", X.shape, T, N, x_layout)
-    R = _float_array(R, "R", dtype)
-    if R.ndim != 3:
-        raise ValueError(f"R: expected a 3-D array [D, 3H, H], got shape {list(R.shape)}")
-    H = R.shape[2]
-    if hidden_size is not None:
-        if isinstance(hidden_size, bool) or not isinstance(hidden_size, numbers.Integral) \
-                or hidden_size <= 0:
-            raise ValueError(f"hidden_size: expected a positive int, got {hidden_size!r}")
-        if hidden_size != H:
-            raise ValueError(f"hidden_size: {hidden_size} disagrees with R's last axis "
-                             f"(R shape {list(R.shape)})")
-    if H == 0:
-        raise ValueError(f"R: expected H ≥ 1, got shape {list(R.shape)}")
-    validate.named_shape(R, "R", (D, 3 * H, H), ("D", "3H", "H"))
-    W = _float_array(W, "W", dtype)
-    validate.named_shape(W, "W", (D, 3 * H, I), ("D", "3H", "I"))
-    if B is not None:
-        B = _float_array(B, "B", dtype)
-        validate.named_shape(B, "B", (D, 6 * H), ("D", "6H"))
-    if initial_h is not None:
-        initial_h = _float_array(initial_h, "initial_h", dtype)
-        if layout:
-            validate.named_shape(initial_h, "initial_h", (N, D, H), ("N", "D", "H"))
-            initial_h = initial_h.transpose(1, 0, 2)
-        else:
-            validate.named_shape(initial_h, "initial_h", (D, N, H), ("D", "N", "H"))
-    lengths = None if sequence_lens is None else \
-        validate.lengths(sequence_lens, T, N, "sequence_lens", "T")
-    cells = onnx_system.activations_to_cells(activations, activation_alpha, activation_beta,
-                                             clip, linear_before_reset, D)
-    layers = onnx_system.layer_params(W, R, B, D)
-
-    # One core call when both directions share the cell; else one call per direction.
-    if D == 1 or cells[0] == cells[1]:
-        runs = [(direction, layers, cells[0], slice(0, D))]
-    else:
-        runs = [("forward", layers[:1], cells[0], slice(0, 1)),
-                ("reverse", layers[1:], cells[1], slice(1, 2))]
-    Y = np.empty((N, T, D, H) if layout else (T, D, N, H), dtype)
-    Y_h = np.empty((D, N, H), dtype)
-    for run_direction, run_layers, cell, ds in runs:
-        net = Network(Topology(I, H, 1, run_direction), run_layers, cell)
-        h0 = None if initial_h is None else np.ascontiguousarray(initial_h[ds])
-        y, hy, _ = engine.forward(net, X, h0, lengths=lengths, batch_major=bool(layout))
-        nd = ds.stop - ds.start
-        if layout:   # y [N, T, nd·H] → Y[:, :, ds] [N, T, nd, H]
-            Y[:, :, ds] = y.reshape(N, T, nd, H)
-        else:        # y [T, N, nd·H] → Y[:, ds] [T, nd, N, H]
-            Y[:, ds] = y.reshape(T, N, nd, H).transpose(0, 2, 1, 3)
-        Y_h[ds] = hy
-    if lengths is not None:
-        Y_h[:, lengths == 0] = 0      # onnxruntime: Y_h = 0 for an empty sequence
-    if layout:
-        Y_h = np.ascontiguousarray(Y_h.transpose(1, 0, 2))
-    return Y, Y_h
+    return _operator("GRU", X, W, R, B, sequence_lens, initial_h, None, None,
+                     hidden_size=hidden_size, direction=direction, layout=layout,
+                     linear_before_reset=linear_before_reset, activations=activations,
+                     activation_alpha=activation_alpha, activation_beta=activation_beta,
+                     clip=clip)
 
 
-# --- run(): one-node ONNX models ------------------------------------------------------------
-_INPUT_NAMES = ("X", "W", "R", "B", "sequence_lens", "initial_h")
-_ATTRIBUTES = ("hidden_size", "direction", "linear_before_reset", "activations",
-               "activation_alpha", "activation_beta", "clip", "layout")
+def lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *,
+         hidden_size=None, direction="forward", activations=None, activation_alpha=None,
+         activation_beta=None, clip=None, input_forget=0, layout=0):
+    """The ONNX ``LSTM`` operator: ``(Y, Y_h, Y_c)``.
 
+    Inputs (ONNX names and shapes; float32 or float64, one dtype)::
 
-def _import_onnx():
-    try:
-        import onnx
-        import onnx.numpy_helper  # noqa: F401
-    except ImportError as e:
-        raise ImportError("cgru.onnx.run needs the 'onnx' package to read models (pip install "
-                          "onnx); cgru.onnx.gru works without it") from e
-    return onnx
+        X              [T, N, I]  ([N, T, I] with layout=1)
+        W              [D, 4H, I]   gates i, o, f, c
+        R              [D, 4H, H]
+        B              [D, 8H] = [Wb_iofc, Rb_iofc]        (None: zeros)
+        sequence_lens  [N] int, values in [0, T]           (None: all T)
+        initial_h      [D, N, H]  ([N, D, H] with layout=1) (None: zeros)
+        initial_c      [D, N, H]  ([N, D, H] with layout=1) (None: zeros)
+        P              [D, 3H] = [P_i, P_o, P_f] peepholes (None: none)
 
+    With peepholes ``i = f(… + P_i ⊙ c)``, ``f = f(… + P_f ⊙ c)``, ``o = f(… + P_o ⊙ c')``
+    (``c'`` the new cell state), inside the clip.  Attributes: ``hidden_size``,
+    ``direction`` as for ``gru``; ``input_forget`` (1: coupled gates, the forget gate is
+    ``1 − i`` and its weights and ``P_f`` are not used — onnxruntime's definition);
+    ``activations`` (``3·D`` names ``f, g, h`` per direction: gates, cell input, cell output;
+    default Sigmoid, Tanh, Tanh); ``activation_alpha``, ``activation_beta``, ``clip`` and
+    ``layout`` as for ``gru``.
 
-def _load_model(onnx, model):
-    """The ``ModelProto`` in a file or in serialized bytes (``ValueError`` when they do not
-    parse as one)."""
-    from google.protobuf.message import DecodeError      # onnx's own dependency
-    try:
-        if isinstance(model, bytes):
-            return onnx.load_model_from_string(model)
-        return onnx.load(os.fspath(model))
-    except DecodeError as e:
-        what = f"{len(model)} bytes" if isinstance(model, bytes) else f"file {os.fspath(model)!r}"
-        raise ValueError(f"model: cannot parse {what} as an ONNX model ({e})") from None
-
-
-def run(model, inputs):
-    """Run a model whose graph is one ``GRU`` node: ``{output name: array}``.
-
-    ``model``: a path to an ``.onnx`` file, its bytes, or an ``onnx.ModelProto``; ``inputs``: a
-    dict from graph input name to array (initializers of the graph supply the rest).  Returns
-    one entry per output the node names (``Y`` and/or ``Y_h``).  Needs the optional ``onnx``
-    package (``cgru.onnx.gru`` does not).
+    Returns ``Y`` ``[T, D, N, H]`` (``[N, T, D, H]`` with layout=1), ``Y_h`` and ``Y_c``
+    ``[D, N, H]`` (``[N, D, H]``); ``sequence_lens`` as for ``gru`` (``Y_h = Y_c = 0`` for
+    ``len = 0``).  The cell state is not clipped (as in onnxruntime).
     """
-    onnx = _import_onnx()
-    if isinstance(model, (str, os.PathLike, bytes)):
-        model = _load_model(onnx, model)
-    if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"model: expected a path, serialized bytes or an onnx.ModelProto, got "
-                        f"{type(model).__name__}")
-    if not isinstance(inputs, dict):
-        raise TypeError(f"inputs: expected a dict from input name to array, got "
-                        f"{type(inputs).__name__}")
-    graph = model.graph
-    nodes = list(graph.node)
-    if len(nodes) != 1 or nodes[0].op_type != "GRU" or nodes[0].domain not in ("", "ai.onnx"):
-        found = [f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in nodes]
-        raise ValueError(f"model: expected a graph of exactly one GRU node, got {found}")
-    node = nodes[0]
-    opset = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    if opset and opset[0] < 7:
-        raise ValueError(f"model: GRU-1/GRU-3 (opset {opset[0]} < 7) are not supported; "
-                         f"re-export the model with opset ≥ 7")
+    return _operator("LSTM", X, W, R, B, sequence_lens, initial_h, initial_c, P,
+                     hidden_size=hidden_size, direction=direction, layout=layout,
+                     input_forget=input_forget, activations=activations,
+                     activation_alpha=activation_alpha, activation_beta=activation_beta,
+                     clip=clip)
 
-    values = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
-    values.update(inputs)
-    args = {}
-    for slot, name in zip(_INPUT_NAMES, node.input):
-        if name == "":
-            continue
-        if name not in values:
-            raise ValueError(f"inputs: missing {name!r} (the GRU input {slot}); got "
-                             f"{sorted(inputs)}")
-        args[slot] = np.asarray(values[name])
-    for slot in ("X", "W", "R"):
-        if slot not in args:
-            raise ValueError(f"model: the GRU node has no {slot} input")
 
-    attrs = {}
-    for a in node.attribute:
-        if a.name not in _ATTRIBUTES:
-            raise ValueError(f"model: unsupported GRU attribute {a.name!r}")
-        attrs[a.name] = onnx.helper.get_attribute_value(a)      # str values come as bytes
-    Y, Y_h = gru(args["X"], args["W"], args["R"], args.get("B"), args.get("sequence_lens"),
-                 args.get("initial_h"), **attrs)
-    out = {}
-    for name, value in zip(node.output, (Y, Y_h)):
-        if name:
-            out[name] = value
-    return out
+def rnn(X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None,
+        direction="forward", activations=None, activation_alpha=None, activation_beta=None,
+        clip=None, layout=0):
+    """The ONNX ``RNN`` operator (``H_t = f(X_t·Wᵀ + H_{t−1}·Rᵀ + Wb + Rb)``): ``(Y, Y_h)``.
+
+    Inputs (ONNX names and shapes; float32 or float64, one dtype)::
+
+        X              [T, N, I]  ([N, T, I] with layout=1)
+        W              [D, H, I]
+        R              [D, H, H]
+        B              [D, 2H] = [Wb, Rb]                  (None: zeros)
+        sequence_lens  [N] int, values in [0, T]           (None: all T)
+        initial_h      [D, N, H]  ([N, D, H] with layout=1) (None: zeros)
+
+    Attributes as for ``gru``; ``activations`` holds ``f`` per direction (default Tanh).  The
+    specification's default lists two names (Tanh, Tanh), so a one-direction node that gives
+    two uses the first (and its alpha/beta), as onnxruntime does.  Returns ``Y``
+    ``[T, D, N, H]`` and ``Y_h`` ``[D, N, H]`` (batch first with layout=1); ``sequence_lens``
+    as for ``gru``.
+    """
+    return _operator("RNN", X, W, R, B, sequence_lens, initial_h, None, None,
+                     hidden_size=hidden_size, direction=direction, layout=layout,
+                     activations=activations, activation_alpha=activation_alpha,
+                     activation_beta=activation_beta, clip=clip)
+
+
+OPERATORS = {"GRU": gru, "LSTM": lstm, "RNN": rnn}
+
+
+# --- whole models ---------------------------------------------------------------------------
+def run(model, inputs, outputs=None):
+    """Run an ONNX model: ``{output name: array}``, in the graph's output order.
+
+    ``model``: a path to an ``.onnx`` file, its bytes, or an ``onnx.ModelProto`` — a whole
+    model such as ``torch.onnx.export`` writes.  Every ``GRU``, ``LSTM`` and ``RNN`` node
+    (opset ≥ 7; inside ``If``/``Loop``/``Scan`` bodies and local functions too) is computed by
+    cgru (``gru``, ``lstm``, ``rnn``); every other node by the ``onnx`` package's reference
+    evaluator (``onnx.reference.ReferenceEvaluator``).  ``inputs``: a dict from graph input
+    name to array — initializers supply the rest, and a value given under an initializer's
+    name replaces it.  ``outputs``: the names to return (``None``: the graph's outputs; any
+    value the graph computes may be named).  Arrays are checked against the graph inputs'
+    declared element types and fixed dimensions.  Needs the optional ``onnx`` package
+    (``gru``, ``lstm`` and ``rnn`` do not).
+    """
+    from cgru import _onnx_graph
+    return _onnx_graph.run_model(model, inputs, outputs)
+
+
+@dataclass(frozen=True, eq=False)
+class RecurrentLayer:
+    """One ``GRU`` / ``LSTM`` / ``RNN`` node of a model with its weights (``recurrent_layers``).
+
+    ``op_type``; ``name`` (the node's, may be ``""``); ``index`` (its position in
+    ``graph.node``); ``inputs`` / ``outputs`` (the node's value names, ``""`` for an omitted
+    one); ``attributes`` (as the node gives them, names decoded to ``str``); ``weights``
+    (``{"W", "R"}`` and ``"B"``, ``"P"`` when the node has them, in ONNX's layout and gate
+    order, read from the model); ``initial`` (whichever of ``sequence_lens``, ``initial_h``,
+    ``initial_c`` the model fixes statically — the others come at run time); ``networks``
+    (the cgru networks of the node: one, or a forward and a reverse one when the two
+    directions' activations differ).
+    """
+    op_type: str
+    name: str
+    index: int
+    inputs: tuple
+    outputs: tuple
+    attributes: dict
+    weights: dict
+    initial: dict
+    networks: tuple
+
+    @property
+    def network(self):
+        """The node as one ``cgru.Network`` (``ValueError`` when its directions differ in
+        activations: use ``networks``)."""
+        if len(self.networks) != 1:
+            raise ValueError(f"{self.op_type} node {self.name!r}: its two directions use "
+                             f"different activations, which one cgru network cannot hold; "
+                             f"use .networks (forward, reverse)")
+        return self.networks[0]
+
+    @property
+    def batch_major(self):
+        """True for ``layout=1`` (``X`` ``[N, T, I]``): pass as ``cgru.forward(...,
+        batch_major=...)``."""
+        return int(self.attributes.get("layout", 0)) == 1
+
+    def __call__(self, X, **inputs):
+        """The node's outputs for ``X`` (``gru``/``lstm``/``rnn``): the model's static
+        ``initial`` values unless ``sequence_lens=``, ``initial_h=``, ``initial_c=`` are
+        given."""
+        args = {**self.weights, **self.initial, **inputs}
+        return OPERATORS[self.op_type](X, **args, **self.attributes)
+
+
+def recurrent_layers(model):
+    """The ``GRU``, ``LSTM`` and ``RNN`` nodes of a model's main graph, in graph order, as
+    ``RecurrentLayer`` values (weights, attributes and cgru ``Network``\\ s).
+
+    Weights are read from initializers — also those the graph lists as inputs (their stored
+    value is taken) — and through any chain of deterministic nodes with static inputs
+    (``Constant``, ``Identity``, ``Transpose``, ``Slice``, ``Concat``, …, evaluated once by the
+    reference evaluator).  A weight that depends on a graph input without an initializer (or on
+    a random or control-flow node) cannot be resolved statically: ``ValueError`` naming the
+    node, the input and the chain.  Needs the ``onnx`` package.
+
+    ``layer.network`` runs, converts (``cgru.convert.to_torch``, …) and differentiates
+    (``cgru.forward(..., training=True)``, ``cgru.backward``) like any network; mind
+    ``layer.batch_major`` and that ONNX's ``Y`` is ``[T, D, N, H]`` where cgru's ``y`` is
+    ``[T, N, D·H]``.  ``layer(X)`` computes the node itself.
+    """
+    from cgru import _onnx_graph
+    return _onnx_graph.recurrent_layers(model)
+
+
+def _layer(op_type, node, index, values, attrs):
+    """A ``RecurrentLayer`` of ``node`` from its static input ``values`` (by slot)."""
+    direction = _rules.option(attrs.get("direction", "forward"), "direction",
+                              onnx_system.DIRECTIONS)
+    D = 2 if direction == "bidirectional" else 1
+    W, R, B, P, H, I = _weights(op_type, values["W"], values["R"], values.get("B"),
+                                values.get("P"), D, attrs.get("hidden_size"))
+    runs = _plan(op_type, W, R, B, P, D, direction, I, H, attrs)
+    weights = {k: values[k] for k in ("W", "R", "B", "P") if values.get(k) is not None}
+    initial = {k: values[k] for k in ("sequence_lens", "initial_h", "initial_c")
+               if values.get(k) is not None}
+    return RecurrentLayer(op_type=op_type, name=node.name, index=index,
+                          inputs=tuple(node.input), outputs=tuple(node.output),
+                          attributes=dict(attrs), weights=weights, initial=initial,
+                          networks=tuple(net for net, _ in runs))

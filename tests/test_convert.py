@@ -1318,6 +1318,64 @@ def test_canonical_lstm_stack_to_onnx_nodes_in_onnxruntime():
     _assert_params_equal(q, p)
 
 
+@pytest.mark.parametrize("direction,input_forget,peep", [
+    ("forward", 0, True), ("reverse", 1, False), ("bidirectional", 1, True),
+    ("bidirectional", 0, "first")])
+def test_onnx_lstm_peepholes_and_input_forget_convert_exactly(direction, input_forget, peep):
+    """ONNX P [D, 3H] (i, o, f) and input_forget=1 map onto LSTMCell(peepholes, input_forget)
+    and LayerParams.P (i, f, o): the network computes onnxruntime's function, and converts
+    back bit for bit."""
+    D = 2 if direction == "bidirectional" else 1
+    H, I, T, N = 3, 4, 5, 3
+    rng = _rng(97 + D + input_forget)
+    layer = {"W": rng.uniform(-1, 1, (D, 4 * H, I)).astype(np.float32),
+             "R": rng.uniform(-1, 1, (D, 4 * H, H)).astype(np.float32),
+             "B": rng.uniform(-1, 1, (D, 8 * H)).astype(np.float32)}
+    if peep:
+        layer["P"] = rng.uniform(-1, 1, (D, 3 * H)).astype(np.float32)
+        if peep == "first":                    # one direction without peepholes: zeros
+            layer["P"][1:] = 0
+    attrs = dict(hidden_size=H, direction=direction, clip=2.5)
+    if input_forget:
+        attrs["input_forget"] = 1
+    X = _x(T, N, I, seed=98, dtype=np.float32)
+    Y = _ort("LSTM", X, layer, attrs)
+    net = convert.from_onnx(layer, op_type="LSTM", **attrs)
+    assert net.cell.peepholes == bool(peep) and net.cell.input_forget == bool(input_forget)
+    if peep:        # canonical P = [P_i, P_f, P_o] of ONNX's [P_i, P_o, P_f]
+        np.testing.assert_array_equal(net[0].P, layer["P"][0][np.r_[0:H, 2 * H:3 * H, H:2 * H]])
+    np.testing.assert_allclose(_forward(net, X)[0],
+                               Y.transpose(0, 2, 1, 3).reshape(T, N, D * H), **F32)
+    layers, attrs2 = convert.to_onnx(net)
+    assert attrs2 == attrs and sorted(layers[0]) == sorted(layer)
+    for k in layer:
+        np.testing.assert_array_equal(layers[0][k], layer[k])
+    # the coupled gates ignore the forget gate's own weights (and P_f), as onnxruntime does
+    if input_forget:
+        other = {k: v.copy() for k, v in layer.items()}
+        other["W"][:, 2 * H:3 * H] += 1.0
+        if peep:
+            other["P"][:, 2 * H:] += 1.0
+        np.testing.assert_array_equal(_forward(convert.from_onnx(other, op_type="LSTM", **attrs),
+                                               X)[0], _forward(net, X)[0])
+
+
+def test_onnx_zero_peepholes_are_no_peepholes():
+    """An all-zero P is the same function as none: no peephole cell (cuDNN's fast LSTM), and
+    P is not written back; a stack where one node has peepholes gives every node P."""
+    lstm_layers, attrs = convert.to_onnx(_net(LSTM, L=2, seed=99))
+    zero = [dict(l, P=np.zeros((1, 6))) for l in lstm_layers]
+    net = convert.from_onnx(zero, op_type="LSTM", **attrs)
+    assert net.cell == LSTM and "P" not in convert.to_onnx(net)[0][0]
+    P = np.zeros((1, 6))
+    P[0, 2] = 0.5
+    net = convert.from_onnx([dict(lstm_layers[0], P=P), lstm_layers[1]], op_type="LSTM", **attrs)
+    assert net.cell.peepholes
+    back, _ = convert.to_onnx(net)
+    np.testing.assert_array_equal(back[0]["P"], P)
+    np.testing.assert_array_equal(back[1]["P"], np.zeros((1, 6)))
+
+
 def test_onnx_refusals_for_lstm_and_rnn():
     lstm_layers, lstm_attrs = convert.to_onnx(_net(LSTM, seed=91))
     for net, kw, match in [
@@ -1330,12 +1388,10 @@ def test_onnx_refusals_for_lstm_and_rnn():
             convert.to_onnx(net, **kw)
     P = np.zeros((1, 6))
     P[0, 2] = 0.5
-    with pytest.raises(ValueError, match=r"^layers\[0\]\['P'\]: non-zero peephole weights"):
-        convert.from_onnx(dict(lstm_layers[0], P=P), op_type="LSTM", **lstm_attrs)
     with pytest.raises(ValueError, match=r"layers\[0\]\['P'\]: expected shape \[1, 6\]"):
         convert.from_onnx(dict(lstm_layers[0], P=np.zeros((1, 8))), op_type="LSTM")
-    with pytest.raises(ValueError, match=r"^input_forget: 1 couples the input and forget"):
-        convert.from_onnx(lstm_layers, op_type="LSTM", input_forget=1)
+    with pytest.raises(ValueError, match=r"^input_forget: expected one of 0, 1"):
+        convert.from_onnx(lstm_layers, op_type="LSTM", input_forget=2)
     with pytest.raises(ValueError, match=r"^input_forget: is an ONNX LSTM attribute"):
         convert.from_onnx(lstm_layers, op_type="RNN", input_forget=1)
     with pytest.raises(ValueError, match=r"^linear_before_reset: is an ONNX GRU attribute"):

@@ -252,10 +252,18 @@ def test_run_errors():
     model = _model({}, inputs)
     with pytest.raises(ValueError, match="missing 'X'"):
         connx.run(model, {k: v for k, v in inputs.items() if k != "X"})
+    with pytest.raises(ValueError, match="'x' is not an input of the graph"):
+        connx.run(model, dict(inputs, x=inputs["X"]))
+    with pytest.raises(TypeError, match=r"inputs\['X'\]: expected dtype float32"):
+        connx.run(model, dict(inputs, X=inputs["X"].astype(np.float64)))
+    with pytest.raises(ValueError, match="outputs: \\['Q'\\] are not values"):
+        connx.run(model, inputs, outputs=["Q"])
+    # a graph of more nodes runs whole: the GRU by cgru, the Relu by the reference evaluator
     two = _model({}, inputs)
     two.graph.node.append(helper.make_node("Relu", ["Y"], ["Z"]))
-    with pytest.raises(ValueError, match="exactly one GRU node"):
-        connx.run(two, inputs)
+    got = connx.run(two, inputs, outputs=["Z", "Y"])
+    assert list(got) == ["Z", "Y"]
+    np.testing.assert_array_equal(got["Z"], np.maximum(got["Y"], 0))
     with pytest.raises(ValueError, match="opset 3"):
         connx.run(_model({}, inputs, opset=3), inputs)
     with pytest.raises(TypeError, match="model"):

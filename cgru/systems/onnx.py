@@ -15,20 +15,28 @@ the canonical parameters like this (``[A; B]`` stacks row blocks of ``H``)::
     LSTM  (gates ONNX i, o, f, c → canonical i, f, g, o)
     W [D, 4H, I]  = [W_i; W_o; W_f; W_c]                → W   = [W_i; W_f; W_c; W_o]
     R [D, 4H, H], B [D, 8H] = [Wb_iofc, Rb_iofc]        → R, b_W, b_R likewise
-    P [D, 3H]     peepholes (i, o, f)                   → absent or all zeros (cgru has no
-                                                          peepholes: non-zero P is refused)
+    P [D, 3H]     = [P_i, P_o, P_f] peepholes           → LSTMCell(peepholes=True),
+                                                          LayerParams.P = [P_i, P_f, P_o]
+                                                          (absent or all zeros: no peepholes,
+                                                          the same function)
     activations [f, g, h] (per direction)               → LSTMCell(f_i=f_f=f_o=f, g=g, h=h)
-    input_forget = 0                                    (1, coupled gates, is refused)
+    input_forget = 0 / 1                                → LSTMCell(input_forget=False / True)
+                                                          (1: f = 1 − i, as onnxruntime)
 
     RNN
     W [D, H, I], R [D, H, H], B [D, 2H] = [Wb, Rb]      → W, R, b_W, b_R
-    activations [f] (per direction)                     → RNNCell(f)
+    activations [f] (per direction)                     → RNNCell(f)  (two names for one
+                                                          direction: the first, as
+                                                          onnxruntime; the spec's default
+                                                          is Tanh, Tanh)
 
     every operator: clip → the cell's clip; direction forward / reverse / bidirectional →
     Topology(direction=...); hidden_size → H; layout does not change the weights.
 
-ONNX has no LSTM projection (refused).  Attribute values may be ``str`` or ``bytes``
-(``onnx.helper.get_attribute_value`` gives bytes).
+ONNX has no LSTM projection (refused).  With peepholes the gates see the cell state:
+``a_i += P_i ⊙ c``, ``a_f += P_f ⊙ c``, ``a_o += P_o ⊙ c'`` (the new state), inside the clip;
+with ``input_forget=1`` the forget gate's weights and ``P_f`` are not used.  Attribute values
+may be ``str`` or ``bytes`` (``onnx.helper.get_attribute_value`` gives bytes).
 """
 import dataclasses
 import numbers
@@ -41,8 +49,8 @@ from cgru.core.network import DIRECTIONS, LayerParams, Network, Topology
 from cgru.systems import _rules
 from cgru.systems._rules import RZN_TO_ZRN
 
-__all__ = ["ACTIVATIONS", "DIRECTIONS", "OP_TYPES", "activations_to_cells", "cells_of",
-           "layer_params", "attributes", "to_onnx", "from_onnx"]
+__all__ = ["ACTIVATIONS", "DIRECTIONS", "OP_TYPES", "PEEPHOLE_ORDER", "activations_to_cells",
+           "cells_of", "layer_params", "attributes", "to_onnx", "from_onnx"]
 
 # ONNX activation name (lower case) -> (its spelling, cgru activation name, takes alpha,
 # takes beta).
@@ -70,6 +78,8 @@ _IDENTITY = Activation("affine", 1.0, 0.0)
 OP_TYPES = {"GRU": ("gru", 3, RZN_TO_ZRN, ("Sigmoid", "Tanh")),
             "LSTM": ("lstm", 4, (0, 3, 1, 2), ("Sigmoid", "Tanh", "Tanh")),
             "RNN": ("rnn", 1, (0,), ("Tanh",))}
+# ONNX P = [P_i, P_o, P_f] ↔ canonical LayerParams.P = [P_i, P_f, P_o] (its own inverse)
+PEEPHOLE_ORDER = (0, 2, 1)
 _OP_OF_KIND = {kind: op for op, (kind, _, _, _) in OP_TYPES.items()}
 # what each operator's activations are, in order, per direction
 _ACT_ROLES = {"GRU": "f, g", "LSTM": "f, g, h", "RNN": "f"}
@@ -99,6 +109,10 @@ def _parse_activations(activations, activation_alpha, activation_beta, op_type, 
         if isinstance(activations, (str, bytes)) or not hasattr(activations, "__iter__"):
             raise TypeError(f"activations: expected a list of names, got {activations!r}")
         names = [validate.text(a) for a in activations]
+        if op_type == "RNN" and D == 1 and len(names) == 2:
+            # the specification's default lists two names (Tanh, Tanh) whatever the direction;
+            # onnxruntime reads the first (and its alpha/beta) for a one-direction node
+            return _parse_activations(names, activation_alpha, activation_beta, op_type, 2)[:1]
         if len(names) != per * D:
             raise ValueError(f"activations: expected {per * D} names ({_ACT_ROLES[op_type]} "
                              f"for each of the {D} direction(s) of an ONNX {op_type}), got "
@@ -133,11 +147,12 @@ def _clip(clip):
 
 
 def cells_of(op_type, activations, activation_alpha, activation_beta, clip, num_directions,
-             *, linear_before_reset=0, input_forget=0):
+             *, linear_before_reset=0, input_forget=0, peepholes=False):
     """One cell per direction of an ONNX ``op_type`` node ("GRU", "LSTM", "RNN") from its
     attributes (``activations_to_cells`` for the rules of the activation lists).
-    ``linear_before_reset`` (0/1) is the GRU's, ``input_forget`` the LSTM's (0 only: cgru
-    does not couple the input and forget gates); each must be 0 for the other operators."""
+    ``linear_before_reset`` (0/1) is the GRU's, ``input_forget`` (0/1: ``f = 1 − i``) and
+    ``peepholes`` (the node has a non-zero ``P``) the LSTM's; each must be 0 / False for the
+    other operators."""
     acts = _parse_activations(activations, activation_alpha, activation_beta, op_type,
                               num_directions)
     clip = _clip(clip)
@@ -149,14 +164,14 @@ def cells_of(op_type, activations, activation_alpha, activation_beta, clip, num_
     if input_forget and op_type != "LSTM":
         raise ValueError(f"input_forget: is an ONNX LSTM attribute; an ONNX {op_type} has none "
                          f"(expected 0, got {input_forget})")
-    if input_forget:
-        raise ValueError("input_forget: 1 couples the input and forget gates (i = 1 − f), "
-                         "which cgru's LSTMCell does not compute; expected 0")
+    if peepholes and op_type != "LSTM":
+        raise ValueError(f"P: peepholes are an ONNX LSTM input; an ONNX {op_type} has none")
     if op_type == "GRU":
         return [GRUCell(reset_after=bool(linear_before_reset), f_r=f, f_z=f, g=g, clip=clip)
                 for f, g in acts]
     if op_type == "LSTM":
-        return [LSTMCell(f_i=f, f_f=f, f_o=f, g=g, h=h, clip=clip) for f, g, h in acts]
+        return [LSTMCell(f_i=f, f_f=f, f_o=f, g=g, h=h, clip=clip, peepholes=bool(peepholes),
+                         input_forget=bool(input_forget)) for f, g, h in acts]
     return [RNNCell(f, clip=clip) for (f,) in acts]
 
 
@@ -173,9 +188,10 @@ def activations_to_cells(activations, activation_alpha, activation_beta, clip,
                     num_directions, linear_before_reset=linear_before_reset)
 
 
-def layer_params(W, R, B, num_directions, op_type="GRU"):
-    """Canonical ``LayerParams`` per direction from one node's ``W``, ``R``, ``B`` (checked
-    shapes; ``B`` may be None: zeros).  The arrays are new."""
+def layer_params(W, R, B, num_directions, op_type="GRU", P=None):
+    """Canonical ``LayerParams`` per direction from one node's ``W``, ``R``, ``B`` and, for an
+    LSTM with peepholes, ``P`` ``[D, 3H]`` (ONNX i, o, f → canonical i, f, o); checked shapes;
+    ``B`` may be None: zeros; ``P`` None: no peepholes.  The arrays are new."""
     H = R.shape[-1]
     _, G, order, _ = OP_TYPES[op_type]
     back = _rules.inverse(order)
@@ -183,8 +199,9 @@ def layer_params(W, R, B, num_directions, op_type="GRU"):
     out = []
     for d in range(num_directions):
         b = np.zeros(2 * G * H, W.dtype) if B is None else B[d]
+        peep = None if P is None else _rules.permute_gates(P[d], H, PEEPHOLE_ORDER)
         out.append(LayerParams(W=canonical(W[d]), R=canonical(R[d]),
-                               b_W=canonical(b[:G * H]), b_R=canonical(b[G * H:])))
+                               b_W=canonical(b[:G * H]), b_R=canonical(b[G * H:]), P=peep))
     return out
 
 
@@ -199,9 +216,9 @@ def _roles(cell):
 
 def attributes(cell, topo):
     """The node attributes of ``cell`` on ``topo``: ``hidden_size``, ``direction``,
-    ``linear_before_reset`` (GRU) and, when not the defaults, ``activations`` with explicit
-    ``activation_alpha``/``activation_beta`` (ONNX and onnxruntime disagree on some
-    defaults), and ``clip``."""
+    ``linear_before_reset`` (GRU), ``input_forget=1`` (an LSTM with coupled gates) and, when
+    not the defaults, ``activations`` with explicit ``activation_alpha``/``activation_beta``
+    (ONNX and onnxruntime disagree on some defaults), and ``clip``."""
     op_type = _OP_OF_KIND[cell.kind]
     names, alphas, betas = [], [], []
     for act in _roles(cell) * topo.num_directions:
@@ -215,6 +232,8 @@ def attributes(cell, topo):
     attrs = {"hidden_size": topo.hidden_size, "direction": topo.direction}
     if cell.kind == "gru":
         attrs["linear_before_reset"] = int(cell.reset_after)
+    if cell.kind == "lstm" and cell.input_forget:
+        attrs["input_forget"] = 1
     if names != list(OP_TYPES[op_type][3]) * topo.num_directions:
         attrs["activations"] = names
         if alphas:
@@ -253,11 +272,12 @@ def to_onnx(net, cell=None, *, linear_before_reset=None):
     (``cgru.RNNCell``).
 
     ``layers[l]`` = ``{"W": [D, G·H, in], "R": [D, G·H, H], "B": [D, 2G·H]}`` (ONNX's gate
-    order, module docstring; ``B = [Wb, Rb]``; no peepholes); ``attributes`` (the same for
-    every node) as ``attributes``.  The identity maps to ``Affine(1, 0)``.  Layer ``l ≥ 1``
-    reads the previous ``Y [T, D, N, H]`` transposed to ``[T, N, D·H]``.  Use as
-    ``onnx.helper.make_node(op_type, …, **attributes)``, ``cgru.onnx.gru(X, **layers[0],
-    **attributes)`` for a GRU, and read back with ``from_onnx(layers, op_type=…,
+    order, module docstring; ``B = [Wb, Rb]``), plus ``"P": [D, 3H]`` (i, o, f) for an LSTM
+    with peepholes; ``attributes`` (the same for every node) as ``attributes``.  The identity
+    maps to ``Affine(1, 0)``.  Layer ``l ≥ 1`` reads the previous ``Y [T, D, N, H]``
+    transposed to ``[T, N, D·H]``.  Use as ``onnx.helper.make_node(op_type, …,
+    **attributes)``, ``cgru.onnx.gru(X, **layers[0], **attributes)`` (``lstm``, ``rnn``
+    likewise), and read back with ``from_onnx(layers, op_type=…,
     **attributes)``.  ``linear_before_reset`` (GRU; None: the cell's form) demands one form.
     """
     topo, cell = _rules.network_and_cell(net, cell)
@@ -268,10 +288,14 @@ def to_onnx(net, cell=None, *, linear_before_reset=None):
     layers = []
     for l in range(topo.num_layers):
         idx = range(l * D, (l + 1) * D)
-        layers.append({
+        layer = {
             "W": np.stack([onnx(_rules.input_matrix(net, i)) for i in idx]),
             "R": np.stack([onnx(net[i].R) for i in idx]),
-            "B": np.stack([np.concatenate([onnx(net[i].b_W), onnx(net[i].b_R)]) for i in idx])})
+            "B": np.stack([np.concatenate([onnx(net[i].b_W), onnx(net[i].b_R)]) for i in idx])}
+        if getattr(cell, "peepholes", False):
+            layer["P"] = np.stack([_rules.permute_gates(net[i].P, H, PEEPHOLE_ORDER)
+                                   for i in idx])
+        layers.append(layer)
     return layers, attributes(cell, topo)
 
 
@@ -300,11 +324,15 @@ def from_onnx(layers, *, op_type="GRU", hidden_size=None, direction="forward",
     """A ``cgru.Network`` (with the nodes' cell) from ONNX nodes of ``op_type`` ("GRU" — the
     default, as before the other operators —, "LSTM", "RNN"; ``str`` or ``bytes``):
     ``layers`` is one ``{"W", "R", "B"}`` dict per node (``B`` optional; an LSTM's ``P``
-    optional and zero) — or a single dict — all with the same attributes (ONNX's defaults:
-    ``linear_before_reset=0``, the reset-before GRU; ``input_forget=0``).
+    optional) — or a single dict — all with the same attributes (ONNX's defaults:
+    ``linear_before_reset=0``, the reset-before GRU; ``input_forget=0``).  A non-zero ``P`` in
+    any node gives ``LSTMCell(peepholes=True)`` (every layer then has ``P``: zeros where a node
+    has none); absent or all-zero ``P`` everywhere gives no peepholes (the same function, and
+    the fast kernels).  ``input_forget=1`` gives ``LSTMCell(input_forget=True)``.
 
     The two directions of a bidirectional node must use the same activations (a network has
-    one cell; ``cgru.onnx.gru`` runs such a GRU node directly).  ``layout`` (0 or 1) does not
+    one cell; ``cgru.onnx.gru`` / ``lstm`` / ``rnn`` run such a node directly, and
+    ``cgru.onnx.recurrent_layers`` gives it as two networks).  ``layout`` (0 or 1) does not
     affect the weights.
     """
     op_type = _rules.option(op_type, "op_type", tuple(OP_TYPES))
@@ -320,10 +348,10 @@ def from_onnx(layers, *, op_type="GRU", hidden_size=None, direction="forward",
                      linear_before_reset=linear_before_reset, input_forget=input_forget)
     if cells[0] != cells[-1]:
         raise ValueError("activations: the two directions use different activations, which "
-                         "one cgru cell cannot express" +
-                         ("; run the node with cgru.onnx.gru" if op_type == "GRU" else ""))
+                         "one cgru cell cannot express; run the node with cgru.onnx."
+                         f"{op_type.lower()} (or see cgru.onnx.recurrent_layers)")
     optional = ("B", "P") if op_type == "LSTM" else ("B",)
-    out, dtype, I, H = [], None, None, None
+    checked, dtype, I, H = [], None, None, None
     for l, node in enumerate(layers):
         what = f"layers[{l}]"
         node = _rules.tensor_dict(node, what, ("W", "R"), optional)
@@ -349,9 +377,14 @@ def from_onnx(layers, *, op_type="GRU", hidden_size=None, direction="forward",
         if P is not None:
             P = _rules.shaped(_rules.weight(P, f"{what}['P']", dtype), f"{what}['P']",
                               (D, 3 * H))
-            if np.any(P):
-                raise ValueError(f"{what}['P']: non-zero peephole weights; cgru's LSTMCell has "
-                                 f"no peephole connections (yet), so this node's function "
-                                 f"cannot be converted (absent or all-zero P converts)")
-        out += layer_params(W, R, B, D, op_type)
-    return Network(Topology(I, H, len(layers), direction), out, _identity_for_affine(cells[0]))
+        checked.append((W, R, B, P))
+    peepholes = any(P is not None and np.any(P) for _, _, _, P in checked)
+    cell = _identity_for_affine(cells[0])
+    if peepholes:
+        cell = dataclasses.replace(cell, peepholes=True)
+    out = []
+    for W, R, B, P in checked:
+        if peepholes and P is None:
+            P = np.zeros((D, 3 * H), dtype)
+        out += layer_params(W, R, B, D, op_type, P if peepholes else None)
+    return Network(Topology(I, H, len(layers), direction), out, cell)
