@@ -1341,7 +1341,8 @@ def test_onnx_lstm_peepholes_and_input_forget_convert_exactly(direction, input_f
     X = _x(T, N, I, seed=98, dtype=np.float32)
     Y = _ort("LSTM", X, layer, attrs)
     net = convert.from_onnx(layer, op_type="LSTM", **attrs)
-    assert net.cell.peepholes == bool(peep) and net.cell.input_forget == bool(input_forget)
+    assert net.cell.peepholes == ("ifo" if peep else False)
+    assert net.cell.input_forget == bool(input_forget)
     if peep:        # canonical P = [P_i, P_f, P_o] of ONNX's [P_i, P_o, P_f]
         np.testing.assert_array_equal(net[0].P, layer["P"][0][np.r_[0:H, 2 * H:3 * H, H:2 * H]])
     np.testing.assert_allclose(_forward(net, X)[0],
@@ -1675,7 +1676,7 @@ def test_every_lstm_and_rnn_system_round_trips_its_own_tensors_bitwise():
 
 # Which targets can express a feature of an LSTM / RNN source (all others refuse it).
 RELU = cgru.Activation("relu")
-ONNX_PEEPHOLES = set()
+ONNX_PEEPHOLES = {"ON"}
 KIND_FEATURES = {
     "lstm bidirectional": ({"PT", "TF", "ON", "KE", "DN"},
                            lambda: _net(LSTM, 3, 2, 1, "bidirectional", seed=60)),
@@ -1690,8 +1691,8 @@ KIND_FEATURES = {
     "lstm projection bidirectional": ({"PT", "TF", "DN"},
                                       lambda: _net(LSTM, 3, 2, 1, "bidirectional", proj=1,
                                                    seed=66)),
-    # ONNX has peepholes in the "ifo" form and coupled gates (once cgru.onnx maps P and
-    # input_forget); nobody else has either: a silent drop would change the function
+    # ONNX has peepholes in the "ifo" form and coupled gates, nobody else has either (an
+    # "ifgo" cell converts through MPSGraph's LSTM operator): a drop would change the function
     "lstm peepholes ifo": (ONNX_PEEPHOLES,
                            lambda: _net(cgru.LSTMCell(peepholes="ifo"), seed=73)),
     "lstm peepholes ifgo": (set(), lambda: _net(cgru.LSTMCell(peepholes="ifgo"), seed=74)),

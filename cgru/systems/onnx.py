@@ -259,7 +259,7 @@ def _require(cell, topo, linear_before_reset):
                          f"is {_rules.KIND_NAMES[cell.kind]}")
     if cell.kind == "lstm":
         _rules.require_lstm(cell, "ONNX LSTM", activations=named, shared_gate_act=True,
-                            clip=True)
+                            clip=True, peepholes=("ifo",), input_forget=True)
         _rules.no_projection(topo, "ONNX LSTM")
         return "LSTM"
     _rules.require_rnn(cell, "ONNX RNN", named, clip=True)
