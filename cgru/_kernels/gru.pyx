@@ -33,8 +33,10 @@ Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
     dX = dgx·W.
 
 Parallelism: the work items (direction, batch chunk) run on cgru's thread pool (threads.pyx);
-each item runs the whole time loop for its rows.  The chunking depends on N only, so
-results are bitwise identical for every thread count.
+each item runs the whole time loop for its rows.  A layer with one item (one direction, a
+small batch) shares its per-step products with the spare threads instead (a team, team.h:
+``loop_gemm``).  The chunking depends on N only and a product's bits not on who computes
+which columns, so results are bitwise identical for every thread count.
 """
 from cython cimport floating
 from libc.stdlib cimport malloc, free
@@ -202,7 +204,7 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
                     hm[i * H + j] = h_prev[i * H + j] * mrow[j]
             h_src = hm
         # gh[rows, 3H (reset-after) or 2H] = h_src[rows, H] · R[3H or 2H, H]ᵀ
-        gemm_packed(rows, 3 * H if C.reset_after else 2 * H, H, h_src, H, Rp, False, gh, H3)
+        loop_gemm(Lp, rows, 3 * H if C.reset_after else 2 * H, H, h_src, H, Rp, False, gh, H3)
         if not C.reset_after:
             # reset-before, 3.: r, z; then hm = r ⊙ h ⊙ m for the candidate's product
             for i in range(rows):
@@ -233,7 +235,7 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
                     for j in range(H):
                         hm[i * H + j] = g3[j] * hp[j]
             # gh_n[rows, H] = hm[rows, H] · R_n[H, H]ᵀ
-            gemm_packed(rows, H, H, hm, H, Rp_n, False, gh + 2 * H, H3)
+            loop_gemm(Lp, rows, H, H, hm, H, Rp_n, False, gh + 2 * H, H3)
         for i in range(rows):
             b = b0 + i
             row = <Py_ssize_t>t * N + b
@@ -464,9 +466,9 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
         if C.reset_after:
             # bwd of 2: dh_prev += m ⊙ (dgh[rows, 3H] · R[3H, H])
             if mask == NULL:
-                gemm_packed(rows, H, 3 * H, dgh + (<size_t>t * N + b0) * H3, H3, Rb, True, dh, H)
+                loop_gemm(Lp, rows, H, 3 * H, dgh + (<size_t>t * N + b0) * H3, H3, Rb, True, dh, H)
             else:
-                gemm_packed(rows, H, 3 * H, dgh + (<size_t>t * N + b0) * H3, H3, Rb, False,
+                loop_gemm(Lp, rows, H, 3 * H, dgh + (<size_t>t * N + b0) * H3, H3, Rb, False,
                             tmp, H)
                 for i in range(rows):
                     if t >= Lp.lengths[b0 + i]:
@@ -476,7 +478,7 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
                         dh[i * H + j] += mrow[j] * tmp[i * H + j]
         else:
             # bwd of 4 (reset-before): drh[rows, H] = dgx_n[rows, H] · R_n[H, H]
-            gemm_packed(rows, H, H, dgx + (<size_t>t * N + b0) * H3 + 2 * H, H3, Rb_n, False,
+            loop_gemm(Lp, rows, H, H, dgx + (<size_t>t * N + b0) * H3 + 2 * H, H3, Rb_n, False,
                         tmp, H)
             for i in range(rows):
                 b = b0 + i
@@ -499,9 +501,9 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
                     dgx[row * H3 + j] = dpr
             # bwd of 2: dh_prev += m ⊙ (dgx_rz[rows, 2H] · R_rz[2H, H])
             if mask == NULL:
-                gemm_packed(rows, H, 2 * H, dgx + (<size_t>t * N + b0) * H3, H3, Rb, True, dh, H)
+                loop_gemm(Lp, rows, H, 2 * H, dgx + (<size_t>t * N + b0) * H3, H3, Rb, True, dh, H)
             else:
-                gemm_packed(rows, H, 2 * H, dgx + (<size_t>t * N + b0) * H3, H3, Rb, False,
+                loop_gemm(Lp, rows, H, 2 * H, dgx + (<size_t>t * N + b0) * H3, H3, Rb, False,
                             tmp, H)
                 for i in range(rows):
                     if t >= Lp.lengths[b0 + i]:
@@ -566,7 +568,8 @@ cdef Layer make_layer(int T, int N, int H, int S, int n_chunks, object lengths,
     cdef Dir *P
     cdef Direction a
     memset(&L, 0, sizeof(Layer))
-    L.loop = make_loop(T, N, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors)
+    L.loop = make_loop(T, N, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
+                       3)
     for d in range(len(dirs)):
         a = <Direction?>dirs[d]
         P = &L.dirs[d]

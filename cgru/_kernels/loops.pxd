@@ -23,6 +23,16 @@ cdef extern from "simd.h" nogil:
     int CGRU_NR_D
     int cgru_isa()
 
+cdef extern from "team.h" nogil:
+    ctypedef struct cgru_team:
+        pass
+    cgru_team *cgru_team_new()
+    void cgru_team_free(cgru_team *t)
+    void cgru_team_gemm(cgru_team *t, int is_double, int m, int n, int k, const void *A,
+                        int lda, const void *Bp, int beta1, void *C, int ldc)
+    void cgru_team_help(cgru_team *t)
+    void cgru_team_quit(cgru_team *t)
+
 
 
 cdef struct Act:
@@ -45,6 +55,8 @@ cdef struct Loop:
     const void *mask           # [T, N, D·H] or NULL
     void *y                    # [T, N, D·H] forward output      (OUT)
     const void *dy             # [T, N, D·H] or NULL             (IN, backward)
+    cgru_team *team            # spare threads sharing the per-step products, or NULL
+    bint use_team              # the caller allows a team (the products are big enough)
 
 
 # --- activations -----------------------------------------------------------------------------
@@ -178,6 +190,16 @@ cdef inline void gemm_packed(int m, int n, int k, const floating *A, int lda,
         cgru_gemm_packed_f64(m, n, k, A, lda, Bp, beta1, C, ldc)
 
 
+cdef inline void loop_gemm(const Loop *L, int m, int n, int k, const floating *A, int lda,
+                           const floating *Bp, bint beta1, floating *C, int ldc) noexcept nogil:
+    # a time loop's per-step product: gemm_packed, shared with the loop's team if it has one
+    # (bitwise the same result either way: team.h)
+    if L.team != NULL:
+        cgru_team_gemm(L.team, floating is double, m, n, k, A, lda, Bp, beta1, C, ldc)
+    else:
+        gemm_packed(m, n, k, A, lda, Bp, beta1, C, ldc)
+
+
 # --- the loop (loops.pyx) --------------------------------------------------------------------
 # The rows [b0, b1) and the direction d of work item `item` (direction-major, chunks of N).
 cdef void item_rows(const Loop *L, int item, int *d, int *b0, int *b1) noexcept nogil
@@ -192,7 +214,7 @@ cdef void poll_while_waiting(void *ctx) noexcept nogil
 cdef void set_flag(int *flag) noexcept nogil
 # A loop description for one layer call (arrays as given, NULL for None).
 cdef Loop make_loop(int T, int N, int H, int D, int n_chunks, object lengths, object mask,
-                    object y, object dy, int *abort, list errors)
+                    object y, object dy, int *abort, list errors, int gates=*)
 # The data pointer of an ndarray, or NULL for None.
 cdef void *ptr(object a)
 

@@ -23,6 +23,25 @@ cnp.import_array()
 # The calling thread runs Python's signal handlers this often while a time loop runs, so that
 # Ctrl-C stops a long layer; the other threads see the abort flag.
 cdef double POLL_SECONDS = 0.05
+# The smallest per-step product (rows · gates · H · H multiply-adds) that one loop shares with
+# spare threads (team.h); smaller ones cost less than the hand-over.
+cdef long long TEAM_MIN_WORK = 1 << 17
+cdef int _team_jobs = 0
+
+
+def team_jobs():
+    """How many time loops ran with a thread team so far (for tests)."""
+    return cgru_load(&_team_jobs)
+
+
+def team_min_work(value=None):
+    """The per-step product size from which a loop gets a team (``value``: set it, for tests);
+    returns the previous value."""
+    global TEAM_MIN_WORK
+    old = TEAM_MIN_WORK
+    if value is not None:
+        TEAM_MIN_WORK = value
+    return old
 
 cdef extern from *:
     """
@@ -82,8 +101,12 @@ cdef void *ptr(object a):
 
 
 cdef Loop make_loop(int T, int N, int H, int D, int n_chunks, object lengths, object mask,
-                    object y, object dy, int *abort, list errors):
+                    object y, object dy, int *abort, list errors, int gates=1):
     cdef Loop L
+    L.team = NULL
+    # a team pays when one step's product is big enough to split (a few µs); the choice
+    # depends on the shapes only (and the result on nothing: team.h)
+    L.use_team = (<long long>(N // max(n_chunks, 1))) * gates * H * H >= TEAM_MIN_WORK
     L.abort = abort
     L.errors = <PyObject *>errors
     L.poll = threading.current_thread() is threading.main_thread()
@@ -95,10 +118,47 @@ cdef Loop make_loop(int T, int N, int H, int D, int n_chunks, object lengths, ob
     return L
 
 
+cdef struct TeamJob:
+    item_fn fn                 # the kind's work item
+    Job *job
+    cgru_team *team
+    int started                # the loop has been started (atomic)
+
+
+cdef void team_item(void *ctx, int item) noexcept nogil:
+    # The calling thread runs the layer's one time loop (work item 0: it polls for signals and
+    # fires the test probes, as without a team), then ends the team; pool workers help until
+    # then.  The caller takes part in every parallel_for, so the loop always runs, helpers or
+    # not; an item the caller takes after the loop returns at once.
+    cdef TeamJob *TJ = <TeamJob *>ctx
+    if not is_worker():
+        if cgru_add(&TJ.started, 1) == 1:
+            TJ.fn(TJ.job, 0)
+            cgru_team_quit(TJ.team)
+    else:
+        cgru_team_help(TJ.team)
+
+
 cdef run_job(item_fn fn, Job *J, int num_threads, list errors, str what):
     cdef int n_items = J.loop.D * J.loop.n_chunks
-    with nogil:
-        parallel_for(n_items, num_threads, fn, J, poll_while_waiting, J.loop)
+    cdef TeamJob TJ
+    if n_items == 1 and num_threads > 1 and J.loop.use_team and not is_worker():
+        # one loop and spare threads: they share its per-step products (team.h)
+        TJ.fn, TJ.job, TJ.team, TJ.started = fn, J, cgru_team_new(), 0
+        if TJ.team == NULL:
+            raise MemoryError("cgru: out of memory for a thread team")
+        J.loop.team = TJ.team
+        cgru_add(&_team_jobs, 1)
+        try:
+            with nogil:
+                parallel_for(num_threads, num_threads, team_item, &TJ, poll_while_waiting,
+                             J.loop)
+        finally:
+            J.loop.team = NULL
+            cgru_team_free(TJ.team)
+    else:
+        with nogil:
+            parallel_for(n_items, num_threads, fn, J, poll_while_waiting, J.loop)
     if errors:
         raise errors[0]
     if J.failed:

@@ -40,8 +40,9 @@ Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
     dW_p = dhpᵀ·hf, dX = da·W, dP = Σ (da_i ⊙ c, da_f ⊙ c, da_o ⊙ c') ("ifgo": Σ da ⊙ c).
 
 Parallelism: the work items (direction, batch chunk) run on cgru's thread pool; each item
-runs the whole time loop for its rows.  The chunking depends on N only, so results are
-bitwise identical for every thread count.
+runs the whole time loop for its rows, or, when a layer has one item, shares its per-step
+products with the spare threads (team.h).  Results are bitwise identical for every thread
+count.
 """
 from cython cimport floating
 from libc.stdlib cimport malloc, free
@@ -236,7 +237,7 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
                     hm[i * S + j] = h_prev[i * S + j] * mrow[j]
             h_src = hm
         # gh[rows, 4H] = h_src[rows, S] · R[4H, S]ᵀ
-        gemm_packed(rows, 4 * H, S, h_src, S, Rp, False, gh, H4)
+        loop_gemm(Lp, rows, 4 * H, S, h_src, S, Rp, False, gh, H4)
         # 3.–5. per row
         for i in range(rows):
             b = b0 + i
@@ -259,7 +260,7 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
                            c_next + i * H, hfr if L.proj else h_next + i * S, tmp)
         # 6. projection: h'[rows, P] = hf[rows, H] · W_p[P, H]ᵀ
         if L.proj:
-            gemm_packed(rows, S, H, (ws_hf + (<size_t>t * N + b0) * H) if training else hfs,
+            loop_gemm(Lp, rows, S, H, (ws_hf + (<size_t>t * N + b0) * H) if training else hfs,
                         H, Wpp, False, hps, S)
         for i in range(rows):
             b = b0 + i
@@ -412,7 +413,7 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
                 else:
                     memcpy(dhp + row * S, dh + i * S, S * sizeof(floating))
             # dhf[rows, H] = dh[rows, P] · W_p[P, H]
-            gemm_packed(rows, H, S, dh, S, Wpb, False, dhf, H)
+            loop_gemm(Lp, rows, H, S, dh, S, Wpb, False, dhf, H)
         for i in range(rows):
             b = b0 + i
             row = <Py_ssize_t>t * N + b
@@ -436,9 +437,9 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
             memset(dh + i * S, 0, S * sizeof(floating))   # h enters only through the gates
         # bwd of 2: dh_prev = m ⊙ (da[rows, 4H] · R[4H, S])
         if mask == NULL:
-            gemm_packed(rows, S, 4 * H, dgx + (<size_t>t * N + b0) * H4, H4, Rb, True, dh, S)
+            loop_gemm(Lp, rows, S, 4 * H, dgx + (<size_t>t * N + b0) * H4, H4, Rb, True, dh, S)
         else:
-            gemm_packed(rows, S, 4 * H, dgx + (<size_t>t * N + b0) * H4, H4, Rb, False, tmpS, S)
+            loop_gemm(Lp, rows, S, 4 * H, dgx + (<size_t>t * N + b0) * H4, H4, Rb, False, tmpS, S)
             for i in range(rows):
                 if t >= Lp.lengths[b0 + i]:
                     continue            # the mask of a padded step is never read
@@ -505,7 +506,8 @@ cdef Layer make_layer(int T, int N, int H, int S, int n_chunks, object lengths, 
     cdef Dir *P
     cdef Direction a
     memset(&L, 0, sizeof(Layer))
-    L.loop = make_loop(T, N, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors)
+    L.loop = make_loop(T, N, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
+                       4)
     L.S = S
     L.proj = (<Direction?>dirs[0]).Wpp is not None or (<Direction>dirs[0]).Wpb is not None
     for d in range(len(dirs)):

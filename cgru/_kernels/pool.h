@@ -20,7 +20,9 @@
  * runs its items itself.
  *
  * Workers are created on demand (never more than CGRU_POOL_MAX) and then sleep on a condition
- * variable between jobs; they never spin, so an idle cgru costs nothing to other libraries.
+ * variable between jobs; they never spin between jobs, so an idle cgru costs nothing to other
+ * libraries (inside a job, a thread team's helpers spin between the steps of its loop:
+ * team.h).
  */
 #ifndef CGRU_POOL_H
 #define CGRU_POOL_H

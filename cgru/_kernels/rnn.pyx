@@ -19,7 +19,8 @@ Backward (steps in reverse processing order)::
     dh += dy_t;  da = dh ⊙ act'(…) (⊙ clip') → dgx;  dh_prev = m ⊙ (da·R)
     After the loop (engine): dW = daᵀ·X, dR = daᵀ·(h ⊙ m), db_W = db_R = Σ da, dX = da·W.
 
-Parallelism as for the other kinds: (direction, batch chunk) work items on cgru's pool.
+Parallelism as for the other kinds: (direction, batch chunk) work items on cgru's pool, or
+one item whose per-step products a thread team shares (team.h).
 """
 from cython cimport floating
 from libc.stdlib cimport malloc, free
@@ -120,7 +121,7 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
                 for j in range(H):
                     hm[i * H + j] = h_prev[i * H + j] * mrow[j]
             h_src = hm
-        gemm_packed(rows, H, H, h_src, H, Rp, False, gh, H)
+        loop_gemm(Lp, rows, H, H, h_src, H, Rp, False, gh, H)
         for i in range(rows):
             b = b0 + i
             row = <Py_ssize_t>t * N + b
@@ -227,9 +228,9 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
                 dh[i * H + j] = 0          # h enters the next state only through R
         # dh_prev = m ⊙ (da[rows, H] · R[H, H])
         if mask == NULL:
-            gemm_packed(rows, H, H, dgx + (<size_t>t * N + b0) * H, H, Rb, True, dh, H)
+            loop_gemm(Lp, rows, H, H, dgx + (<size_t>t * N + b0) * H, H, Rb, True, dh, H)
         else:
-            gemm_packed(rows, H, H, dgx + (<size_t>t * N + b0) * H, H, Rb, False, tmp, H)
+            loop_gemm(Lp, rows, H, H, dgx + (<size_t>t * N + b0) * H, H, Rb, False, tmp, H)
             for i in range(rows):
                 if t >= Lp.lengths[b0 + i]:
                     continue
@@ -282,7 +283,8 @@ cdef Layer make_layer(int T, int N, int H, int S, int n_chunks, object lengths,
     cdef Dir *P
     cdef Direction a
     memset(&L, 0, sizeof(Layer))
-    L.loop = make_loop(T, N, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors)
+    L.loop = make_loop(T, N, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
+                       1)
     for d in range(len(dirs)):
         a = <Direction?>dirs[d]
         P = &L.dirs[d]
