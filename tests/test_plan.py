@@ -75,5 +75,6 @@ def test_the_pool_is_bounded_and_can_be_emptied(monkeypatch):
 
 def test_n_chunks_and_loop_threads_depend_on_shapes_only():
     assert [plan.n_chunks(n) for n in (1, 15, 16, 32, 48, 64, 1000)] == [1, 1, 2, 2, 3, 4, 4]
+    assert [plan.n_chunks(n, 1024) for n in (20, 47, 48)] == [1, 1, 3]
     assert plan.loop_threads(2, 1, 1, 8, 1, 3) == 1           # too small for a second thread
     assert plan.loop_threads(2, 100, 32, 256, 1, 3) == 2

@@ -166,3 +166,20 @@ def test_concurrent_teamed_calls_from_threads(teams):
         t.join(120)
     assert not any(t.is_alive() for t in threads), "a teamed call hung"
     assert not errors, errors
+
+
+def test_a_large_layer_keeps_a_few_dozen_rows_in_one_teamed_loop():
+    """H ≥ 768 and N < 48: one batch chunk (the packed GEMM is faster on all the rows) and a
+    team across the threads, still bitwise one thread's result."""
+    net = Network.random(Topology(16, 768), np.float32, seed=2)
+    rng = np.random.default_rng(3)
+    a = dict(x=rng.standard_normal((3, 20, 16)).astype(np.float32),
+             h0=rng.standard_normal((1, 20, 768)).astype(np.float32),
+             lengths=np.array([3, 1, 0, 2] * 5))
+    assert plan.n_chunks(20, 768) == 1
+    want = _run(net, a, 1)
+    before = loops.team_jobs()
+    got = _run(net, a, 2)
+    assert loops.team_jobs() > before
+    for i, (u, v) in enumerate(zip(want, got)):
+        assert np.array_equal(u, v), i

@@ -326,7 +326,7 @@ def forward(params, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
     G, DS = cell.gates, topo.output_size
     lstm = cell.has_cell_state
-    chunks = plan.n_chunks(N)
+    chunks = plan.n_chunks(N, H)
     threads = plan.loop_threads(nt, T, N, H, D, G)
     x_tm = _time_major(x, batch_major)                     # [T, N, I]
     X = x_tm.reshape(T * N, topo.input_size)
@@ -474,7 +474,7 @@ def backward(params, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, stat
     lengths = opened.lengths
 
     # --- plan
-    chunks = plan.n_chunks(N)
+    chunks = plan.n_chunks(N, H)
     threads = plan.loop_threads(nt, T, N, H, D, G)
     padded = bool((lengths < T).any())
     # [T·N, 1] active rows (t < len[b]), for the gradients the GEMMs do not give (peepholes)

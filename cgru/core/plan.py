@@ -84,9 +84,12 @@ def release_memory():
         _pool.clear()
 
 
-def n_chunks(N):
-    """Batch chunks of every time loop for a batch of ``N``."""
-    if N < 16:
+def n_chunks(N, H=0):
+    """Batch chunks of every time loop for a batch of ``N`` and hidden size ``H``.  One chunk
+    for small batches, and for a few dozen rows of a large layer: the packed GEMM runs faster
+    on all the rows than on half of them, and a single loop shares its per-step products with
+    the spare threads (a team) instead."""
+    if N < 16 or (H >= 768 and N < 48):
         return 1
     return max(2, min(_MAX_CHUNKS, N // 16))
 

@@ -108,7 +108,7 @@ class Stream:
         cy = plan.empty((L, N, H), dtype) if lstm else None
         lengths = np.full(N, T, np.int64)
         X = np.ascontiguousarray(x3).reshape(T * N, topo.input_size)
-        chunks = plan.n_chunks(N)
+        chunks = plan.n_chunks(N, H)
         for layer, Lr in enumerate(self._layers):
             gx = plan.empty((T * N, Lr.G * H), dtype)
             # gx[T·N, G·H] = X[T·N, in] · W[G·H, in]ᵀ
