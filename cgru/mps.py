@@ -81,9 +81,10 @@ Decisions for these two (Apple's text is self-contradictory or beyond the core):
 * The peephole is ``[4H]`` / ``[2, 4H]`` (the forward op's comment; the gradient op's says
   ``[8H]``, refused with a hint), added as ``p ⊙ c[t−1]`` to all four gates, the output gate
   included (Apple's formula: ONNX's output gate reads the new cell state instead).
-* The gradient ops recompute the forward from their inputs: the core rebuilds a reserve from
-  saved training state for GRUs only (``reserve_from_gates``), so ``z_state`` and
-  ``cell_output_fwd`` are checked (shape, dtype) but not read.
+* The gradient ops, as MPSGraph's, differentiate the forward their training state records:
+  the core's reserve is rebuilt from ``z_state`` (and the LSTM's ``cell_output_fwd``) with
+  whole-sequence GEMMs (``cgru.core.engine.reserve_from_saved``), without re-running the
+  time loop.
 """
 from dataclasses import dataclass
 
@@ -634,9 +635,9 @@ def lstm_gradients(source, recurrent_weight, source_gradient, z_state, cell_outp
     ``[N, D·H]`` = ``[fwd | bwd]`` (the backward halves belong to the reverse direction's
     final values, at original time 0; ``None``: zeros).
 
-    ``z_state`` and ``cell_output_fwd`` are checked (shape, dtype) but not read: cgru
-    recomputes the forward from the inputs (its core rebuilds a reserve from saved gates for
-    GRUs only), so the gradients are those of the forward of exactly these inputs.
+    As in MPSGraph, the gradients are those of the forward that ``z_state`` and
+    ``cell_output_fwd`` record (``h = o ⊙ g(c)`` from them): cgru rebuilds its reserve from
+    them (``cgru.core.engine.reserve_from_saved``) instead of re-running the forward.
 
     Returns the list of gradients in MPSGraph's order — source, recurrent_weight,
     input_weight, bias, peephole, init_state, init_cell — with an entry only for the inputs
@@ -652,8 +653,15 @@ def lstm_gradients(source, recurrent_weight, source_gradient, z_state, cell_outp
     if cell_gradient is not None:
         _shaped(cell_gradient, "cell_gradient", plan.dtype, (N, D * H), plan.names("state"))
         dcy = _per_direction_state(cell_gradient, N, D, H)
-    fwd = plan.forward(True)
-    g = engine.backward(plan.net, plan.x, fwd.reserve, dy, dhy, dcy=dcy,
+    # the forward's reserve, rebuilt from its z_state and cells (no time loop)
+    GH = 4 * H
+    saved = {"gates": [np.ascontiguousarray(z_state[..., d * GH:(d + 1) * GH])
+                       for d in range(D)],
+             "cells": [np.ascontiguousarray(cell_output_fwd[..., d * H:(d + 1) * H])
+                       for d in range(D)]}
+    reserve = engine.reserve_from_saved(plan.net, plan.x, saved, h0=plan.h0, c0=plan.c0,
+                                        state_mask=plan.state_mask)
+    g = engine.backward(plan.net, plan.x, reserve, dy, dhy, dcy=dcy,
                         state_mask=plan.state_mask)
     grad = mps_system.op_gradient_tensors(g.dparams, order)
     d_source = mps_system.gates_from_canonical(g.dx, H, D, order) if plan.projected else g.dx
@@ -713,8 +721,10 @@ def single_gate_rnn_gradients(source, recurrent_weight, source_gradient, z_state
     Pass the forward's inputs (same meaning and shapes as ``single_gate_rnn``), its
     ``z_state``, the gradient of the loss with respect to the output as ``source_gradient``
     ``[T, N, D·H]`` (``None``: zeros) and, optionally, with respect to the final state as
-    ``state_gradient`` ``[N, D·H]`` = ``[fwd | bwd]``.  ``z_state`` is checked (shape, dtype)
-    but not read: cgru recomputes the forward from the inputs.
+    ``state_gradient`` ``[N, D·H]`` = ``[fwd | bwd]``.  As in MPSGraph, the gradients are those
+    of the forward that ``z_state`` records (its states are ``activation(z)``): cgru rebuilds
+    its reserve from it (``cgru.core.engine.reserve_from_saved``) instead of re-running the
+    forward.
 
     Returns the gradients in MPSGraph's order — source, recurrent_weight, input_weight, bias,
     init_state — with an entry only for the inputs that were given, each shaped like its input.
@@ -722,8 +732,12 @@ def single_gate_rnn_gradients(source, recurrent_weight, source_gradient, z_state
     plan = _OpPlan("rnn", descriptor, source, recurrent_weight, input_weight, bias,
                    init_state, mask)
     dy, dhy = plan.check_gradient_inputs(source_gradient, z_state, state_gradient)
-    fwd = plan.forward(True)
-    g = engine.backward(plan.net, plan.x, fwd.reserve, dy, dhy, state_mask=plan.state_mask)
+    # the forward's reserve, rebuilt from its z_state (no time loop)
+    H, D = plan.H, plan.D
+    saved = {"pre": [np.ascontiguousarray(z_state[..., d * H:(d + 1) * H]) for d in range(D)]}
+    reserve = engine.reserve_from_saved(plan.net, plan.x, saved, h0=plan.h0,
+                                        state_mask=plan.state_mask)
+    g = engine.backward(plan.net, plan.x, reserve, dy, dhy, state_mask=plan.state_mask)
     grad = mps_system.op_gradient_tensors(g.dparams, plan.order)
     out = [g.dx, grad["recurrent_weight"]]
     if input_weight is not None:

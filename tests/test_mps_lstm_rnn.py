@@ -770,3 +770,28 @@ def test_weight_mapping_round_trip():
                                rtol=1e-13, atol=1e-13)
     with pytest.raises(ValueError, match="activation"):
         system.to_mps_rnn(Network.random(Topology(I, H), cell=RNNCell("softplus")))
+
+
+def test_gradient_ops_read_the_training_state():
+    """As in MPSGraph, the gradient operators differentiate the forward their training state
+    records (cgru rebuilds its reserve from it): another z_state or cell gives other
+    gradients, the forward's own gives the finite-difference ones (tests above)."""
+    desc = mps.LSTMDescriptor(training=True)
+    a = make_inputs("lstm", desc, ("input_weight", "bias", "init_state", "init_cell"), seed=51)
+    y, cell, z = mps.lstm(**a, descriptor=desc)
+    dy = np.ones_like(y)
+    base = mps.lstm_gradients(a["source"], a["recurrent_weight"], dy, z, cell, **_rest(a),
+                              descriptor=desc)
+    for zz, cc in ((z * 0.9, cell), (z, cell * 0.9)):
+        other = mps.lstm_gradients(a["source"], a["recurrent_weight"], dy, zz, cc, **_rest(a),
+                                   descriptor=desc)
+        assert np.abs(other[1] - base[1]).max() > 1e-6
+    rdesc = mps.SingleGateRNNDescriptor(training=True)
+    r = make_inputs("rnn", rdesc, ("input_weight", "bias"), seed=52)
+    ry, rz = mps.single_gate_rnn(**r, descriptor=rdesc)
+    rest = {k: r[k] for k in ("input_weight", "bias")}
+    g1 = mps.single_gate_rnn_gradients(r["source"], r["recurrent_weight"], np.ones_like(ry), rz,
+                                       **rest, descriptor=rdesc)
+    g2 = mps.single_gate_rnn_gradients(r["source"], r["recurrent_weight"], np.ones_like(ry),
+                                       rz + 0.1, **rest, descriptor=rdesc)
+    assert np.abs(g1[1] - g2[1]).max() > 1e-6

@@ -83,3 +83,88 @@ def test_refuses_what_it_cannot_rebuild():
         engine.reserve_from_gates(params, x, [np.zeros((2, 1, 11))], y)
     with pytest.raises(ValueError, match="gates: expected a list of D=1"):
         engine.reserve_from_gates(params, x, gates * 2, y)
+
+
+# --- LSTM and vanilla RNN: reserve_from_saved --------------------------------------------------
+from cgru.core import reference                                   # noqa: E402
+from cgru.core.cells import LSTMCell, RNNCell                     # noqa: E402
+from cgru.core.network import Network                             # noqa: E402
+
+SAVED_CELLS = {
+    "lstm": LSTMCell(),
+    "lstm_general_ifgo": LSTMCell(f_i="hard_sigmoid", g="softsign", clip=1.2, peepholes="ifgo"),
+    "lstm_ifo_input_forget": LSTMCell(peepholes="ifo", input_forget=True, h="relu"),
+    "rnn_tanh": RNNCell("tanh"),
+    "rnn_general": RNNCell(("leaky_relu", 0.2), clip=1.0),
+}
+
+
+def _saved(net, x, h0, c0, mask, f):
+    """What an outside system keeps: LSTM gates and cells after every step, RNN z."""
+    opened = engine.open_reserve(f.reserve, net, x, cell=net.cell, data=False)
+    topo, T = net.topology, x.shape[0]
+    if net.cell.kind == "lstm":
+        cells = []
+        for d, v in enumerate(opened.lds):
+            cs = v["cstates"]
+            cells.append((cs[:T] if topo.reversed_direction(d) else cs[1:]).copy())
+        return {"gates": [v["gates"].copy() for v in opened.lds], "cells": cells}
+    H = topo.hidden_size
+    pre = []
+    for d, lp in enumerate(net):          # z = x·Wᵀ + b + (h_prev ⊙ m)·Rᵀ, from the outputs
+        y = f.y[:, :, d * H:(d + 1) * H]
+        h_prev = (np.concatenate([y[1:], h0[d][None]]) if topo.reversed_direction(d)
+                  else np.concatenate([h0[d][None], y[:-1]]))
+        if mask is not None:
+            h_prev = h_prev * mask[:, :, d * H:(d + 1) * H]
+        xp = reference._input_projection(topo, 1, 0, d, lp, x)
+        pre.append(xp + lp.b_W + lp.b_R + h_prev @ lp.R.T)
+    return {"pre": pre}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("kind", list(SAVED_CELLS))
+def test_reserve_from_saved_gives_the_backward_of_the_forward(kind, masked, direction, dtype):
+    cell = SAVED_CELLS[kind]
+    mode = "projected" if kind == "lstm" and direction == "reverse" else "linear"
+    I = 4 * 5 * (2 if direction == "bidirectional" else 1) if mode == "projected" else 3
+    topo = Topology(I, 5, 1, direction, mode)
+    net = Network.random(topo, dtype, seed=7, scale=0.9, cell=cell)
+    rng = np.random.default_rng(8)
+    T, N, D = 6, 3, topo.num_directions
+    x = rng.standard_normal((T, N, I)).astype(dtype)
+    h0 = rng.standard_normal((D, N, 5)).astype(dtype)
+    c0 = rng.standard_normal((D, N, 5)).astype(dtype) if cell.kind == "lstm" else None
+    mask = rng.uniform(0.3, 1.2, (T, N, D * 5)).astype(dtype) if masked else None
+    f = cgru.forward(net, x, h0, c0=c0, state_mask=mask, training=True)
+    dy = rng.standard_normal(f.y.shape).astype(dtype)
+    dhy = rng.standard_normal(f.hy.shape).astype(dtype)
+    dcy = None if c0 is None else rng.standard_normal(f.cy.shape).astype(dtype)
+    want = cgru.backward(net, x, f.reserve, dy, dhy, dcy=dcy, state_mask=mask)
+    rv = engine.reserve_from_saved(net, x, _saved(net, x, h0, c0, mask, f), h0=h0, c0=c0,
+                                   state_mask=mask)
+    got = cgru.backward(net, x, rv, dy, dhy, dcy=dcy, state_mask=mask)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-4, atol=2e-5)
+    for name in ("dx", "dh0", "dc0"):
+        if getattr(want, name) is not None:
+            np.testing.assert_allclose(getattr(got, name), getattr(want, name), **tol,
+                                       err_msg=name)
+    np.testing.assert_allclose(got.dparams.flat(), want.dparams.flat(), **tol)
+
+
+def test_reserve_from_saved_refuses_what_it_cannot_rebuild():
+    gru = Params.random(Topology(3, 2), np.float64)
+    x = np.zeros((2, 1, 3))
+    with pytest.raises(ValueError, match="reserve_from_gates"):
+        engine.reserve_from_saved(gru, x, {})
+    lstm = Network.random(Topology(3, 2, 2), np.float64, cell=LSTMCell())
+    with pytest.raises(ValueError, match="one layer"):
+        engine.reserve_from_saved(lstm, x, {})
+    lstm = Network.random(Topology(3, 2), np.float64, cell=LSTMCell())
+    with pytest.raises(ValueError, match=r"saved: expected a dict with \['cells', 'gates'\]"):
+        engine.reserve_from_saved(lstm, x, {"gates": [np.zeros((2, 1, 8))]})
+    with pytest.raises(ValueError, match=r"saved\['cells'\]\[0\]"):
+        engine.reserve_from_saved(lstm, x, {"gates": [np.zeros((2, 1, 8))],
+                                            "cells": [np.zeros((2, 1, 3))]})

@@ -37,7 +37,7 @@ from cgru._kernels.loops import pack_rhs
 from cgru._kernels.threads import blas_single_threaded, resolve_num_threads
 
 __all__ = ["Forward", "Gradients", "forward", "backward", "reserve_nbytes", "dropout_masks",
-           "reserve_gates", "reserve_from_gates"]
+           "reserve_gates", "reserve_from_gates", "reserve_from_saved"]
 
 
 class Forward(namedtuple("Forward", "y hy reserve")):
@@ -687,4 +687,61 @@ def reserve_from_gates(params, x, gates, y, h0=None, *, cell=None, state_mask=No
         weights=reserve_mod.weights_digest(params), h0=reserve_mod.data_digest(h0),
         state_mask=reserve_mod.data_digest(mask))
     reserve_mod.fill_from_gates(lds, params, cell, gates, y, h0, mask)
+    return rv
+
+
+def reserve_from_saved(params, x, saved, *, h0=None, c0=None, state_mask=None):
+    """Rebuild the reserve of an LSTM or vanilla-RNN training forward from what it saved
+    elsewhere (MPSGraph's ``zState`` and cell output), without re-running its time loop.
+
+    One layer (no projection), full-length sequences, time-major ``x``; ``saved`` holds per
+    direction (lists of ``D`` arrays, original time order like the output):
+
+    * LSTM: ``"gates"`` ``[T, N, 4H]`` the activated i, f, g, o of every step and ``"cells"``
+      ``[T, N, H]`` the cell state after every step;
+    * RNN: ``"pre"`` ``[T, N, H]`` the pre-activation ``x·Wᵀ + b_W + (h ⊙ m)·Rᵀ + b_R``.
+
+    ``h0``, ``c0`` ``[D, N, H]`` (``None``: zeros).  Every activation, clip and peephole form
+    is supported (pre-activations are recomputed exactly).  Returns the reserve to pass to
+    ``backward`` with the same ``params``, ``x`` and ``state_mask``.
+    """
+    topo, dtype = _check_network(params)
+    cell = params.resolve_cell(None)
+    if cell.kind not in ("lstm", "rnn"):
+        raise ValueError(f"params: reserve_from_saved rebuilds LSTM and RNN reserves (a GRU's: "
+                         f"reserve_from_gates), got a {cell.kind} cell")
+    if topo.num_layers != 1 or topo.proj_size:
+        raise ValueError(f"params: reserve_from_saved needs one layer without a projection, got "
+                         f"num_layers={topo.num_layers}, proj_size={topo.proj_size}")
+    T, N = _check_x(x, topo, dtype, False, cell.gates)
+    H, D = topo.hidden_size, topo.num_directions
+    names = {"lstm": (("gates", 4 * H), ("cells", H)), "rnn": (("pre", H),)}[cell.kind]
+    if not isinstance(saved, dict) or set(saved) != {n for n, _ in names}:
+        raise ValueError(f"saved: expected a dict with {sorted(n for n, _ in names)}, got "
+                         f"{sorted(saved) if isinstance(saved, dict) else type(saved).__name__}")
+    for name, width in names:
+        arrays = saved[name]
+        if not isinstance(arrays, (list, tuple)) or len(arrays) != D:
+            raise ValueError(f"saved[{name!r}]: expected a list of D={D} arrays [T, N, "
+                             f"{width}], got {type(arrays).__name__}")
+        for d, a in enumerate(arrays):
+            validate.array(a, f"saved[{name!r}][{d}]", dtype, (T, N, width))
+    h0 = _check_h(h0, "h0", topo, dtype, N)
+    h0 = np.zeros((D, N, H), dtype) if h0 is None else h0
+    if cell.kind == "lstm":
+        c0 = _check_h(c0, "c0", topo, dtype, N, H)
+        c0 = np.zeros((D, N, H), dtype) if c0 is None else c0
+    elif c0 is not None:
+        raise ValueError("c0: only an LSTM has a cell state")
+    mask = _check_state_mask(state_mask, topo, dtype, T, N, False)
+    x_tm = _time_major(x, False)
+    layout = reserve_mod.Layout(topo, cell, T, N, dtype)
+    rv, (_, _, lds, _) = reserve_mod.create(
+        layout, lengths=np.full(N, T, np.int64), dropout=0.0, seed=0, seed2=0,
+        batch_major=False, x=reserve_mod.data_digest(x_tm),
+        weights=reserve_mod.weights_digest(params),
+        h0=reserve_mod.data_digest(h0, c0 if cell.kind == "lstm" else None),
+        state_mask=reserve_mod.data_digest(mask))
+    reserve_mod.fill_from_saved(lds, params, cell, x_tm, saved, h0,
+                                c0 if cell.kind == "lstm" else None, mask)
     return rv

@@ -315,3 +315,64 @@ def fill_from_gates(lds, params, cell, gates, y, h0, mask):
             for k, act in enumerate((cell.f_r, cell.f_z, cell.g)):
                 pre[:, :, k * H:(k + 1) * H] = _STAND_IN_PRE[act.name](
                     act, gates[d][:, :, k * H:(k + 1) * H])
+
+
+def fill_from_saved(lds, params, cell, x, saved, h0, c0, mask):
+    """Fill a fresh one-layer LSTM or vanilla-RNN reserve's views ``lds`` from what a training
+    forward saved elsewhere (full-length sequences, time-major; see
+    ``engine.reserve_from_saved``).  The states come from the saved values alone (LSTM:
+    ``h = o ⊙ h(c)``; RNN: ``h = act(clip(z))``); the pre-activations, for cells off the fast
+    path, are recomputed exactly with whole-sequence GEMMs (``x·Wᵀ + b + (h ⊙ m)·Rᵀ`` and
+    the peepholes) — no time loop."""
+    from cgru.core import reference
+    topo = params.topology
+    T, N = x.shape[:2]
+    H, G = topo.hidden_size, cell.gates
+    for d in range(topo.num_directions):
+        views, lp = lds[d], params[d]
+        rev = topo.reversed_direction(d)
+
+        def put(slots, first, after):
+            # forward: slot 0 = the initial value, slot t+1 = after step t;
+            # reversed: slot T = the initial value, slot t = after step t
+            if rev:
+                slots[:T], slots[T] = after, first
+            else:
+                slots[0], slots[1:] = first, after
+
+        def before(slots):
+            return slots[1:] if rev else slots[:T]
+
+        if cell.kind == "lstm":
+            gates, c_after = saved["gates"][d], saved["cells"][d]
+            views["gates"][...] = gates
+            put(views["cstates"], c0[d], c_after)
+            h_after = gates[..., 3 * H:] * reference.activate(cell.h, c_after)
+        else:
+            z = saved["pre"][d]
+            h_after = reference.activate(cell.activation, reference._clamp(cell, z))
+        put(views["states"], h0[d], h_after)
+        if cell.is_fast:
+            continue
+        if cell.kind == "rnn":
+            views["pre"][...] = z
+            continue
+        h_in = before(views["states"])
+        if mask is not None:
+            h_in = h_in * mask[:, :, d * H:(d + 1) * H]
+        # a[T·N, 4H] = x·Wᵀ + b_W + b_R + (h ⊙ m)·Rᵀ, then the peepholes (before the clip)
+        a = views["pre"]
+        a[...] = reference._input_projection(topo, G, 0, d, lp, x)
+        a += lp.b_W + lp.b_R
+        plan.gemm(False, True, np.ascontiguousarray(h_in).reshape(T * N, H),
+                  np.ascontiguousarray(lp.R), a.reshape(T * N, G * H), beta=1.0)
+        if cell.peepholes:
+            c_prev = before(views["cstates"])
+            P = lp.P
+            a[..., :H] += P[:H] * c_prev
+            a[..., H:2 * H] += P[H:2 * H] * c_prev
+            if cell.peepholes == "ifgo":
+                a[..., 2 * H:3 * H] += P[2 * H:3 * H] * c_prev
+                a[..., 3 * H:] += P[3 * H:] * c_prev
+            else:
+                a[..., 3 * H:] += P[2 * H:] * c_after
