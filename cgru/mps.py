@@ -149,6 +149,25 @@ def _shaped(a, what, dtype, shape, names):
     return validate.named_shape(a, what, shape, names)
 
 
+def _state_mask(mask, dtype, T, N, D, H):
+    """MPSGraph's ``mask`` (float of the source dtype, or bool; broadcastable to the output
+    ``[T, N, D·H]``) as the core's state mask, or ``None``.  The core broadcasts it (after its
+    own size checks); only a bool mask is cast."""
+    if mask is None:
+        return None
+    validate.plain_array(mask, "mask")
+    if mask.dtype != dtype and mask.dtype != np.bool_:
+        raise TypeError(f"mask: expected dtype {dtype} (the dtype of source) or bool, got "
+                        f"{mask.dtype}")
+    try:
+        np.broadcast_to(mask, (T, N, D * H))            # a view: checks only
+    except ValueError:
+        raise ValueError(f"mask: expected a shape broadcastable to the output shape [T={T}, "
+                         f"N={N}, {'2H' if D == 2 else 'H'}={D * H}], got "
+                         f"{list(mask.shape)}") from None
+    return mask.astype(dtype, copy=False)
+
+
 class _Plan:
     """The validated inputs of one call, mapped onto the core (see the module docstring)."""
 
@@ -193,20 +212,7 @@ class _Plan:
                                  "reset-after form")
             _shaped(secondary_bias, "secondary_bias", dtype, (D * H,),
                     ("2H" if D == 2 else "H",))
-        self.state_mask = None
-        if mask is not None:
-            validate.plain_array(mask, "mask")
-            if mask.dtype != dtype and mask.dtype != np.bool_:
-                raise TypeError(f"mask: expected dtype {dtype} (the dtype of source) or bool, "
-                                f"got {mask.dtype}")
-            try:
-                np.broadcast_to(mask, (T, N, D * H))            # a view: checks only
-            except ValueError:
-                raise ValueError(f"mask: expected a shape broadcastable to the output shape "
-                                 f"[T={T}, N={N}, {'2H' if D == 2 else 'H'}={D * H}], got "
-                                 f"{list(mask.shape)}") from None
-            # the core broadcasts it (after its own size checks); only a bool mask is cast
-            self.state_mask = mask.astype(dtype, copy=False)
+        self.state_mask = _state_mask(mask, dtype, T, N, D, H)
 
         self.desc, self.dtype = desc, dtype
         self.T, self.N, self.I, self.H, self.D = T, N, I, H, D
@@ -469,19 +475,7 @@ class _OpPlan:
                                  f"[2, 4H]")
             else:
                 _shaped(peephole, "peephole (bidirectional)", dtype, (2, 4 * H), ("2", "4H"))
-        self.state_mask = None
-        if mask is not None:
-            validate.plain_array(mask, "mask")
-            if mask.dtype != dtype and mask.dtype != np.bool_:
-                raise TypeError(f"mask: expected dtype {dtype} (the dtype of source) or bool, "
-                                f"got {mask.dtype}")
-            try:
-                np.broadcast_to(mask, (T, N, D * H))            # a view: checks only
-            except ValueError:
-                raise ValueError(f"mask: expected a shape broadcastable to the output shape "
-                                 f"[T={T}, N={N}, {DH}={D * H}], got "
-                                 f"{list(mask.shape)}") from None
-            self.state_mask = mask.astype(dtype, copy=False)
+        self.state_mask = _state_mask(mask, dtype, T, N, D, H)
 
         self.kind, self.desc, self.dtype = kind, desc, dtype
         self.T, self.N, self.I, self.H, self.D, self.G = T, N, I, H, D, G
