@@ -4,8 +4,9 @@ yardsticks, the method of docs/speed.md.
 A run measures, in this order: the machine's other load and noise; the peak SGEMM/DGEMM rate
 per thread count (the FLOP limit); then one *section* per config, dtype and thread count —
 every system validated against cgru, then timed in interleaved blocks (JAX in a worker pinned
-to that many cores), then cgru again in a fresh process of its own; finally the peak memory of
-one training step of cgru and of PyTorch, each in a fresh process.  It writes the JSON (every
+to that many cores), then cgru again in a process of its own (one fresh process per config
+and dtype, for both thread counts, which first measures cgru's peak memory); finally the peak
+memory of a training step of PyTorch, in a fresh process each.  It writes the JSON (every
 sample) and the plot, prints the tables and the targets, and exits with 1 when a validation
 failed (that system is not timed), 130 when interrupted, else 0.
 """
@@ -22,16 +23,17 @@ if __package__ in (None, ""):       # ``python bench/__main__.py``: make ``bench
 
 from bench import problems, report, systems, timing, workers  # noqa: E402
 
-OPTIONAL = ("torch", "onnxruntime", "openvino", "jax", "numpy", "alone", "memory", "bound")
+OPTIONAL = ("torch", "cgru_torch", "stream", "onnxruntime", "openvino", "jax", "numpy",
+            "alone", "memory", "bound")
 
 
 # --- one section -------------------------------------------------------------------------------
 def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, seed=0,
-                pool=None, peaks=None, skip=(), memory=False):
+                pool=None, peaks=None, skip=(), memory=False, alone_worker=None):
     """Build, validate and time every system for one (config, dtype, threads); then cgru in a
-    process of its own (``memory``: which first measures the peak memory of a training step,
-    in ``result["alone"]["memory"]``).  Returns the section's result (see report.derive for
-    its ratios)."""
+    process of its own (``alone_worker``, else a fresh one; ``memory``: which first measures
+    the peak memory of a training step, in ``result["alone"]["memory"]``).  Returns the
+    section's result (see report.derive for its ratios)."""
     from threadpoolctl import ThreadpoolController
 
     progress = progress or (lambda what: None)
@@ -92,7 +94,7 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
 
     if "alone" not in skip and reference is not None:
         progress("cgru in a process of its own")
-        result["alone"] = _alone(problem, n, mode, rounds, reference, memory)
+        result["alone"] = _alone(problem, n, mode, rounds, reference, memory, alone_worker)
         lap("alone_s")
     result["phase_s"] = phase
     return report.derive(result)
@@ -108,24 +110,25 @@ def set_flop_limit(result, peak, derive=True):
         report.derive(result)
 
 
-def _alone(problem, n, mode, rounds, reference, memory=False):
-    """cgru's fwd and fb from a fresh process, validated against the main process's."""
+def _alone(problem, n, mode, rounds, reference, memory=False, worker=None):
+    """cgru's fwd and fb (and its Stream on the streaming configs) from a process of its own,
+    validated against the main process's forward and training step."""
     tol = systems.TOL[problem.dtype.name]
     try:
-        a = workers.run_alone(problem, n, mode, rounds, True, memory)
+        a = workers.run_alone(problem, n, mode, rounds, True, memory, worker)
     except workers.WorkerError as exc:
         why = str(exc).splitlines()[-1] if str(exc) else repr(exc)
         rec = dict(ok=False, against="cgru in the main process", worst=why, err=math.inf,
                    tol=tol)
         return dict(systems={}, validation={"cgru_fwd_alone": rec, "cgru_fb_alone": rec})
     val = {}
-    for key, out, ref in (("cgru_fwd_alone", a["outputs"][0], reference[0]),
-                          ("cgru_fb_alone", a["outputs"][1], reference[1])):
+    for key, out in a["outputs"].items():
+        ref = reference[1] if systems.BY_KEY[key].kind == "fb" else reference[0]
         ok, worst, err = systems.compare(out, ref, tol)
         if a["other_libraries_loaded"]:
             ok, worst = False, f"not alone: {', '.join(a['other_libraries_loaded'])} loaded"
-        val[key] = dict(ok=bool(ok), against="cgru in the main process", worst=worst,
-                        err=float(err), tol=tol)
+        val[key + "_alone"] = dict(ok=bool(ok), against="cgru in the main process",
+                                   worst=worst, err=float(err), tol=tol)
     timed = {k: timing.stats(v) for k, v in a["samples"].items() if val[k + "_alone"]["ok"]}
     return dict(systems=timed, validation=val, other_load_cores=a["other_load_cores"],
                 pid=a["pid"], memory=a["memory"])
@@ -249,7 +252,7 @@ def main(argv=None):
     args = make_parser().parse_args(argv)
     t_start = time.perf_counter()
     mode = problems.MODES["quick" if args.quick else "full" if args.full else "default"]
-    configs = args.configs or [problems.CONFIGS[n] for n in mode.configs]
+    configs = args.configs or problems.mode_configs(mode)
     dtypes = args.dtypes or list(mode.dtypes)
     skip = set(args.skip)
     env = report.environment()
@@ -276,6 +279,7 @@ def main(argv=None):
     sections = [(c, dt, n) for c in configs for dt in dtypes for n in args.threads]
     progress = report.Progress(len(sections) + 1 + ("memory" not in skip))
     results, failures, memory, interrupted = [], [], [], False
+    alone = None                    # ((config, dtype), cgru's own worker process)
     peaks, peak_log = {}, []
     try:
         if "jax" in peers:
@@ -305,9 +309,15 @@ def main(argv=None):
                                          worst="C rows", err=peaks[(dt, n)]["err"], tol=0))
         for c, dt, n in sections:
             progress.section(f"{c.name} {dt} {n}T")
+            if "alone" not in skip and (alone is None or alone[0] != (c.name, dt)
+                                        or alone[1].proc.poll() is not None):
+                if alone is not None:       # cgru's own process: one per config and dtype
+                    alone[1].close()
+                alone = ((c.name, dt), workers.Worker())
             r = run_section(c, dt, n, peers, mode, rounds=args.rounds, progress=progress,
                             seed=args.seed, pool=pool, peaks=peaks, skip=skip,
-                            memory="memory" not in skip and n == args.threads[0])
+                            memory="memory" not in skip and n == args.threads[0],
+                            alone_worker=alone[1] if alone else None)
             checks = dict(r["validation"], **(r.get("alone") or {}).get("validation", {}))
             for key, rec in checks.items():
                 if not rec["ok"]:
@@ -318,6 +328,9 @@ def main(argv=None):
                           f"{rec['err']:.3g} (tolerance {rec['tol']:g}); not timed\n",
                           file=sys.stderr, flush=True)
             results.append(r)
+        if alone is not None:
+            alone[1].close()
+            alone = None
         # the peak again: the FLOP limit uses the faster of the two (contention only slows)
         progress.head = "peak GEMM rate again"
         for (dt, n), first in list(peaks.items()):
@@ -339,6 +352,8 @@ def main(argv=None):
     finally:
         if pool is not None:
             pool.close()
+        if alone is not None:
+            alone[1].close(kill=True)
     progress.end()
     elapsed = time.perf_counter() - t_start
 

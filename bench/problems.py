@@ -8,7 +8,12 @@ layer-direction over ``T`` steps, batch ``N``, input width ``I`` and hidden size
     backward  2 × the forward      T recurrent data products, then dX, dW and dR
     training  3 × the forward      (fb: forward + backward)
 
-A stack adds this up over layers and directions with ``I = D·H`` above the first layer.
+A stack adds this up over layers and directions with ``I = D·H`` above the first layer.  An
+LSTM with a projection of size ``P`` (``S = P``, the width of ``h``) does per step
+``[N, P]·[P, 4H]`` recurrent products and a projection ``[N, H]·[H, P]``, and the layers
+above read ``D·P`` inputs::
+
+    forward   2·T·N·(4H·(in + P) + P·H)
 """
 from dataclasses import dataclass, field
 
@@ -51,12 +56,16 @@ class Config:
     L: int = 1
     bidirectional: bool = False
     cell: str = "gru"
+    P: int = 0                    # an LSTM's projection size (0: none)
     streaming: bool = field(default=False, compare=False)   # report per-call µs
 
     def __post_init__(self):
         if self.cell not in CELL_KINDS:
             raise ValueError(f"config {self.name}: unknown cell kind {self.cell!r} "
                              f"(expected one of {', '.join(CELL_KINDS)})")
+        if self.P and (self.cell != "lstm" or not 0 < self.P <= self.H):
+            raise ValueError(f"config {self.name}: a projection (P={self.P}) needs an LSTM "
+                             f"with 0 < P ≤ H={self.H}, got cell kind {self.cell!r}")
 
     @property
     def G(self):
@@ -68,22 +77,31 @@ class Config:
         return 2 if self.bidirectional else 1
 
     @property
+    def S(self):
+        """Width of ``h``: the projection size when there is one, else ``H``."""
+        return self.P or self.H
+
+    @property
     def topology(self):
         return cgru.Topology(self.I, self.H, self.L,
-                             "bidirectional" if self.bidirectional else "forward")
+                             "bidirectional" if self.bidirectional else "forward",
+                             proj_size=self.P)
 
     def layer_width(self, layer):
         """Input width of layer ``layer``'s input projection."""
-        return self.I if layer == 0 else self.D * self.H
+        return self.I if layer == 0 else self.D * self.S
 
     def describe(self):
         bi = " bi" if self.bidirectional else ""
         kind = "" if self.cell == "gru" else f" {self.cell}"
-        return f"T={self.T} N={self.N} I={self.I} H={self.H} L={self.L}{bi}{kind}"
+        proj = f" P={self.P}" if self.P else ""
+        return f"T={self.T} N={self.N} I={self.I} H={self.H} L={self.L}{bi}{kind}{proj}"
 
     def flops_fwd(self):
-        """GEMM flops of the forward: ``2·T·N·G·H·(in + H)`` per layer-direction."""
-        return sum(self.D * 2 * self.T * self.N * self.G * self.H * (self.layer_width(l) + self.H)
+        """GEMM flops of the forward: ``2·T·N·(G·H·(in + S) + P·H)`` per layer-direction
+        (``S = H`` and no projection term without a projection)."""
+        G, H, S, P = self.G, self.H, self.S, self.P
+        return sum(self.D * 2 * self.T * self.N * (G * H * (self.layer_width(l) + S) + P * H)
                    for l in range(self.L))
 
     def flops(self, kind):
@@ -118,7 +136,7 @@ def parse_config(spec):
     """A config by name (``A``…``F``, ``S1``, ``S32`` = ``T32-H256``, ``T32-H512``,
     ``T128-H256``, ``T128-H512``, ``DS``) or ``TxNxIxHxL`` with an optional ``b`` suffix for a
     bidirectional stack (``5x3x4x6x2b``); either may carry a cell-kind prefix, ``lstm:B``
-    (default ``gru``)."""
+    (default ``gru``), and an LSTM a projection suffix ``-P<size>``: ``lstm:B-P128``."""
     if not isinstance(spec, str):
         raise ValueError(f"config: expected a string, got {spec!r}")
     kind, _, body = spec.rpartition(":")
@@ -126,21 +144,29 @@ def parse_config(spec):
     if kind not in CELL_KINDS:
         raise ValueError(f"config {spec!r}: unknown cell kind {kind!r} (expected one of "
                          f"{', '.join(CELL_KINDS)})")
+    P = 0
+    head, sep, tail = body.rpartition("-P")
+    if sep and head and tail.isdigit():
+        body, P = head, int(tail)
+        if P < 1:
+            raise ValueError(f"config {spec!r}: a projection size must be positive")
     name = ALIASES.get(body, body)
     if name in CONFIGS:
         c = CONFIGS[name]
-        if kind == "gru":
+        if kind == "gru" and not P:
             return c
-        return Config(f"{kind}:{c.name}", c.T, c.N, c.I, c.H, c.L, c.bidirectional, kind,
-                      c.streaming)
+        full = f"{kind}:{c.name}" + (f"-P{P}" if P else "")
+        return Config(full, c.T, c.N, c.I, c.H, c.L, c.bidirectional, kind, P=P,
+                      streaming=c.streaming)
     shape, bi = (body[:-1], True) if body.endswith("b") else (body, False)
     parts = shape.split("x")
     if len(parts) == 5 and all(p.isdigit() and int(p) > 0 for p in parts):
         T, N, I, H, L = map(int, parts)
-        return Config(spec, T, N, I, H, L, bi, kind)
+        return Config(spec, T, N, I, H, L, bi, kind, P=P)
     raise ValueError(f"config: expected one of {', '.join(list(CONFIGS) + list(ALIASES))} or "
                      f"TxNxIxHxL[b] (e.g. 5x3x4x6x2b), optionally prefixed with a cell kind "
-                     f"(lstm:B), got {spec!r}")
+                     f"(lstm:B) and, for an LSTM, suffixed with a projection (lstm:B-P128), "
+                     f"got {spec!r}")
 
 
 # --- run modes ---------------------------------------------------------------------------------
@@ -157,24 +183,40 @@ class Mode:
     warmup_s: float = 0.1
     min_blocks: int = 3   # blocks per system at least, for calls up to slow_s
     slow_s: float = 4.0   # a call slower than this gets a single block
+    untimed_s: float = 0.25   # a call slower than this: no untimed call before a block, and
+                              # a single warm-up call
 
 
 _MAIN = ("A", "B", "C", "D", "E", "F", "S1", "S32", "T32-H512", "T128-H256", "T128-H512")
+_SHAPES = ("A", "B", "C", "D", "E", "F", "S1", "S32")           # docs/speed.md §3 and §7
+_OTHER_KINDS = (tuple(f"lstm:{c}" for c in _SHAPES) + ("lstm:B-P128",)
+                + tuple(f"rnn_tanh:{c}" for c in _SHAPES) + ("rnn_relu:B",))
 MODES = {
-    "quick": Mode("quick", ("B", "D", "F", "S1", "S32"), ("float32",), 3, 0.03, 0.4,
-                  0.02, 0.06, 2, 0.5),
-    "default": Mode("default", _MAIN, ("float32", "float64"), 5, 0.05, 0.6, 0.03,
-                    slow_s=0.9),
-    "full": Mode("full", _MAIN + ("DS",), ("float32", "float64"), 7, 0.1, 3.0, 0.05,
+    # < 2 min: every system and cell kind once (a stack, batch 1, a streaming call), float32
+    "quick": Mode("quick", ("B", "F", "S1", "lstm:B", "lstm:S1", "rnn_tanh:D"), ("float32",),
+                  rounds=2, block_s=0.02, budget_s=0.25, pause_s=0.01, warmup_s=0.04,
+                  min_blocks=2, slow_s=0.3, untimed_s=0.03),
+    # < 12 min: every config of every kind, both dtypes, few repetitions of the slow calls
+    "default": Mode("default", _MAIN + _OTHER_KINDS, ("float32", "float64"), rounds=3,
+                    block_s=0.04, budget_s=0.4, pause_s=0.01, warmup_s=0.06, min_blocks=2,
+                    slow_s=0.6, untimed_s=0.03),
+    "full": Mode("full", _MAIN + ("DS",) + _OTHER_KINDS + ("lstm:DS", "rnn_tanh:DS"),
+                 ("float32", "float64"), rounds=7, block_s=0.1, budget_s=3.0, pause_s=0.05,
                  slow_s=15.0),
 }
+
+
+def mode_configs(mode):
+    """The ``Config`` values of a mode's config names."""
+    return [parse_config(name) for name in mode.configs]
 
 
 # --- problem data ------------------------------------------------------------------------------
 class Problem:
     """Network (weights and cell), inputs and output gradients shared by every system of one
-    section.  Time-major: ``x`` ``[T, N, I]``, ``h0``/``dhy`` ``[L·D, N, H]``, ``dy``
-    ``[T, N, D·H]``.  Deterministic in ``seed``; picklable (sent to the bench's workers)."""
+    section.  Time-major: ``x`` ``[T, N, I]``, ``h0``/``dhy`` ``[L·D, N, S]``, ``dy``
+    ``[T, N, D·S]`` (``S``: ``P`` with a projection, else ``H``); an LSTM's ``c0``/``dcy``
+    ``[L·D, N, H]``.  Deterministic in ``seed``; picklable (sent to the bench's workers)."""
 
     def __init__(self, config, dtype, seed=0):
         self.config = config
@@ -188,9 +230,9 @@ class Problem:
             return rng.uniform(-s, s, shape).astype(self.dtype)
 
         self.x = u(c.T, c.N, c.I)
-        self.h0 = u(LD, c.N, c.H, s=0.5)
-        self.dy = u(c.T, c.N, c.D * c.H)
-        self.dhy = u(LD, c.N, c.H)
+        self.h0 = u(LD, c.N, c.S, s=0.5)
+        self.dy = u(c.T, c.N, c.D * c.S)
+        self.dhy = u(LD, c.N, c.S)
         # a cell state (LSTM): c0 and the gradient of the final cell states, else None
         state = getattr(self.net.cell, "has_cell_state", False)
         self.c0 = u(LD, c.N, c.H, s=0.5) if state else None

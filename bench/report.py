@@ -25,6 +25,12 @@ ENV_VARS = OPENBLAS_VARS + ("OPENBLAS_NUM_THREADS", "OPENBLAS_VERBOSE", "OMP_NUM
 # peer key -> the cgru system it is compared with
 PEER_OF = {"torch_fb": "cgru_fb", "jax_fb": "cgru_fb", "numpy_fb": "cgru_fb",
            "torch_fwd": "cgru_fwd", "ort_fwd": "cgru_fwd", "openvino_fwd": "cgru_fwd"}
+# other ratios of medians: cgru.torch against torch (the swap of a module) and against the
+# core API (its overhead); the Stream against cgru.forward
+EXTRA_RATIOS = [("torch_fb", "cgru_torch_fb"), ("cgru_torch_fb", "cgru_fb"),
+                ("cgru_torch_fb", "cgru_fb_alone"), ("cgru_stream_fwd", "cgru_fwd"),
+                ("cgru_stream_fwd_alone", "cgru_fwd_alone"),
+                ("cgru_stream_fwd_alone", "bound_fwd")]
 
 
 # --- derived figures ---------------------------------------------------------------------------
@@ -44,24 +50,38 @@ def derive(result):
         pairs += [(f"bound_{kind}", f"flop_limit_{kind}"), (f"cgru_{kind}_alone", f"cgru_{kind}")]
     for peer, cg in PEER_OF.items():
         pairs += [(peer, cg), (peer, cg + "_alone")]
+    pairs += EXTRA_RATIOS
     result["ratios"] = {f"{a}/{b}": med[a] / med[b] for a, b in pairs
                         if a in med and b in med and med[b] > 0}
     us = {k: 1e3 * v for k, v in med.items()
           if k.endswith("fwd") or k.endswith("fwd_alone")}
-    cg = us.get("cgru_fwd_alone", us.get("cgru_fwd"))
-    result["streaming"] = dict(per_call_us=us, overhead_us=None if cg is None or
-                               "bound_fwd" not in us else cg - us["bound_fwd"])
+    bound = us.get("bound_fwd")
+
+    def overhead(key):
+        v = us.get(key + "_alone", us.get(key))
+        return None if v is None or bound is None else v - bound
+    result["streaming"] = dict(per_call_us=us, overhead_us=overhead("cgru_fwd"),
+                               stream_overhead_us=overhead("cgru_stream_fwd"))
     return result
 
 
-def trusted(result, kind):
+def trusted(result, kind, system="cgru"):
     """cgru's ``kind`` figure to trust: from its own process when measured, else in-process
-    (``(key suffix, median ms)``)."""
-    alone = (result.get("alone") or {}).get("systems", {}).get(f"cgru_{kind}")
+    (``(key suffix, median ms)``); ``system="cgru_stream"``: the Stream's."""
+    key = f"{system}_{kind}"
+    alone = (result.get("alone") or {}).get("systems", {}).get(key)
     if alone:
         return "_alone", alone["median_ms"]
-    rec = result["systems"].get(f"cgru_{kind}")
+    rec = result["systems"].get(key)
     return "", (rec["median_ms"] if rec else None)
+
+
+def streaming_overhead(result):
+    """The per-call overhead the target is about (docs/speed.md §6): of the Stream's step
+    when it was measured (the API for repeated small calls), else of ``cgru.forward``."""
+    st = result.get("streaming") or {}
+    v = st.get("stream_overhead_us")
+    return v if v is not None else st.get("overhead_us")
 
 
 # --- targets (docs/speed.md §6) -------------------------------------------------------------------
@@ -72,7 +92,8 @@ TARGETS = [  # name, comparison, limit, where
     ("JAX training / cgru training", ">=", 1.5, "every config"),
     ("onnxruntime fwd / cgru fwd", ">=", 1.0, "every config, S1 and S32 included"),
     ("OpenVINO fwd / cgru fwd", ">=", 1.0, "every config, S1 and S32 included"),
-    ("streaming per-call overhead (µs)", "<=", 30.0, "S1: forward minus its GEMM-only bound"),
+    ("streaming per-call overhead (µs)", "<=", 30.0,
+     "S1: a Stream step minus its GEMM-only bound"),
     ("1-thread / 2-thread training", ">=", 1.8, "N ≥ 16"),
     ("peak memory / (reserve + inputs + outputs)", "<=", 1.2, "every config"),
 ]
@@ -106,8 +127,7 @@ def targets(results, memory=()):
         add(r, "onnxruntime fwd / cgru fwd", q.get(f"ort_fwd/cgru_fwd{sfx_fwd}"), n)
         add(r, "OpenVINO fwd / cgru fwd", q.get(f"openvino_fwd/cgru_fwd{sfx_fwd}"), n)
         if T == 1 and N == 1:
-            add(r, "streaming per-call overhead (µs)",
-                (r.get("streaming") or {}).get("overhead_us"), n)
+            add(r, "streaming per-call overhead (µs)", streaming_overhead(r), n)
         one = by_key.get((r["config"], r["dtype"], 1))
         if n == 2 and N >= 16 and one is not None and fb:
             _, fb1 = trusted(one, "fb")
@@ -177,8 +197,9 @@ def _table(head, rows, markdown, left=3):
 
 
 MAIN_HEAD = ("config", "dtype", "thr", "cgru fb ms (min–max)", "alone ms", "fb/bound",
-             "fb/FLOP lim", "PyTorch fb/cgru", "JAX fb/cgru", "NumPy fb/cgru", "cgru fwd ms",
-             "onnxrt fwd/cgru", "OpenVINO fwd/cgru", "other load")
+             "fb/FLOP lim", "PyTorch fb/cgru", "PyTorch fb/cgru.torch", "JAX fb/cgru",
+             "NumPy fb/cgru", "cgru fwd ms", "onnxrt fwd/cgru", "OpenVINO fwd/cgru",
+             "other load")
 
 
 def main_rows(results):
@@ -194,13 +215,27 @@ def main_rows(results):
                      _ms(alone_fb) if sb else "—",
                      _fmt(q.get(f"cgru_fb{sb}/bound_fb")),
                      _fmt(q.get(f"cgru_fb{sb}/flop_limit_fb")),
-                     _fmt(q.get(f"torch_fb/cgru_fb{sb}")), _fmt(q.get(f"jax_fb/cgru_fb{sb}")),
+                     _fmt(q.get(f"torch_fb/cgru_fb{sb}")),
+                     _fmt(q.get("torch_fb/cgru_torch_fb")),
+                     _fmt(q.get(f"jax_fb/cgru_fb{sb}")),
                      _fmt(q.get(f"numpy_fb/cgru_fb{sb}")),
                      _ms(fwd_ms) if fwd_ms else (_ms(fwd["median_ms"]) if fwd else "—"),
                      _fmt(q.get(f"ort_fwd/cgru_fwd{sf}")),
                      _fmt(q.get(f"openvino_fwd/cgru_fwd{sf}")),
                      _load(r)))
     return rows
+
+
+KIND_TITLES = {"gru": "GRU", "lstm": "LSTM", "rnn_tanh": "vanilla RNN (tanh)",
+               "rnn_relu": "vanilla RNN (relu)"}
+
+
+def by_kind(results):
+    """``[(cell kind, [results])]`` in the order of ``KIND_TITLES``, then any other."""
+    kinds = list(KIND_TITLES) + sorted({r.get("cell", "gru") for r in results} -
+                                       set(KIND_TITLES))
+    groups = [(k, [r for r in results if r.get("cell", "gru") == k]) for k in kinds]
+    return [(k, rs) for k, rs in groups if rs]
 
 
 def _load(r):
@@ -210,8 +245,9 @@ def _load(r):
     return sec if alone is None else f"{sec}/{alone:.1f}"
 
 
-STREAM_HEAD = ("config", "dtype", "thr", "cgru fwd µs alone", "in process", "bound µs",
-               "overhead µs", "PyTorch µs", "onnxrt µs", "OpenVINO µs")
+STREAM_HEAD = ("config", "dtype", "thr", "cgru fwd µs alone", "in process", "Stream µs alone",
+               "bound µs", "fwd overhead µs", "Stream overhead µs", "PyTorch µs",
+               "onnxrt µs", "OpenVINO µs", "other load")
 
 
 def stream_rows(results):
@@ -224,15 +260,18 @@ def stream_rows(results):
 
         def f(k):
             return _fmt(us.get(k), "{:.1f}")
+        stream = us.get("cgru_stream_fwd_alone", us.get("cgru_stream_fwd"))
         rows.append((r["config"], short_dtype(r["dtype"]), str(r["threads"]),
-                     f("cgru_fwd_alone"), f("cgru_fwd"), f("bound_fwd"),
-                     _fmt(st.get("overhead_us"), "{:.1f}"), f("torch_fwd"), f("ort_fwd"),
-                     f("openvino_fwd")))
+                     f("cgru_fwd_alone"), f("cgru_fwd"), _fmt(stream, "{:.1f}"),
+                     f("bound_fwd"), _fmt(st.get("overhead_us"), "{:.1f}"),
+                     _fmt(st.get("stream_overhead_us"), "{:.1f}"), f("torch_fwd"),
+                     f("ort_fwd"), f("openvino_fwd"), _load(r)))
     return rows
 
 
 MEM_HEAD = ("config", "dtype", "cgru peak MiB", "minimum MiB", "peak/minimum",
-            "cgru RSS growth MiB", "PyTorch RSS growth MiB", "PyTorch/cgru (RSS)")
+            "cgru RSS growth MiB", "steady RSS MiB", "pool MiB", "first / steady step ms",
+            "PyTorch RSS growth MiB", "PyTorch/cgru (RSS)")
 
 
 def memory_rows(memory):
@@ -241,32 +280,43 @@ def memory_rows(memory):
     for m in memory:
         c, t = m.get("cgru") or {}, m.get("torch") or {}
         cr, tr = c.get("rss_growth_bytes"), t.get("rss_growth_bytes")
+
+        def b(v):
+            return _fmt(None if v is None else v * mib, "{:.2f}")
+        first, steady = c.get("first_step_ms"), c.get("steady_step_ms")
         rows.append((m["config"], short_dtype(m["dtype"]),
-                     _fmt(c.get("peak_bytes") and c["peak_bytes"] * mib, "{:.2f}"),
-                     _fmt(c.get("minimum_bytes") and c["minimum_bytes"] * mib, "{:.2f}"),
+                     b(c.get("peak_bytes")), b(c.get("minimum_bytes")),
                      _fmt(c.get("peak_over_minimum"), "{:.3f}"),
-                     _fmt(None if cr is None else cr * mib, "{:.2f}"),
-                     _fmt(None if tr is None else tr * mib, "{:.2f}"),
-                     _fmt(tr / cr if cr and tr is not None else None)))
+                     b(cr), b(c.get("steady_rss_growth_bytes")), b(c.get("pool_bytes")),
+                     "—" if first is None or steady is None else
+                     f"{_ms(first)} / {_ms(steady)}",
+                     b(tr), _fmt(tr / cr if cr and tr is not None else None)))
     return rows
 
 
 def format_tables(results, memory=(), peaks=(), markdown=False):
-    parts = [_table(MAIN_HEAD, main_rows(results), markdown)]
+    parts = []
+    for kind, rs in by_kind(results):
+        parts.append(f"{'### ' if markdown else ''}{KIND_TITLES.get(kind, kind)}\n")
+        parts.append(_table(MAIN_HEAD, main_rows(rs), markdown) + "\n")
     parts.append("ratios of medians, against cgru measured in a process of its own ('alone'); "
                  "fb = training forward+backward;\nratio > 1 = cgru faster, except fb/bound "
-                 "and fb/FLOP lim (cgru's time over its yardstick); other load: cores kept "
-                 "busy by other processes (in the section / while cgru ran alone)")
+                 "and fb/FLOP lim (cgru's time over its yardstick); PyTorch fb/cgru.torch: "
+                 "nn.GRU/LSTM/RNN against cgru.torch's module,\nthe same training step in "
+                 "the same process; other load: cores kept busy by other processes (in the "
+                 "section / while cgru ran alone)")
     srows = stream_rows(results)
     if srows:
-        parts.append("\nstreaming (batch 1, per call; overhead = cgru fwd alone − its "
-                     "GEMM-only bound):")
+        parts.append("\nstreaming (batch 1, per call; overhead = the call alone − its "
+                     "GEMM-only bound; Stream = cgru.Stream(net).step(x, state)):")
         parts.append(_table(STREAM_HEAD, srows, markdown))
     mrows = memory_rows(memory)
     if mrows:
-        parts.append("\npeak memory of one training step (fresh process each; cgru peak = "
-                     "inputs + tracemalloc peak of the step, minimum = reserve + inputs + "
-                     "outputs; RSS growth = peak RSS during the step − RSS before):")
+        parts.append("\npeak memory of a training step (fresh process each; cgru peak = "
+                     "inputs + tracemalloc peak of the first step, minimum = reserve + inputs "
+                     "+ outputs; RSS growth = peak RSS during the first step − RSS before; "
+                     "steady = peak RSS of the next steps − RSS before the first; pool = "
+                     "what cgru's buffer pool holds between steps):")
         parts.append(_table(MEM_HEAD, mrows, markdown, left=2))
     if peaks:
         parts.append("\npeak GEMM (2048³ through cgru._kernels.blas.gemm_rm, BLAS at the "
@@ -281,6 +331,7 @@ PLOT_SERIES = [  # ratio key (with the cgru suffix placeholder), label, target
     ("cgru_fb{s}/bound_fb", "cgru fb / GEMM-only bound", 0.9),
     ("cgru_fb{s}/flop_limit_fb", "cgru fb / FLOP limit", 1.15),
     ("torch_fb/cgru_fb{s}", "PyTorch fb / cgru fb", 2.5),
+    ("torch_fb/cgru_torch_fb", "PyTorch fb / cgru.torch fb", None),
     ("jax_fb/cgru_fb{s}", "JAX fb / cgru fb", 1.5),
     ("ort_fwd/cgru_fwd{s}", "onnxruntime fwd / cgru fwd", 1.0),
     ("openvino_fwd/cgru_fwd{s}", "OpenVINO fwd / cgru fwd", 1.0),

@@ -2,7 +2,7 @@
 the thread pools are quiet, medians and min–max; the machine-noise and other-load checks; the
 peak GEMM rate behind the FLOP limit.
 
-A system (``bench.systems.System``) offers ``warmup(seconds, max_calls)`` and
+A system (``bench.systems.System``) offers ``warmup(seconds, max_calls, single_s)`` and
 ``block(k, untimed)``, both returning the seconds of each timed call, and ``pids``: the other
 processes doing its work (a pinned JAX worker), whose CPU use the pauses and the other-load
 figure take into account.
@@ -99,11 +99,11 @@ def time_call(fn):
 def plan_blocks(est_s, mode, rounds):
     """``(k, untimed, blocks)`` for a system whose call takes ``est_s``: ``k`` timed calls per
     block (about ``mode.block_s`` of work, 1 to 25), an untimed call first unless a call takes
-    over 0.25 s, and ``mode.min_blocks`` to ``rounds`` blocks within ``mode.budget_s`` (a
-    single block when one call takes over ``mode.slow_s``: a slow peer, or a thread pool
-    starved by another process)."""
+    over ``mode.untimed_s``, and ``mode.min_blocks`` to ``rounds`` blocks within
+    ``mode.budget_s`` (a single block when one call takes over ``mode.slow_s``: a slow peer,
+    or a thread pool starved by another process)."""
     k = int(min(25, max(1, round(mode.block_s / max(est_s, 1e-9)))))
-    untimed = bool(est_s < 0.25)
+    untimed = bool(est_s < mode.untimed_s)
     per_block = (k + untimed) * est_s + mode.pause_s
     least = mode.min_blocks if est_s <= mode.slow_s else 1
     blocks = int(min(rounds, max(least, mode.budget_s // max(per_block, 1e-9))))
@@ -114,14 +114,14 @@ def measure(systems, mode, rounds=None, progress=None):
     """Warm up every system, then run interleaved blocks; ``{key: [seconds, ...]}``.
 
     The validation call was the cold call; each system warms up for ``mode.warmup_s`` (1 to 10
-    calls).  Then rounds: in each, every system runs one block — a pause (``settle``), one
+    calls; one when a call takes over ``mode.untimed_s``).  Then rounds: in each, every system runs one block — a pause (``settle``), one
     untimed call, ``k`` timed calls — and the order of the systems rotates every round."""
     rounds = mode.rounds if rounds is None else rounds
     watch = tuple(sorted({p for s in systems for p in s.pids}))
     plan = {}
     for s in systems:
         settle(mode.pause_s, pids=watch)
-        times = s.warmup(mode.warmup_s, 10)
+        times = s.warmup(mode.warmup_s, 10, mode.untimed_s)
         est = float(np.median(times[len(times) // 2:]))
         plan[s.key] = plan_blocks(est, mode, rounds)
     samples = {s.key: [] for s in systems}

@@ -9,11 +9,12 @@ Three uses (docs/speed.md §5, rules 9 and 10):
   ``RemoteSystem`` stands for it and takes part in the interleaved blocks like any other
   system: the worker times each call with its own clock and the pauses wait for its threads
   to go quiet too.
-* **cgru alone.** A fresh worker per section runs only cgru (no other library is imported:
-  checked) with the same warm-up and blocks: other libraries warm up the allocator and
-  flatter cgru by ~12 % in the main process.
-* **Peak memory** of one training step (forward + backward), a fresh worker per system and
-  problem (``measure_memory``).
+* **cgru alone.** A fresh worker per config and dtype (both thread counts) runs only cgru (no other library is imported:
+  checked) with the same warm-up and blocks — ``cgru.forward``, the training step and, for
+  the streaming configs, ``cgru.Stream`` — so that no other library's allocations shape
+  cgru's figures (docs/speed.md rule 9).
+* **Peak memory** of a training step (forward + backward), first call and steady state, a
+  fresh worker per system and problem (``run_memory``; cgru's in its own process, first).
 
 Protocol: pickled ``(op, args)`` requests on the worker's stdin, ``("ok", value)`` or
 ``("error", traceback)`` replies on a private copy of its stdout (its ``sys.stdout`` goes to
@@ -146,8 +147,8 @@ class RemoteSystem:
     def outputs(self):
         return self.worker.request("outputs")
 
-    def warmup(self, seconds, max_calls):
-        return self.worker.request("warmup", seconds, max_calls)
+    def warmup(self, seconds, max_calls, single_s=0.25):
+        return self.worker.request("warmup", seconds, max_calls, single_s)
 
     def block(self, k, untimed):
         return self.worker.request("block", k, untimed)
@@ -198,9 +199,13 @@ class PinnedPool:
         shutil.rmtree(self.cache, ignore_errors=True)
 
 
-def run_alone(problem, n, mode, rounds=None, want_outputs=True, memory=False):
-    """cgru's fwd and fb timed in a fresh process that runs nothing else (``memory``: and the
-    peak memory of its first training step, measured before anything else)."""
+def run_alone(problem, n, mode, rounds=None, want_outputs=True, memory=False, worker=None):
+    """cgru's fwd and fb timed in a process that runs nothing else (``memory``: and the peak
+    memory of its first training step, measured before anything else, so the process must be
+    fresh).  ``worker``: a ``Worker`` to use (the bench keeps one per config and dtype for
+    both thread counts); ``None``: a fresh one for this call."""
+    if worker is not None:
+        return worker.request("alone", problem, n, mode, rounds, want_outputs, memory)
     with Worker() as w:
         return w.request("alone", problem, n, mode, rounds, want_outputs, memory)
 
@@ -213,17 +218,20 @@ def run_memory(key, problem, n):
 
 # --- the worker's side -------------------------------------------------------------------------
 def _alone(problem, n, mode, rounds, want_outputs, memory=False):
-    """cgru's fwd and fb validated (outputs returned) and timed like a section, in this
-    process, which has imported no other library; with ``memory``, first (while the process is
-    fresh) the peak memory of its first training step (``_memory``)."""
+    """cgru's fwd and fb (and, for a streaming config, ``cgru.Stream``) validated (outputs
+    returned, ``{key: outputs}``) and timed like a section, in this process, which has
+    imported no other library; with ``memory``, first (while the process is fresh) the peak
+    memory of its first training step and of the steady state after it (``_memory``)."""
     from threadpoolctl import ThreadpoolController
     from bench import systems, timing
     mem = _memory("cgru_fb", problem, n) if memory else None
     load = timing.OtherLoad()
     with ThreadpoolController().limit(limits=n):
-        fwd, fb = systems.CgruFwd(problem, n), systems.CgruFb(problem, n)
-        outputs = (fwd.outputs(), fb.outputs()) if want_outputs else None
-        samples = timing.measure([fwd, fb], mode, rounds)
+        built = [cls(problem, n) for cls in (systems.CgruFwd, systems.CgruFb,
+                                             systems.CgruStreamFwd)
+                 if cls.supports(problem.config)]
+        outputs = {s.key: s.outputs() for s in built} if want_outputs else None
+        samples = timing.measure(built, mode, rounds)
     loaded = sorted(m for m in OTHER_LIBRARIES if m in sys.modules)
     return dict(samples=samples, outputs=outputs, other_load_cores=load.cores(),
                 other_libraries_loaded=loaded, pid=os.getpid(), memory=mem)
@@ -247,23 +255,36 @@ def _reset_peak_rss():
         return False
 
 
+def _pool_bytes():
+    """Bytes of the blocks cgru's pool (``cgru.core.plan.recycled``) holds, if loaded."""
+    plan = sys.modules.get("cgru.core.plan")
+    pool = getattr(plan, "_pool", None) if plan is not None else None
+    return None if pool is None else int(sum(b.nbytes for b in list(pool)))
+
+
+STEADY_STEPS = 2      # training steps after the first, for the steady-state figures
+
+
 def _memory(key, problem, n):
-    """Peak memory of one training step (forward + backward) of system ``key``: the first
-    step at this size in a fresh process, its results held until the peak is read (as a
-    caller holds them).  A tiny step of the same cell runs first, so that one-time library
-    set-up is not counted.  Two measures of the same step:
+    """Peak memory of a training step (forward + backward) of system ``key``, first-call and
+    steady state.  The first step at this size in a fresh process, its results held until the
+    peak is read (as a caller holds them); then (cgru only) ``STEADY_STEPS`` more steps, each
+    dropping the previous step's results first, as a training loop does.  A tiny step of the
+    same cell runs first, so that one-time library set-up is not counted.  Measures:
 
-    * RSS growth: the kernel's peak resident set during the step (VmHWM, reset just before it
-      through ``/proc/self/clear_refs``; else the lifetime peak ``ru_maxrss``) minus the
-      resident set before it — every allocation of every library, as pages touched;
-      tracemalloc's own bookkeeping (cgru only, below) is subtracted.
-    * tracemalloc (cgru only): the peak of the NumPy/Python allocations during the step, exact
-      to the byte — cgru allocates its outputs, reserve and workspaces as NumPy arrays (its
-      kernels' small per-chunk scratch is malloc'd and not seen).  Not meaningful for
-      PyTorch, whose allocator it does not see.
-
-    Only a first step shows what a step needs: cgru keeps released workspaces and reserves in a
-    pool (``cgru.core.plan.recycled``) and hands them out again on the next steps."""
+    * RSS growth of the first step: the kernel's peak resident set during it (VmHWM, reset
+      just before it through ``/proc/self/clear_refs``; else the lifetime peak
+      ``ru_maxrss``) minus the resident set before it — every allocation of every library,
+      as pages touched; tracemalloc's own bookkeeping (cgru only, below) is subtracted.
+    * tracemalloc (cgru only): the peak of the NumPy/Python allocations during the first
+      step, exact to the byte — cgru allocates its outputs, reserve and workspaces as NumPy
+      arrays (its kernels' small per-chunk scratch is malloc'd and not seen).  Not
+      meaningful for PyTorch, whose allocator it does not see.
+    * steady state: the peak RSS during the later steps over the RSS before the first
+      (``steady_rss_growth_bytes``), the bytes cgru's pool holds between steps
+      (``pool_bytes``: the reserve and workspace blocks it hands out again), and the time of
+      the first step and the median of the later ones (``first_step_ms``,
+      ``steady_step_ms``): the first faults in every page, the later ones reuse the pool."""
     import resource
     import tracemalloc
     from threadpoolctl import ThreadpoolController
@@ -271,7 +292,8 @@ def _memory(key, problem, n):
     cls = systems.BY_KEY[key]
     c = problem.config
     traced = key.startswith("cgru")
-    tiny = problems.Problem(problems.Config("tiny", 2, 1, 8, 8, 1, False, c.cell), problem.dtype)
+    tiny = problems.Problem(problems.Config("tiny", 2, 1, 8, 8, 1, False, c.cell,
+                                            P=min(c.P, 4)), problem.dtype)
     with ThreadpoolController().limit(limits=n):
         cls(tiny, n).call()
         s = cls(problem, n)
@@ -281,7 +303,9 @@ def _memory(key, problem, n):
         ru0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         if traced:
             tracemalloc.start()
+        t0 = time.perf_counter()
         out = s.call()
+        first_ms = (time.perf_counter() - t0) * 1e3
         traced_peak = overhead = None
         if traced:
             traced_peak = tracemalloc.get_traced_memory()[1]
@@ -290,13 +314,28 @@ def _memory(key, problem, n):
         hwm = _status_kib("VmHWM") if exact else resource.getrusage(
             resource.RUSAGE_SELF).ru_maxrss
         del out
+        steady_ms = []
+        if exact:
+            _reset_peak_rss()
+        for _ in range(STEADY_STEPS if traced else 0):    # the pool is cgru's
+            t0 = time.perf_counter()
+            out = s.call()
+            steady_ms.append((time.perf_counter() - t0) * 1e3)
+            del out
+        hwm_steady = _status_kib("VmHWM") if exact and steady_ms else None
+        pool = _pool_bytes() if traced else None
     rss_growth = max(0, (hwm - rss0) * 1024 - (overhead or 0))
     rec = dict(system=key, rss_growth_bytes=int(rss_growth),
                rss_method="VmHWM after /proc/self/clear_refs" if exact else
                f"ru_maxrss (lifetime peak; {ru0} KiB before the step)",
                tracemalloc_overhead_bytes=overhead, traced_peak_bytes=traced_peak,
                input_bytes=problem.input_nbytes(), output_bytes=problem.output_nbytes(),
-               threads=n)
+               threads=n, first_step_ms=first_ms,
+               steady_step_ms=float(sorted(steady_ms)[len(steady_ms) // 2]) if steady_ms
+               else None,
+               steady_rss_growth_bytes=None if hwm_steady is None else
+               int(max(0, (hwm_steady - rss0) * 1024)),
+               pool_bytes=pool)
     if traced:
         import cgru
         rec["reserve_bytes"] = int(cgru.reserve_nbytes(problem.net, c.T, c.N))

@@ -1,13 +1,16 @@
 """The benchmark's correctness machinery (bench/) on tiny problems; timings are never asserted.
 
 1. Every system it times agrees with cgru on a tiny 2-layer bidirectional stack, in both
-   dtypes (JAX through its pinned worker process, as in a run).
+   dtypes (JAX through its pinned worker process, as in a run); every peer's LSTM, tanh and
+   relu RNN builders too, an LSTM with a projection where the peer has one, cgru.torch's
+   modules and cgru.Stream; a peer whose package is missing is skipped.
 2. A system that computes something else fails validation; so does one that crashes.
 3. ``main`` end to end: the JSON holds every figure and the plot is written; a failed
    validation gives exit code 1 and leaves that system untimed.
 4. The optional peers skip cleanly when their package is missing (imports hidden).
-5. Small parts: config parsing and flops, the bound for any gate count, block planning,
-   cgru's own process, the targets of docs/speed.md, the OpenBLAS note.
+5. Small parts: config parsing and flops, the run modes' configs, the bound for any gate
+   count and a projection, block planning, cgru's own process and its memory figures, the
+   targets of docs/speed.md, the OpenBLAS note.
 """
 import json
 import math
@@ -26,9 +29,11 @@ from bench import problems, report, systems, timing, workers  # noqa: E402
 
 TINY = problems.Config("tiny", T=5, N=3, I=4, H=6, L=2, bidirectional=True)
 TINY_SPEC = "5x3x4x6x2b"
-PEER_KEYS = {"torch": {"torch_fwd", "torch_fb"}, "onnxruntime": {"ort_fwd"},
+PEER_KEYS = {"torch": {"torch_fwd", "torch_fb", "cgru_torch_fb"}, "onnxruntime": {"ort_fwd"},
              "openvino": {"openvino_fwd"}, "jax": {"jax_fb"}}
 F32_ONLY = {"ort_fwd", "openvino_fwd"}
+CGRU_OWN = {"cgru_fwd", "cgru_fb", "cgru_torch_fb", "cgru_stream_fwd", "bound_fwd", "bound_fb"}
+KINDS = ["lstm", "rnn_tanh", "rnn_relu"]
 FAST = ["--threads", "1", "--dtypes", "float32", "--rounds", "1", "--peak-size", "128"]
 
 
@@ -71,24 +76,120 @@ def test_every_system_agrees_with_cgru(peers, pool, dtype):
     assert set(checks) == expected
     assert not {k: v for k, v in checks.items() if not v["ok"]}
     # the peers were really compared (an error of exactly 0 would mean cgru against itself)
-    for key in expected - {"cgru_fwd", "cgru_fb", "bound_fwd", "bound_fb"}:
+    for key in expected - CGRU_OWN:
         assert 0 < checks[key]["err"] <= checks[key]["tol"], key
     # fb systems were compared on every gradient, not only on y and hy
     ref_fb = systems.cgru_reference(problem, 1)[1]
     assert {"dx", "dh0", "dW[3]", "dR[3]", "db_W[3]", "db_R[3]"} <= set(ref_fb)
 
 
-def test_other_cell_kinds_run_cgru_and_the_bound(peers):
-    try:
-        problem = problems.Problem(problems.parse_config("lstm:5x3x4x6x2b"), "float32")
-    except ValueError as exc:
-        pytest.skip(str(exc))                 # no LSTM in this cgru yet
-    notes = []
-    built, _ = systems.build_systems(problem, 1, peers, notes=notes)
+def _peer_systems(peer, problem, pool, dtype):
+    """The systems of ``peer`` (a PEER_KEYS name or ``numpy``) built on ``problem``, remote
+    ones through the pinned pool; pytest.skip when its package is missing."""
+    keys = {"numpy": {"numpy_fb"}}.get(peer) or PEER_KEYS[peer]
+    if peer != "numpy" and peer not in systems.load_peers()[0]:
+        pytest.skip(f"{peer} not installed")
+    built = []
+    for key in sorted(keys):
+        cls = systems.BY_KEY[key]
+        if dtype not in cls.dtypes or not cls.supports(problem.config):
+            continue
+        built.append(pool.remote(cls, problem, 1) if getattr(cls, "remote", False)
+                     else cls(problem, 1))
+    return built
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("peer", ["torch", "onnxruntime", "openvino", "jax", "numpy"])
+def test_every_peer_computes_lstm_and_rnn(peer, kind, pool):
+    for dtype in ("float32", "float64"):
+        problem = problems.Problem(problems.parse_config(f"{kind}:{TINY_SPEC}"), dtype, seed=4)
+        built = _peer_systems(peer, problem, pool, dtype)
+        assert built or dtype == "float64"              # ONNX and OpenVINO: float32 only
+        checks = systems.validate(problem, built, 1)
+        for s in built:
+            s.close()
+        for key, rec in checks.items():
+            assert rec["ok"], (key, dtype, rec)
+            assert rec["err"] <= rec["tol"]
+            if kind != "rnn_relu" and key not in CGRU_OWN:   # relu: peers may agree exactly
+                assert rec["err"] > 0, (key, dtype)
+            assert rec["against"].startswith("cgru")
+
+
+def test_cgru_reference_of_an_lstm_has_its_cell_state():
+    problem = problems.Problem(problems.parse_config(f"lstm:{TINY_SPEC}"), "float64")
+    ref_fwd, ref_fb = systems.cgru_reference(problem, 1)
+    assert {"y", "hy", "cy"} == set(ref_fwd)
+    assert {"cy", "dc0", "dx", "dh0", "dW[3]"} <= set(ref_fb)
+    assert ref_fb["dc0"].shape == problem.c0.shape
+
+
+@pytest.mark.parametrize("peer", ["torch", "onnxruntime", "openvino", "jax", "numpy"])
+def test_an_lstm_with_a_projection(peer, pool):
+    problem = problems.Problem(problems.parse_config(f"lstm:{TINY_SPEC}-P3"), "float64",
+                               seed=2)
+    assert problem.h0.shape == (4, 3, 3) and problem.c0.shape == (4, 3, 6)
+    keys = {"numpy": {"numpy_fb"}}.get(peer) or PEER_KEYS[peer]
+    classes = [systems.BY_KEY[k] for k in keys]
+    if not all(cls.projection for cls in classes):        # ONNX and OpenVINO have none
+        notes = []
+        built, _ = systems.build_systems(problem, 1, {peer: None}, notes=notes, skip=("bound",))
+        assert not keys & {s.key for s in built}
+        for key in keys:
+            assert f"{key}: no LSTM projection (proj_size) in this peer; skipped" in notes
+        return
+    built = _peer_systems(peer, problem, pool, "float64")
     checks = systems.validate(problem, built, 1)
-    assert {"cgru_fwd", "cgru_fb", "bound_fwd", "bound_fb"} <= set(checks)
-    assert all(v["ok"] for v in checks.values())
-    assert "numpy_fb: no lstm model in bench/systems.py; skipped" in notes
+    for s in built:
+        s.close()
+    assert set(checks) == keys
+    for key, rec in checks.items():
+        assert rec["ok"] and rec["err"] <= rec["tol"], (key, rec)
+    if "torch_fb" in checks or "jax_fb" in checks or "numpy_fb" in checks:
+        ref_fb = systems.cgru_reference(problem, 1)[1]
+        assert ref_fb["dW_p[3]"].shape == (3, 6)              # the projection's gradient
+
+
+def test_cgru_torch_is_the_swapped_module(peers):
+    if "torch" not in peers:
+        pytest.skip("torch not installed")
+    import cgru.torch
+    import torch
+    for spec in (TINY_SPEC, f"lstm:{TINY_SPEC}", f"rnn_relu:{TINY_SPEC}"):
+        problem = problems.Problem(problems.parse_config(spec), "float32", seed=1)
+        s = systems.CgruTorchFb(problem, 2)
+        name = systems._TORCH_CLASSES[problem.config.cell][0]
+        assert type(s.module) is getattr(cgru.torch, name)
+        assert isinstance(s.module, getattr(torch.nn, name)) and s.module.num_threads == 2
+        rec = systems.validate(problem, [s], 2)["cgru_torch_fb"]
+        assert rec["ok"] and rec["against"] == "cgru forward+backward", rec
+        # the same training step as the torch peer: x, h0 (c0) and every weight
+        assert len(s.inputs) == len(systems.TorchFb(problem, 2).inputs)
+
+
+def _streaming(kind="gru", T=1, **kw):
+    return problems.Config(f"s{T}", T, 1, 4, 6, cell=kind, streaming=True, **kw)
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm", "rnn_tanh"])
+def test_the_stream_is_timed_on_streaming_configs(kind):
+    for T in (1, 7):
+        problem = problems.Problem(_streaming(kind, T), "float64", seed=6)
+        built, _ = systems.build_systems(problem, 2, {}, skip=("numpy",))
+        assert "cgru_stream_fwd" in [s.key for s in built]
+        checks = systems.validate(problem, built, 2)
+        assert all(v["ok"] for v in checks.values()), checks
+        assert checks["cgru_stream_fwd"]["against"] == "cgru forward"
+        stream = next(s for s in built if s.key == "cgru_stream_fwd")
+        assert len(stream.block(3, True)) == 3
+    # not on whole-sequence configs (a Stream runs forward in time, chunk by chunk)
+    for config in (problems.parse_config(f"{kind}:{TINY_SPEC}"),
+                   problems.parse_config(f"{kind}:5x1x4x6x1")):
+        built, _ = systems.build_systems(problems.Problem(config, "float32"), 1, {})
+        assert "cgru_stream_fwd" not in [s.key for s in built]
+    assert problems.parse_config(f"{kind}:S1").streaming
+    assert problems.parse_config(f"{kind}:S32").streaming
 
 
 def test_openvino_runs_in_f32_not_bf16(peers):
@@ -197,14 +298,19 @@ def test_main_writes_every_figure(tmp_path, capsys, peers):
         assert q[key] > 0, key
     for peer in PEER_KEYS:
         if peer in peers:
-            for key in PEER_KEYS[peer]:
+            for key in PEER_KEYS[peer] & set(report.PEER_OF):
                 assert q[f"{key}/{report.PEER_OF[key]}_alone"] > 0
     assert res["streaming"]["per_call_us"]["cgru_fwd_alone"] > 0
+    if "torch" in peers:                  # cgru.torch against nn.GRU, in its own column
+        assert q["torch_fb/cgru_torch_fb"] > 0 and q["cgru_torch_fb/cgru_fb_alone"] > 0
     # peak memory: cgru from its own fresh process, PyTorch from another
     (mem,) = doc["memory"]
     c = mem["cgru"]
     assert c["minimum_bytes"] == c["reserve_bytes"] + c["input_bytes"] + c["output_bytes"]
     assert c["peak_over_minimum"] >= 1.0 and c["rss_growth_bytes"] >= 0
+    # first call and steady state: the pool holds the reserve and the workspace between steps
+    assert c["first_step_ms"] > 0 and c["steady_step_ms"] > 0
+    assert c["pool_bytes"] >= c["reserve_bytes"] > 0
     if "torch" in peers:
         assert mem["torch"]["rss_growth_bytes"] >= 0
     # the machine, the libraries, the BLAS, the environment, the targets
@@ -215,6 +321,7 @@ def test_main_writes_every_figure(tmp_path, capsys, peers):
     assert res["other_load_cores"] is None or res["other_load_cores"] >= 0
     out = capsys.readouterr().out
     assert "fb/bound" in out and TINY_SPEC in out and "targets met" in out
+    assert "PyTorch fb/cgru.torch" in out and "\nGRU\n" in out
     pytest.importorskip("matplotlib")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -248,6 +355,12 @@ def test_missing_peers_are_skipped_with_a_note(monkeypatch, tmp_path, capsys):
     built, _ = systems.build_systems(problem, 1, found, remote=lambda *a: pytest.fail("remote"))
     assert [s.key for s in built] == ["cgru_fwd", "cgru_fb", "numpy_fb", "bound_fwd",
                                       "bound_fb"]
+    # cgru's own systems stay: the Stream on a streaming LSTM config; cgru.torch needs torch
+    problem = problems.Problem(_streaming("lstm", 3), "float32")
+    built, _ = systems.build_systems(problem, 1, found, remote=lambda *a: pytest.fail("remote"))
+    assert [s.key for s in built] == ["cgru_fwd", "cgru_fb", "cgru_stream_fwd", "numpy_fb",
+                                      "bound_fwd", "bound_fb"]
+    assert all(v["ok"] for v in systems.validate(problem, built, 1).values())
     code, doc, _ = _run_main(tmp_path, "--no-plot", "--skip", "alone")
     assert code == 0
     (res,) = doc["results"]
@@ -274,7 +387,13 @@ def test_parse_config():
     lstm = problems.parse_config("lstm:B")
     assert (lstm.cell, lstm.G, lstm.T, lstm.N, lstm.H) == ("lstm", 4, 100, 32, 256)
     assert problems.parse_config("rnn_relu:5x3x4x6x1").G == 1
-    for bad in ("Z", "5x3x4x6", "5x0x4x6x1", "axbxcxdxe", "cnn:B", ""):
+    proj = problems.parse_config("lstm:B-P128")
+    assert (proj.name, proj.P, proj.S, proj.H, proj.topology.proj_size) == \
+        ("lstm:B-P128", 128, 128, 256, 128)
+    assert problems.parse_config("lstm:5x3x4x6x2b-P3").P == 3
+    assert problems.parse_config("lstm:S1").streaming
+    for bad in ("Z", "5x3x4x6", "5x0x4x6x1", "axbxcxdxe", "cnn:B", "", "B-P128",
+                "rnn_tanh:B-P64", "lstm:B-P0", "lstm:B-P300"):
         with pytest.raises(ValueError, match="config"):
             problems.parse_config(bad)
     with pytest.raises(SystemExit):
@@ -295,6 +414,13 @@ def test_flops_match_docs_speed_md():
     assert F.flops_fwd() == 2 * per_dir * (256 + 256) + 2 * per_dir * (512 + 256)
     assert problems.parse_config("lstm:F").flops_fwd() * 3 == F.flops_fwd() * 4
     assert problems.parse_config("rnn_tanh:F").flops_fwd() * 3 == F.flops_fwd()
+    # a projection P: recurrent products [N, P]·[P, 4H] plus [N, H]·[H, P] per step (§1)
+    B, P = problems.parse_config("lstm:B-P128"), 128
+    assert B.flops_fwd() == 2 * 100 * 32 * (4 * 256 * (256 + P) + P * 256)
+    Fp = problems.parse_config("lstm:F-P64")           # layer 1 reads D·P = 128 inputs
+    assert Fp.layer_width(1) == 128
+    assert Fp.flops_fwd() == 2 * 2 * 100 * 32 * (4 * 256 * (256 + 64) + 64 * 256) + \
+        2 * 2 * 100 * 32 * (4 * 256 * (128 + 64) + 64 * 256)
 
 
 @pytest.mark.parametrize("kind", ["gru", "lstm", "rnn_tanh"])
@@ -310,6 +436,37 @@ def test_the_bound_does_the_gemms_of_g_gates(kind):
     assert b.calls("fwd") == 4 * (1 + 5) and b.calls("fb") == 4 * (1 + 5) + 4 * (5 + 3)
 
 
+def test_the_bound_of_an_lstm_with_a_projection():
+    problem = problems.Problem(problems.parse_config("lstm:5x3x4x6x2b-P3"), "float64")
+    b = systems.Bound(problem)
+    a = b.layers[1]["dirs"][1]
+    assert a["dW"].shape == (24, 6) and a["dR"].shape == (24, 3) and a["dWp"].shape == (3, 6)
+    assert b.check() <= 1e-12
+    # per layer-direction: X·Wᵀ, 5 × (h·Rᵀ, m·W_pᵀ); backward 5 × (dh·W_p, dg·R), dW_p, dR,
+    # dW, dX
+    assert b.calls("fwd") == 4 * (1 + 2 * 5)
+    assert b.calls("fb") == 4 * (1 + 2 * 5) + 4 * (2 * 5 + 4)
+
+
+def test_the_modes_cover_every_cell_kind():
+    quick = problems.mode_configs(problems.MODES["quick"])
+    kinds = {c.cell for c in quick}
+    assert "lstm" in kinds and kinds & {"rnn_tanh", "rnn_relu"} and "gru" in kinds
+    assert any(c.streaming for c in quick) and any(c.L > 1 and c.bidirectional for c in quick)
+    assert problems.MODES["quick"].dtypes == ("float32",)
+    default = problems.MODES["default"]
+    names = {c.name for c in problems.mode_configs(default)}
+    for kind in ("", "lstm:", "rnn_tanh:"):     # docs/speed.md §7: the same configs A–F, S1, S32
+        for shape in ("A", "B", "C", "D", "E", "F", "S1", "S32"):
+            assert kind + shape in names
+    assert "lstm:B-P128" in names and "rnn_relu:B" in names
+    assert set(default.dtypes) == {"float32", "float64"}
+    full = {c.name for c in problems.mode_configs(problems.MODES["full"])}
+    assert names < full and "DS" in full
+    help_text = bench_main.make_parser().format_help()
+    assert "lstm:B" in help_text
+
+
 def test_plan_blocks():
     m = problems.MODES["default"]
     assert timing.plan_blocks(0.001, m, 5) == (25, True, 5)          # at most 25 per block
@@ -317,6 +474,7 @@ def test_plan_blocks():
     assert timing.plan_blocks(0.3, m, 5)[2] == m.min_blocks
     assert timing.plan_blocks(10 * m.slow_s, m, 5)[2] == 1            # pathologically slow
     assert timing.plan_blocks(0.001, m, 1)[2] == 1                    # --rounds 1
+    assert timing.plan_blocks(m.untimed_s * 2, m, 5)[:2] == (1, False)  # no untimed call
     s = timing.stats([0.003, 0.001, 0.002])
     assert (s["median_ms"], s["min_ms"], s["max_ms"], s["n"]) == pytest.approx((2, 1, 3, 3))
 
@@ -354,9 +512,20 @@ def test_cgru_alone_runs_nothing_else():
     a = workers.run_alone(problem, 1, mode, memory=True)
     assert a["other_libraries_loaded"] == []
     ref_fwd, ref_fb = systems.cgru_reference(problem, 1)
-    assert systems.compare(a["outputs"][1], ref_fb, 0.0)[0]           # bitwise the same
+    assert systems.compare(a["outputs"]["cgru_fb"], ref_fb, 0.0)[0]   # bitwise the same
     assert set(a["samples"]) == {"cgru_fwd", "cgru_fb"}
-    assert a["memory"]["peak_over_minimum"] >= 1.0
+    m = a["memory"]
+    assert m["peak_over_minimum"] >= 1.0 and m["pool_bytes"] >= m["reserve_bytes"]
+    assert m["steady_rss_growth_bytes"] is None or m["steady_rss_growth_bytes"] >= 0
+    # a streaming LSTM: the Stream too, validated; one worker serves both thread counts
+    problem = problems.Problem(_streaming("lstm", 4), "float32", seed=5)
+    ref_fwd, _ = systems.cgru_reference(problem, 1)
+    with workers.Worker() as w:
+        for n in (1, 2):
+            a = workers.run_alone(problem, n, mode, worker=w)
+            assert set(a["samples"]) == {"cgru_fwd", "cgru_fb", "cgru_stream_fwd"}
+            assert systems.compare(a["outputs"]["cgru_stream_fwd"], ref_fwd, 2e-4)[0]
+            assert a["pid"] == w.pid and a["other_libraries_loaded"] == []
 
 
 def _row(config, N, threads, *, T=100, dtype="float32", fb=10.0, fb_alone=None, fwd=3.0,
@@ -383,6 +552,9 @@ def test_targets():
     s1 = _row("S1", 1, 1, T=1, fb=0.1)
     s1["streaming"] = dict(overhead_us=29.0)
     rows.append(s1)
+    s1s = _row("lstm:S1", 1, 1, T=1, fb=0.1)     # the Stream's overhead is the one that counts
+    s1s["streaming"] = dict(overhead_us=80.0, stream_overhead_us=12.0)
+    rows.append(s1s)
     memory = [dict(config="B", dtype="float32", cgru=dict(peak_over_minimum=1.25)),
               dict(config="S1", dtype="float32", cgru=dict(peak_over_minimum=1.1))]
     got = {(t["config"], t["threads"], t["target"]): t["ok"]
@@ -398,6 +570,7 @@ def test_targets():
         ("B", 2, "1-thread / 2-thread training"): True,       # 11 / 6 = 1.83 (alone figures)
         ("A", 1, "PyTorch training / cgru training"): True,   # no alone figure: in-process
         ("S1", 1, "streaming per-call overhead (µs)"): True,  # 29 ≤ 30
+        ("lstm:S1", 1, "streaming per-call overhead (µs)"): True,  # the Stream's 12
         ("B", None, "peak memory / (reserve + inputs + outputs)"): False,
         ("S1", None, "peak memory / (reserve + inputs + outputs)"): True,
     }
@@ -409,9 +582,12 @@ def test_targets():
 def test_derive_ratios_and_streaming_overhead():
     r = dict(systems={"cgru_fwd": {"median_ms": 0.10}, "bound_fwd": {"median_ms": 0.02},
                       "ort_fwd": {"median_ms": 0.05}, "cgru_fb": {"median_ms": 1.0},
-                      "bound_fb": {"median_ms": 0.8}},
+                      "bound_fb": {"median_ms": 0.8}, "torch_fb": {"median_ms": 3.0},
+                      "cgru_torch_fb": {"median_ms": 1.2},
+                      "cgru_stream_fwd": {"median_ms": 0.04}},
              alone=dict(systems={"cgru_fwd": {"median_ms": 0.12},
-                                 "cgru_fb": {"median_ms": 1.1}}),
+                                 "cgru_fb": {"median_ms": 1.1},
+                                 "cgru_stream_fwd": {"median_ms": 0.035}}),
              flop_limit_ms={"fwd": 0.01, "fb": 0.5})
     report.derive(r)
     q = r["ratios"]
@@ -420,6 +596,11 @@ def test_derive_ratios_and_streaming_overhead():
     assert q["ort_fwd/cgru_fwd_alone"] == pytest.approx(0.05 / 0.12)
     assert q["ort_fwd/cgru_fwd"] == pytest.approx(0.5)
     assert r["streaming"]["overhead_us"] == pytest.approx(100.0)     # 120 µs − 20 µs
+    assert r["streaming"]["stream_overhead_us"] == pytest.approx(15.0)  # 35 µs − 20 µs (alone)
+    assert report.streaming_overhead(r) == pytest.approx(15.0)
+    assert q["torch_fb/cgru_torch_fb"] == pytest.approx(2.5)
+    assert q["cgru_torch_fb/cgru_fb_alone"] == pytest.approx(1.2 / 1.1)
+    assert q["cgru_stream_fwd_alone/cgru_fwd_alone"] == pytest.approx(0.035 / 0.12)
     assert not any(math.isnan(v) for v in q.values())
 
 
