@@ -40,7 +40,7 @@ extensions = [
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
-        depends=[f"{KERNELS}/{h}" for h in ("simd.h", "pool.h", "team.h", "threads.pxd",
+        depends=[f"{KERNELS}/{h}" for h in ("simd.h", "hash.h", "pool.h", "team.h", "threads.pxd",
                                             "blas.pxd", "loops.pxd", "entry.pxi")],
     )
     for name in ("threads", "blas", "loops", "gru", "lstm", "rnn")

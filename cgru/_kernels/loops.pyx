@@ -43,6 +43,10 @@ def team_min_work(value=None):
         TEAM_MIN_WORK = value
     return old
 
+cdef extern from "hash.h" nogil:
+    uint64_t cgru_hash(const unsigned char *p, size_t n, uint64_t seed)
+
+
 cdef extern from *:
     """
     #include <signal.h>
@@ -50,44 +54,10 @@ cdef extern from *:
     static inline int cgru_load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
     static inline void cgru_store(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
     static inline int cgru_add(int *p, int v) { return __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
-
-    /* A fast 64-bit hash of a byte string (four independent multiply-rotate lanes over 8-byte
-     * words, then a final avalanche): memory-bound, deterministic across runs and machines of
-     * one byte order.  It identifies a call's inputs; it is not cryptographic. */
-    static inline uint64_t cgru_rotl(uint64_t v, int r) { return (v << r) | (v >> (64 - r)); }
-    static uint64_t cgru_hash(const unsigned char *p, size_t n, uint64_t seed) {
-        const uint64_t K1 = 0x9E3779B185EBCA87ULL, K2 = 0xC2B2AE3D27D4EB4FULL,
-                       K3 = 0x165667B19E3779F9ULL;
-        uint64_t a = seed + K1 + K2, b = seed + K2, c = seed, d = seed - K1;
-        size_t i = 0;
-        for (; i + 32 <= n; i += 32) {
-            uint64_t w[4];
-            memcpy(w, p + i, 32);
-            a = cgru_rotl(a + w[0] * K2, 31) * K1;
-            b = cgru_rotl(b + w[1] * K2, 31) * K1;
-            c = cgru_rotl(c + w[2] * K2, 31) * K1;
-            d = cgru_rotl(d + w[3] * K2, 31) * K1;
-        }
-        uint64_t h = cgru_rotl(a, 1) + cgru_rotl(b, 7) + cgru_rotl(c, 12) + cgru_rotl(d, 18);
-        h += (uint64_t)n;
-        for (; i + 8 <= n; i += 8) {
-            uint64_t w;
-            memcpy(&w, p + i, 8);
-            h ^= cgru_rotl(w * K2, 31) * K1;
-            h = cgru_rotl(h, 27) * K1 + K3;
-        }
-        for (; i < n; i++) {
-            h ^= (uint64_t)p[i] * K3;
-            h = cgru_rotl(h, 11) * K1;
-        }
-        h ^= h >> 33; h *= K2; h ^= h >> 29; h *= K3; h ^= h >> 32;
-        return h;
-    }
     """
     int cgru_load(const int *p) noexcept nogil
     void cgru_store(int *p, int v) noexcept nogil
     int cgru_add(int *p, int v) noexcept nogil
-    uint64_t cgru_hash(const unsigned char *p, size_t n, uint64_t seed) noexcept nogil
     int raise_signal "raise"(int sig) noexcept nogil
     int SIGINT
 
