@@ -78,3 +78,77 @@ def test_n_chunks_and_loop_threads_depend_on_shapes_only():
     assert [plan.n_chunks(n, 1024) for n in (20, 47, 48)] == [1, 1, 3]
     assert plan.loop_threads(2, 1, 1, 8, 1, 3) == 1           # too small for a second thread
     assert plan.loop_threads(2, 100, 32, 256, 1, 3) == 2
+
+
+# --- the packed-weight cache -------------------------------------------------------------------
+def _count_packs(monkeypatch):
+    calls = []
+    real = plan.pack_rhs
+
+    def counting(B, forward):
+        calls.append((B.shape, bool(forward)))
+        return real(B, forward)
+    monkeypatch.setattr(plan, "pack_rhs", counting)
+    return calls
+
+
+@pytest.mark.parametrize("cell", [cgru.GRUCell(), cgru.GRUCell(reset_after=False),
+                                  cgru.LSTMCell(), cgru.RNNCell("relu")], ids=repr)
+def test_unchanged_weights_are_packed_once(monkeypatch, cell):
+    calls = _count_packs(monkeypatch)
+    net = cgru.Network.random(cgru.Topology(4, 6, 2, "bidirectional"), np.float64, seed=1,
+                              cell=cell)
+    x = np.random.default_rng(2).standard_normal((5, 3, 4))
+    first = cgru.forward(net, x, training=True)
+    cgru.backward(net, x, first.reserve, np.ones_like(first.y))
+    n = len(calls)
+    assert n >= 2 * 4                       # forward and backward packs, 4 layer-directions
+    for _ in range(3):
+        f = cgru.forward(net, x, training=True)
+        cgru.backward(net, x, f.reserve, np.ones_like(f.y))
+        cgru.forward(net, x)
+    assert len(calls) == n                  # every later call found its packs
+    plan.release_memory()
+    cgru.forward(net, x)
+    assert len(calls) > n                   # emptied: packed again
+
+
+@pytest.mark.parametrize("cell", [cgru.GRUCell(), cgru.GRUCell(reset_after=False),
+                                  cgru.LSTMCell(), cgru.RNNCell()], ids=repr)
+def test_weights_changed_in_place_are_never_served_a_stale_pack(cell):
+    """The cache is keyed by the weights' contents: an in-place update (an optimizer step) is
+    seen by the very next call, forward and backward, with no call to make."""
+    kw = dict(proj_size=3) if cell.kind == "lstm" else {}
+    net = cgru.Network.random(cgru.Topology(4, 6, 1, **kw), np.float64, seed=3, cell=cell)
+    x = np.random.default_rng(4).standard_normal((5, 3, 4))
+    dy = np.random.default_rng(5).standard_normal(cgru.forward(net, x).y.shape)
+    before = cgru.forward(net, x).y
+    for name in ("R", "W_p") if kw else ("R",):
+        getattr(net[0], name)[1, 2] += 0.25             # in place: same array object
+        f = cgru.forward(net, x, training=True)
+        g = cgru.backward(net, x, f.reserve, dy)
+        fresh = net.copy()
+        plan.release_memory()
+        f_ref = cgru.forward(fresh, x, training=True)
+        g_ref = cgru.backward(fresh, x, f_ref.reserve, dy)
+        assert not np.array_equal(f.y, before)
+        np.testing.assert_array_equal(f.y, f_ref.y)
+        np.testing.assert_array_equal(g.dx, g_ref.dx)
+        for a, b in zip(g.dparams, g_ref.dparams):
+            for k, v in a.arrays().items():
+                np.testing.assert_array_equal(v, b.arrays()[k])
+        before = f.y
+
+
+def test_cached_packs_are_read_only_and_the_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(plan, "PACK_BYTES", 1 << 20)
+    rng = np.random.default_rng(6)
+    Rs = [rng.standard_normal((96, 32)) for _ in range(12)]    # ~25 KiB packed each
+    packs = [plan.packed(R, True) for R in Rs]
+    assert all(not p.flags.writeable for p in packs)
+    assert plan.packed(Rs[-1].copy(), True) is packs[-1]        # same contents: same pack
+    assert plan.packed(Rs[-1], False) is not packs[-1]          # the backward's is another
+    big = rng.standard_normal((512, 256))                      # 1 MiB > PACK_BYTES / 4
+    plan.packed(big, True)
+    assert sum(a.nbytes for a in plan._packs.values()) <= 1 << 20
+    assert all(a.shape != plan.pack_rhs(big, True).shape for a in plan._packs.values())

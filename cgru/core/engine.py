@@ -33,7 +33,6 @@ import numpy as np
 from cgru.core import plan, reserve as reserve_mod, validate
 from cgru.core.network import Network, Topology
 from cgru._kernels import gru as _gru_kernels, lstm as _lstm_kernels, rnn as _rnn_kernels
-from cgru._kernels.loops import pack_rhs
 from cgru._kernels.threads import blas_single_threaded, resolve_num_threads
 
 __all__ = ["Forward", "Gradients", "forward", "backward", "reserve_nbytes", "dropout_masks",
@@ -224,19 +223,23 @@ def _gate_biases(lp, cell, H):
     return b, np.ascontiguousarray(lp.b_R[2 * H:])
 
 
-def _packed(lp, cell, H, forward):
-    """The recurrent weights packed for the time loop's GEMMs.
+def _packed(lp, cell, H, forward, memo=None):
+    """The recurrent weights packed for the time loop's GEMMs (``plan.packed``: unchanged
+    weights are not packed again; ``memo``: the digests ``reserve.weights_digest`` took).
 
     forward: ``gh = h·Rᵀ`` (GRU reset-before: ``h·R_rzᵀ`` and ``(r ⊙ h)·R_nᵀ``), and the LSTM
     projection ``hf·W_pᵀ``; backward: ``da·R`` (GRU reset-before: the r, z and n blocks
     apart) and ``dh·W_p``."""
+    memo = memo or {}
     R = np.ascontiguousarray(lp.R)
     tag = "Rp" if forward else "Rb"
     if cell.kind == "gru" and not cell.reset_after:
-        return {tag: pack_rhs(R[:2 * H], forward), tag + "_n": pack_rhs(R[2 * H:], forward)}
-    out = {tag: pack_rhs(R, forward)}
+        return {tag: plan.packed(np.ascontiguousarray(R[:2 * H]), forward),
+                tag + "_n": plan.packed(np.ascontiguousarray(R[2 * H:]), forward)}
+    out = {tag: plan.packed(R, forward, memo.get(id(lp.R)))}
     if lp.W_p is not None:
-        out["Wpp" if forward else "Wpb"] = pack_rhs(np.ascontiguousarray(lp.W_p), forward)
+        out["Wpp" if forward else "Wpb"] = plan.packed(np.ascontiguousarray(lp.W_p), forward,
+                                                       memo.get(id(lp.W_p)))
     return out
 
 
@@ -259,12 +262,13 @@ def _input_projection(topo, G, layer, d, lp, X, out, nt):
     return out, G * H
 
 
-def _forward_direction(kernels, cell, topo, lp, d, gx, ldgx, h0, c0, hy, cy, saved):
+def _forward_direction(kernels, cell, topo, lp, d, gx, ldgx, h0, c0, hy, cy, saved,
+                       memo=None):
     """The kernels' description of one direction's forward (``saved``: its reserve views, or
-    ``{}`` in inference)."""
+    ``{}`` in inference; ``memo``: the weights' digests, see ``_packed``)."""
     H = topo.hidden_size
     common = dict(reverse=topo.reversed_direction(d), gx=gx, ldgx=ldgx, h0=h0, hy=hy,
-                  **_packed(lp, cell, H, True), gates=saved.get("gates"),
+                  **_packed(lp, cell, H, True, memo), gates=saved.get("gates"),
                   states=saved.get("states"), pre=saved.get("pre"))
     if cell.kind == "gru":
         b_rzn, b_hn = _gate_biases(lp, cell, H)
@@ -349,13 +353,13 @@ def forward(params, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major
     hy = plan.empty((L * D, N, S), dtype)
     cy = plan.empty((L * D, N, H), dtype) if lstm else None
     y = plan.empty((T, N, DS), dtype)
-    rv, lds, xin = None, None, None
+    rv, lds, xin, memo = None, None, None, {}
     if training:
         layout = reserve_mod.Layout(topo, cell, T, N, dtype)
         validate.nbytes_limit(layout.nbytes, "reserve")
         rv, (_, _, lds, xin) = reserve_mod.create(
             layout, lengths=lengths, dropout=p, seed=s1, seed2=s2, batch_major=batch_major,
-            x=reserve_mod.data_digest(x_tm), weights=reserve_mod.weights_digest(params),
+            x=reserve_mod.data_digest(x_tm), weights=reserve_mod.weights_digest(params, memo),
             h0=reserve_mod.data_digest(h0, c0), state_mask=reserve_mod.data_digest(mask))
     masks = dropout_masks(topo, T, N, dropout=p, seed=(s1, s2), dtype=dtype) if p > 0 else None
 
@@ -376,7 +380,7 @@ def forward(params, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major
                 dirs.append(_forward_direction(
                     kernels, cell, topo, params[i], d, gx, ldgx, h0[i],
                     c0[i] if lstm else None, hy[i], cy[i] if lstm else None,
-                    lds[i] if training else {}))
+                    lds[i] if training else {}, memo))
             kernels.forward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask, out,
                                   dirs, training)
             if not last:
@@ -402,12 +406,13 @@ def _finite_padding(x, lengths):
 
 
 def open_reserve(reserve, params, x, *, cell, batch_major=False, state_mask=None, h0=None,
-                 c0=None, lengths=None, what="reserve", inference_hint=None, data=True):
+                 c0=None, lengths=None, what="reserve", inference_hint=None, data=True,
+                 memo=None):
     """The checked reserve (``reserve.Opened``) of a training forward of this call (``cell``:
     the cell the call computes): the model and layout must be the forward's and, with
     ``data``, also ``x``, the weights and the state mask (and ``h0``, ``c0``, the sequence
     ``lengths`` when given: frontends whose backward receives them again).  ``what`` names the
-    reserve in the caller's words."""
+    reserve in the caller's words; ``memo`` receives the weights' digests (``_packed``)."""
     topo, dtype = _check_network(params)
     T, N = _check_x(x, topo, dtype, batch_major, cell.gates)
     layout = reserve_mod.Layout(topo, cell, T, N, dtype)
@@ -416,7 +421,7 @@ def open_reserve(reserve, params, x, *, cell, batch_major=False, state_mask=None
     if not data:
         return opened
     opened.check("x", reserve_mod.data_digest(_time_major(x, batch_major)), "x")
-    opened.check("params", reserve_mod.weights_digest(params), "params (weights)")
+    opened.check("params", reserve_mod.weights_digest(params, memo), "params (weights)")
     mask = _check_state_mask(state_mask, topo, dtype, T, N, batch_major)
     opened.check("state_mask", reserve_mod.data_digest(mask), "state_mask")
     if lengths is not None and not np.array_equal(opened.lengths, lengths):
@@ -455,8 +460,9 @@ def backward(params, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, stat
     batch_major = validate.flag(batch_major, "batch_major")
     accumulate = validate.flag(accumulate, "accumulate")
     T, N = _check_x(x, topo, dtype, batch_major, cell.gates)
+    memo = {}
     opened = open_reserve(reserve, params, x, cell=cell, batch_major=batch_major,
-                          state_mask=state_mask)
+                          state_mask=state_mask, memo=memo)
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
     G, DS = cell.gates, topo.output_size
     lstm, gru = cell.has_cell_state, cell.kind == "gru"
@@ -520,7 +526,7 @@ def backward(params, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, stat
             X = x_tm if layer == 0 else opened.xin[layer].reshape(T * N, DS)
             dirs = [_backward_direction(kernels, cell, topo, params[layer * D + d], d,
                                         opened.lds[layer * D + d], ld, dhy, dcy, dh0, dc0,
-                                        layer * D + d)
+                                        layer * D + d, memo)
                     for d in range(D)]
             kernels.backward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask,
                                    d_out, dirs)
@@ -545,10 +551,11 @@ def backward(params, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, stat
     return Gradients(dx, dh0, grads, dc0)
 
 
-def _backward_direction(kernels, cell, topo, lp, d, saved, ld, dhy, dcy, dh0, dc0, i):
+def _backward_direction(kernels, cell, topo, lp, d, saved, ld, dhy, dcy, dh0, dc0, i,
+                        memo=None):
     """The kernels' description of one direction's backward."""
     common = dict(reverse=topo.reversed_direction(d), **_packed(lp, cell, topo.hidden_size,
-                                                                 False),
+                                                                 False, memo),
                   pre=saved.get("pre"), states=saved["states"],
                   dhy=None if dhy is None else dhy[i], dh0=dh0[i], dgx=ld["dgx"][d],
                   hm=ld["hm"][d])

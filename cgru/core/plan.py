@@ -14,14 +14,21 @@ every element is written).  The workspace blocks and the reserves come from ``re
 small pool that hands a block out again once nothing refers to it any more (its views are
 gone, the caller dropped the reserve), so that a training loop does not fault fresh pages in
 on every step.  The pool never holds more than ``POOL_BYTES``; ``release_memory()`` empties it.
+
+The recurrent weights packed for the time loop's GEMMs come from ``packed``: a cache keyed by
+the weights' contents (their digest), so that repeated calls with unchanged weights do not
+pack them again, and changed weights are never served a stale pack.
 """
+import collections
 import math
+import os
 import sys
 import threading
 
 import numpy as np
 
 from cgru._kernels import blas
+from cgru._kernels.loops import digest, pack_rhs
 
 # Batch chunks of the time loop: a function of N only.  Two chunks from N = 16 (so two threads
 # have work), more only while each keeps at least 16 rows (fewer rows per call make the
@@ -77,11 +84,58 @@ def recycled(nbytes):
     return block
 
 
+PACK_BYTES = 64 << 20
+_packs = collections.OrderedDict()   # (digest, forward, dtype, shape) -> packed, LRU first
+_packs_lock = threading.Lock()
+
+
+def packed(B, forward, known_digest=None):
+    """``pack_rhs(B, forward)``: the recurrent weights packed for the time loop's GEMMs, from a
+    small cache when an array with the same contents was packed before (``B`` C-contiguous;
+    ``known_digest``: ``digest(B)`` when the caller has it already).
+
+    The cache is keyed by the digest of ``B``'s contents, dtype and shape, never by the array
+    object, so weights changed in place can never meet a stale pack.  It holds at most
+    ``PACK_BYTES`` (the least recently used packs leave first); ``release_memory()`` empties
+    it.  The packs it returns are read-only and shared between calls and threads."""
+    if not _reuse:
+        return pack_rhs(B, forward)
+    key = (digest(B) if known_digest is None else known_digest, bool(forward), B.dtype.str,
+           B.shape)
+    with _packs_lock:
+        hit = _packs.get(key)
+        if hit is not None:
+            _packs.move_to_end(key)
+            return hit
+    out = pack_rhs(B, forward)
+    out.flags.writeable = False
+    if out.nbytes <= PACK_BYTES // 4:
+        with _packs_lock:
+            _packs[key] = out
+            total = sum(a.nbytes for a in _packs.values())
+            while total > PACK_BYTES:
+                total -= _packs.popitem(last=False)[1].nbytes
+    return out
+
+
+def _fresh_locks():
+    """In a forked child: new locks (another thread of the parent may have held one at the
+    fork, and would never release it here)."""
+    global _pool_lock, _packs_lock
+    _pool_lock, _packs_lock = threading.Lock(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks)
+
+
 def release_memory():
-    """Drop the pool's blocks (the memory returns to the allocator once nothing refers to
-    them)."""
+    """Drop the pool's blocks and the cached packed weights (the memory returns to the
+    allocator once nothing refers to them)."""
     with _pool_lock:
         _pool.clear()
+    with _packs_lock:
+        _packs.clear()
 
 
 def n_chunks(N, H=0):

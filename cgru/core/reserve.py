@@ -51,7 +51,7 @@ from cgru.core import plan
 from cgru._kernels.loops import digest
 
 MAGIC = 0x63677275  # "cgru"
-VERSION = 2
+VERSION = 3         # 3: the weights' digest is the digest of each array's digest
 HEADER = 16  # int64 slots
 ALIGN = 64
 _FLAG_BATCH_MAJOR = 1
@@ -149,9 +149,18 @@ def model_digest(topology, cell, T, N, dtype, batch_major):
     return int.from_bytes(hashlib.blake2b(key, digest_size=7).digest(), "little")
 
 
-def weights_digest(net):
-    """One digest of every weight array of ``net``, in order."""
-    return digest(*[a for lp in net.layers for a in lp.arrays().values()])
+def weights_digest(net, memo=None):
+    """One digest of every weight array of ``net``, in order: the digest of the arrays'
+    digests.  ``memo``: a dict that receives ``{id(array): digest(array)}``, for the packed
+    weights of the same call (``plan.packed``)."""
+    parts = []
+    for lp in net.layers:
+        for a in lp.arrays().values():
+            d = digest(a)
+            if memo is not None:
+                memo[id(a)] = d
+            parts.append(d)
+    return digest(np.array(parts, np.int64))
 
 
 def data_digest(*arrays):
