@@ -154,3 +154,18 @@ def test_torch_dataloader_workers():
             rnn(torch.randn(3, 5, 16))[0].sum().backward()     # the parent keeps computing
         print("OK")
     """)
+
+
+def test_a_child_forked_while_a_buffer_lock_is_held_does_not_hang():
+    """Another thread of the parent may hold the lock of cgru's buffer pool or of its packed
+    weights at the moment of the fork; the child gets fresh locks."""
+    _run("""
+        from cgru.core import plan
+        with plan._pool_lock, plan._packs_lock:     # held across the fork, as by a thread
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0 if same(call(), want) else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        print("OK")
+    """)
