@@ -152,3 +152,36 @@ def test_cached_packs_are_read_only_and_the_cache_is_bounded(monkeypatch):
     plan.packed(big, True)
     assert sum(a.nbytes for a in plan._packs.values()) <= 1 << 20
     assert all(a.shape != plan.pack_rhs(big, True).shape for a in plan._packs.values())
+
+
+def test_threads_sharing_the_cache_get_their_own_weights_bits():
+    """Calls from several threads at once, each with its own weights (and two with equal
+    weights in different arrays), give the bits of the same calls made one after the other."""
+    import threading
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((7, 3, 4))
+    nets = [cgru.Network.random(cgru.Topology(4, 6, 2), np.float64, seed=s % 3, cell=cell)
+            for s, cell in enumerate([cgru.GRUCell(), cgru.LSTMCell(), cgru.RNNCell()] * 2)]
+
+    def call(net):
+        f = cgru.forward(net, x, training=True)
+        g = cgru.backward(net, x, f.reserve, np.ones_like(f.y))
+        return [f.y, g.dx] + [a for lp in g.dparams for a in lp.arrays().values()]
+    want = [call(net) for net in nets]
+    plan.release_memory()
+    got, errors = [None] * len(nets), []
+
+    def worker(i):
+        try:
+            for _ in range(5):
+                got[i] = call(nets[i])
+        except Exception as exc:      # pragma: no cover - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(nets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for a, b in zip(got, want):
+        assert all(np.array_equal(u, v) for u, v in zip(a, b))
