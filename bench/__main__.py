@@ -229,8 +229,8 @@ def make_parser():
                    help="override the mode's dtypes (float32,float64)")
     p.add_argument("--rounds", type=_positive_int, default=None,
                    help="override the number of rounds")
-    p.add_argument("--skip", type=_parse_list(OPTIONAL), default=[],
-                   help="leave out, comma-separated: " + ", ".join(OPTIONAL))
+    p.add_argument("--skip", type=_parse_list(OPTIONAL), default=[], action="extend",
+                   help="leave out, comma-separated or repeated: " + ", ".join(OPTIONAL))
     p.add_argument("--peak-size", type=_positive_int, default=2048,
                    help="size of the square GEMM of the FLOP limit (default 2048)")
     p.add_argument("--json", default=os.path.join("bench", "results", "bench.json"),

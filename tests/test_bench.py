@@ -400,6 +400,14 @@ def test_parse_config():
         bench_main.make_parser().parse_args(["--configs", "Z"])
 
 
+def test_skip_takes_a_list_and_repeats():
+    parse = bench_main.make_parser().parse_args
+    assert parse(["--skip", "jax,torch", "--skip", "memory"]).skip == ["jax", "torch", "memory"]
+    assert parse([]).skip == []
+    with pytest.raises(SystemExit):
+        parse(["--skip", "jax,nothing"])
+
+
 def test_flops_match_docs_speed_md():
     # docs/speed.md §3: fwd GEMM flops for the whole stack (M = 1e6, G = 1e9); fb = 3 × fwd
     table = {"A": 78.6e6, "B": 2.52e9, "C": 10.1e9, "D": 0.63e9, "E": 8.81e9, "F": 12.6e9,
