@@ -429,7 +429,7 @@ def test_onnx_refusals():
         convert.from_onnx(layers, **dict(attrs, activations=["Sigmoid", "Tanh", "Relu", "Tanh"]))
 
 
-# --- MPSGraph: its documented equations (semantics.md §4.2, SPEC §4.2) -----------------------
+# --- MPSGraph: its documented equations (docs/semantics.md §8.2) -----------------------------
 def _mps_op(src, op, desc, init_state=None):
     """One MPSGraph GRU op, time-major ``src [T, N, I]`` → output ``[T, N, D·H]``."""
     T, N, _ = src.shape

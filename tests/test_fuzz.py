@@ -545,9 +545,9 @@ def tf_cases(draw, dtype=None):
 
 
 def _tf_unpack(flat, L, D, H, I, skip):
-    """The opaque buffer as ``[(W, R, b_W, b_R)]`` per pseudo-layer (SPEC §4.1): every matrix
-    of pseudo-layer 0 (linLayerIDs 0…5, each [H, width] row-major), then pseudo-layer 1, …;
-    then every bias in the same order.  Gates r, z, n."""
+    """The opaque buffer as ``[(W, R, b_W, b_R)]`` per pseudo-layer (docs/semantics.md §8.1):
+    every matrix of pseudo-layer 0 (linLayerIDs 0…5, each [H, width] row-major), then
+    pseudo-layer 1, …; then every bias in the same order.  Gates r, z, n."""
     pos, mats = 0, []
     for i in range(L * D):
         width = 0 if (i < D and skip) else (I if i < D else D * H)

@@ -1,7 +1,8 @@
 """cgru.tf — TensorFlow's CudnnRNN ops (every cuDNN mode) on the CPU.
 
 1. ``params_size`` against ``torch.nn.GRU`` parameter counts.
-2. Canonical lists ↔ opaque params: exact round trips; the layout exactly as SPEC §4.1 writes it.
+2. Canonical lists ↔ opaque params: exact round trips; the layout exactly as
+   docs/semantics.md §8.1 writes it.
 3. ``torch.nn.GRU`` weights → canonical lists → params: outputs, final states and every gradient
    (V1; V3 time-major and batch-major with unsorted variable lengths; float64 and float32).
 4. Keras: the flat vector Keras builds for ``CudnnRNNV3`` equals ``canonical_to_params``, and
@@ -53,7 +54,8 @@ def _std(rng, shape, dtype):
 
 
 def _opaque(weights, biases):
-    """SPEC §4.1's opaque layout, written out: all matrices raveled, then all biases."""
+    """The opaque layout of docs/semantics.md §8.1, written out: all matrices raveled, then all
+    biases."""
     return np.concatenate([w.ravel() for w in weights] + [b.ravel() for b in biases])
 
 
@@ -91,7 +93,8 @@ def _canonical_from_torch(module, grad=False):
 
 
 def _random_canonical(rng, L, H, I, D, dtype, skip=False):
-    """Canonical lists with SPEC's shapes: weights[(l·D+d)·6+k] [H, width], biases [H]."""
+    """Canonical lists with TF's shapes (docs/semantics.md §8.1): weights[(l·D+d)·6+k]
+    [H, width], biases [H]."""
     weights, biases = [], []
     for layer in range(L):
         for _ in range(D):
