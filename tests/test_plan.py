@@ -125,6 +125,7 @@ def test_weights_changed_in_place_are_never_served_a_stale_pack(cell):
     before = cgru.forward(net, x).y
     for name in ("R", "W_p") if kw else ("R",):
         getattr(net[0], name)[1, 2] += 0.25             # in place: same array object
+        getattr(net[0], name)[-1, 0] -= 0.25            # (a GRU's r/z and n blocks both)
         f = cgru.forward(net, x, training=True)
         g = cgru.backward(net, x, f.reserve, dy)
         fresh = net.copy()

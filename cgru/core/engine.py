@@ -33,6 +33,7 @@ import numpy as np
 from cgru.core import plan, reserve as reserve_mod, validate
 from cgru.core.network import Network, Topology
 from cgru._kernels import gru as _gru_kernels, lstm as _lstm_kernels, rnn as _rnn_kernels
+from cgru._kernels.loops import digest
 from cgru._kernels.threads import blas_single_threaded, resolve_num_threads
 
 __all__ = ["Forward", "Gradients", "forward", "backward", "reserve_nbytes", "dropout_masks",
@@ -234,8 +235,11 @@ def _packed(lp, cell, H, forward, memo=None):
     R = np.ascontiguousarray(lp.R)
     tag = "Rp" if forward else "Rb"
     if cell.kind == "gru" and not cell.reset_after:
-        return {tag: plan.packed(np.ascontiguousarray(R[:2 * H]), forward),
-                tag + "_n": plan.packed(np.ascontiguousarray(R[2 * H:]), forward)}
+        # the two blocks are keyed by R's digest and the block's name: one digest of R
+        d = memo.get(id(lp.R))
+        d = digest(R) if d is None else d
+        return {tag: plan.packed(R[:2 * H], forward, ("rz", d)),
+                tag + "_n": plan.packed(R[2 * H:], forward, ("n", d))}
     out = {tag: plan.packed(R, forward, memo.get(id(lp.R)))}
     if lp.W_p is not None:
         out["Wpp" if forward else "Wpb"] = plan.packed(np.ascontiguousarray(lp.W_p), forward,

@@ -92,7 +92,8 @@ _packs_lock = threading.Lock()
 def packed(B, forward, known_digest=None):
     """``pack_rhs(B, forward)``: the recurrent weights packed for the time loop's GEMMs, from a
     small cache when an array with the same contents was packed before (``B`` C-contiguous;
-    ``known_digest``: ``digest(B)`` when the caller has it already).
+    ``known_digest``: ``digest(B)`` when the caller has it already, or a key that names
+    ``B``'s contents as well, such as ``("rz", digest(R))`` for a block of rows of ``R``).
 
     The cache is keyed by the digest of ``B``'s contents, dtype and shape, never by the array
     object, so weights changed in place can never meet a stale pack.  It holds at most
