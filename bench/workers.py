@@ -256,10 +256,10 @@ def _reset_peak_rss():
 
 
 def _pool_bytes():
-    """Bytes of the blocks cgru's pool (``cgru.core.plan.recycled``) holds, if loaded."""
+    """Bytes of the idle blocks cgru's pool (``cgru.core.plan.recycled``) holds, if loaded."""
     plan = sys.modules.get("cgru.core.plan")
-    pool = getattr(plan, "_pool", None) if plan is not None else None
-    return None if pool is None else int(sum(b.nbytes for b in list(pool)))
+    state = getattr(plan, "pool_state", None) if plan is not None else None
+    return None if state is None else int(state()[1])
 
 
 STEADY_STEPS = 2      # training steps after the first, for the steady-state figures

@@ -157,14 +157,30 @@ def test_torch_dataloader_workers():
 
 
 def test_a_child_forked_while_a_buffer_lock_is_held_does_not_hang():
-    """Another thread of the parent may hold the lock of cgru's buffer pool or of its packed
+    """Another thread of the parent may hold the lock of cgru's buffer pool or of its kept
     weights at the moment of the fork; the child gets fresh locks."""
     _run("""
-        from cgru.core import plan
-        with plan._pool_lock, plan._packs_lock:     # held across the fork, as by a thread
+        from cgru.core import plan, weights
+        with plan._pool_lock, weights._lock:        # held across the fork, as by a thread
             pid = os.fork()
             if pid == 0:
                 os._exit(0 if same(call(), want) else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        print("OK")
+    """)
+
+
+def test_a_child_forked_while_another_thread_binds_blas_does_not_hang():
+    """The first call's binding of BLAS (the threadpoolctl path does it lazily, under a lock)
+    may be under way in another thread at the fork: the child gets a fresh lock and binds
+    itself.  The lock is held across the fork here, as that thread would hold it."""
+    _run("""
+        with threads._bind_lock:
+            pid = os.fork()
+            if pid == 0:
+                threads._bound = None           # as if the parent had not bound yet
+                os._exit(0 if same(call(), want) and threads.blas_control()[0] else 3)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0, status
         print("OK")

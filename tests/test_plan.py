@@ -65,12 +65,61 @@ def test_the_pool_is_bounded_and_can_be_emptied(monkeypatch):
     monkeypatch.setattr(plan, "POOL_BYTES", 1 << 20)
     blocks = [plan.recycled(200_000) for _ in range(8)]       # all held: all new
     assert len({b.ctypes.data for b in blocks}) == 8
-    assert sum(b.size for b in plan._pool) <= 1 << 20
-    del blocks
+    assert plan.pool_state() == (0, 0)                        # nothing idle while held
+    del blocks                                                # 8 × 229,376-byte blocks idle
+    n, nbytes = plan.pool_state()
+    assert nbytes <= 1 << 20 and n == 4                       # the oldest left beyond the bound
     plan.recycled(300_000)                                     # above POOL_BYTES / 4: unpooled
-    assert all(b.size != 300_000 for b in plan._pool)
+    assert plan.pool_state() == (n, nbytes)
     plan.release_memory()
-    assert plan._pool == []
+    assert plan.pool_state() == (0, 0)
+
+
+def test_size_classes_are_at_most_a_quarter_larger():
+    for n in list(range(1, 20_000, 97)) + [2 ** k + j for k in range(12, 40) for j in (-1, 0, 1)]:
+        c = plan.size_class(n)
+        assert n <= c <= max(plan._MIN_CLASS, n + n // 4 + 1), n
+        assert plan.size_class(c) == c                        # a class is its own class
+    assert plan.size_class(5 << 20) == 5 << 20 and plan.size_class((5 << 20) + 1) == 6 << 20
+
+
+def test_blocks_of_nearby_sizes_are_shared(monkeypatch):
+    """Dynamic padding: training steps whose T varies every step reuse the pool's blocks
+    instead of faulting in new ones.  Counts the fresh blocks made (the pool used to reuse a
+    block only for exactly the same size, and kept up to 512 MiB of blocks it never reused)."""
+    fresh = []
+    real = plan.empty
+
+    def counting(shape, dtype):
+        if np.dtype(dtype) == np.uint8:
+            fresh.append(shape)
+        return real(shape, dtype)
+    monkeypatch.setattr(plan, "empty", counting)
+    net = cgru.Network.random(cgru.Topology(8, 16, 2), np.float32, seed=1)
+    rng = np.random.default_rng(3)
+    for step in range(300):
+        T = int(rng.integers(10, 200))
+        x = rng.standard_normal((T, 4, 8)).astype(np.float32)
+        f = cgru.forward(net, x, training=True)
+        cgru.backward(net, x, f.reserve, np.ones_like(f.y))
+        del f
+    n, nbytes = plan.pool_state()
+    assert nbytes <= plan.POOL_BYTES
+    # 300 steps over 190 distinct T: a few blocks per size class (T spans ~4.3 octaves)
+    assert len(fresh) <= 90, len(fresh)
+
+
+def test_the_pool_does_not_count_references():
+    """A block is idle once the array handed out and all its views are gone — known from the
+    array's own finalisation, not from ``sys.getrefcount`` (unsafe without a GIL)."""
+    import inspect
+    assert "getrefcount" not in inspect.getsource(plan)
+    block = plan.recycled(10_000)
+    view = block[100:200].view(np.int32)
+    del block
+    assert plan.pool_state() == (0, 0)                        # the view holds it
+    del view
+    assert plan.pool_state()[0] == 1
 
 
 def test_n_chunks_and_loop_threads_depend_on_shapes_only():
@@ -80,109 +129,3 @@ def test_n_chunks_and_loop_threads_depend_on_shapes_only():
     assert plan.loop_threads(2, 100, 32, 256, 1, 3) == 2
 
 
-# --- the packed-weight cache -------------------------------------------------------------------
-def _count_packs(monkeypatch):
-    calls = []
-    real = plan.pack_rhs
-
-    def counting(B, forward):
-        calls.append((B.shape, bool(forward)))
-        return real(B, forward)
-    monkeypatch.setattr(plan, "pack_rhs", counting)
-    return calls
-
-
-@pytest.mark.parametrize("cell", [cgru.GRUCell(), cgru.GRUCell(reset_after=False),
-                                  cgru.LSTMCell(), cgru.RNNCell("relu")], ids=repr)
-def test_unchanged_weights_are_packed_once(monkeypatch, cell):
-    calls = _count_packs(monkeypatch)
-    net = cgru.Network.random(cgru.Topology(4, 6, 2, "bidirectional"), np.float64, seed=1,
-                              cell=cell)
-    x = np.random.default_rng(2).standard_normal((5, 3, 4))
-    first = cgru.forward(net, x, training=True)
-    cgru.backward(net, x, first.reserve, np.ones_like(first.y))
-    n = len(calls)
-    assert n >= 2 * 4                       # forward and backward packs, 4 layer-directions
-    for _ in range(3):
-        f = cgru.forward(net, x, training=True)
-        cgru.backward(net, x, f.reserve, np.ones_like(f.y))
-        cgru.forward(net, x)
-    assert len(calls) == n                  # every later call found its packs
-    plan.release_memory()
-    cgru.forward(net, x)
-    assert len(calls) > n                   # emptied: packed again
-
-
-@pytest.mark.parametrize("cell", [cgru.GRUCell(), cgru.GRUCell(reset_after=False),
-                                  cgru.LSTMCell(), cgru.RNNCell()], ids=repr)
-def test_weights_changed_in_place_are_never_served_a_stale_pack(cell):
-    """The cache is keyed by the weights' contents: an in-place update (an optimizer step) is
-    seen by the very next call, forward and backward, with no call to make."""
-    kw = dict(proj_size=3) if cell.kind == "lstm" else {}
-    net = cgru.Network.random(cgru.Topology(4, 6, 1, **kw), np.float64, seed=3, cell=cell)
-    x = np.random.default_rng(4).standard_normal((5, 3, 4))
-    dy = np.random.default_rng(5).standard_normal(cgru.forward(net, x).y.shape)
-    before = cgru.forward(net, x).y
-    for name in ("R", "W_p") if kw else ("R",):
-        getattr(net[0], name)[1, 2] += 0.25             # in place: same array object
-        getattr(net[0], name)[-1, 0] -= 0.25            # (a GRU's r/z and n blocks both)
-        f = cgru.forward(net, x, training=True)
-        g = cgru.backward(net, x, f.reserve, dy)
-        fresh = net.copy()
-        plan.release_memory()
-        f_ref = cgru.forward(fresh, x, training=True)
-        g_ref = cgru.backward(fresh, x, f_ref.reserve, dy)
-        assert not np.array_equal(f.y, before)
-        np.testing.assert_array_equal(f.y, f_ref.y)
-        np.testing.assert_array_equal(g.dx, g_ref.dx)
-        for a, b in zip(g.dparams, g_ref.dparams):
-            for k, v in a.arrays().items():
-                np.testing.assert_array_equal(v, b.arrays()[k])
-        before = f.y
-
-
-def test_cached_packs_are_read_only_and_the_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(plan, "PACK_BYTES", 1 << 20)
-    rng = np.random.default_rng(6)
-    Rs = [rng.standard_normal((96, 32)) for _ in range(12)]    # ~25 KiB packed each
-    packs = [plan.packed(R, True) for R in Rs]
-    assert all(not p.flags.writeable for p in packs)
-    assert plan.packed(Rs[-1].copy(), True) is packs[-1]        # same contents: same pack
-    assert plan.packed(Rs[-1], False) is not packs[-1]          # the backward's is another
-    big = rng.standard_normal((512, 256))                      # 1 MiB > PACK_BYTES / 4
-    plan.packed(big, True)
-    assert sum(a.nbytes for a in plan._packs.values()) <= 1 << 20
-    assert all(a.shape != plan.pack_rhs(big, True).shape for a in plan._packs.values())
-
-
-def test_threads_sharing_the_cache_get_their_own_weights_bits():
-    """Calls from several threads at once, each with its own weights (and two with equal
-    weights in different arrays), give the bits of the same calls made one after the other."""
-    import threading
-    rng = np.random.default_rng(7)
-    x = rng.standard_normal((7, 3, 4))
-    nets = [cgru.Network.random(cgru.Topology(4, 6, 2), np.float64, seed=s % 3, cell=cell)
-            for s, cell in enumerate([cgru.GRUCell(), cgru.LSTMCell(), cgru.RNNCell()] * 2)]
-
-    def call(net):
-        f = cgru.forward(net, x, training=True)
-        g = cgru.backward(net, x, f.reserve, np.ones_like(f.y))
-        return [f.y, g.dx] + [a for lp in g.dparams for a in lp.arrays().values()]
-    want = [call(net) for net in nets]
-    plan.release_memory()
-    got, errors = [None] * len(nets), []
-
-    def worker(i):
-        try:
-            for _ in range(5):
-                got[i] = call(nets[i])
-        except Exception as exc:      # pragma: no cover - reported below
-            errors.append(exc)
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(nets))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
-    for a, b in zip(got, want):
-        assert all(np.array_equal(u, v) for u, v in zip(a, b))

@@ -3,9 +3,14 @@ its call.
 
 A backward given the reserve of another call — other ``x``, other weights, other state mask,
 ``batch_major`` flipped with ``T = N`` (same sizes, other layout) — used to compute wrong
-gradients without a word (dx off by 0.59, dW by 3.3).  The reserve now records digests of the
-forward's ``x``, weights, ``h0`` and state mask, and the backward refuses any mismatch.
+gradients without a word (dx off by 0.59, dW by 3.3).  The reserve now records keyed MACs of
+the forward's ``x``, weights, ``h0`` and state mask, and the backward refuses any mismatch;
+and a MAC of its own header and lengths, so that a reserve whose dropout, seeds, lengths or
+layout were changed afterwards (accepted before, giving other gradients) is refused too.
 """
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -69,18 +74,63 @@ def test_same_values_in_another_memory_layout_are_accepted():
     np.testing.assert_array_equal(g1.dx, g2.dx)
 
 
-def test_digest_sees_dtype_shape_and_every_byte():
-    from cgru._kernels.loops import digest
-    a = np.arange(24, dtype=np.float64)
-    base = digest(a)
-    assert digest(a.copy()) == base
-    assert digest(a.reshape(4, 6)) != base
-    assert digest(a.astype(np.float32)) != digest(a.astype(np.float32).view(np.int32))
-    for i in range(24):                              # every element, every byte position
+def test_fingerprint_sees_every_byte_and_only_the_bytes():
+    from cgru._kernels.loops import fingerprint
+    a = np.arange(300, dtype=np.float64)               # 2,400 bytes: two blocks and a tail
+    base = fingerprint(a)
+    assert len(base) == 16 and fingerprint(a.copy()) == base
+    assert fingerprint(a.reshape(20, 15)) == base       # bytes only; the MAC adds the shape
+    for i in range(a.nbytes):                           # every byte position, every bit
         b = a.copy()
-        b.view(np.uint8)[8 * i + (i % 8)] ^= 1
-        assert digest(b) != base, i
-    assert digest(a[::2]) == digest(np.ascontiguousarray(a[::2]))
+        b.view(np.uint8)[i] ^= 1 << (i % 8)
+        assert fingerprint(b) != base, i
+    assert fingerprint(a[:-1]) != base and fingerprint(np.append(a, 0.0)) != base
+    assert fingerprint(a[::2]) == fingerprint(np.ascontiguousarray(a[::2]))
+
+
+def test_fingerprint_is_the_same_on_every_isa_path():
+    from cgru._kernels.loops import fingerprint, simd_isa
+    levels = {"AVX-512": [0, 3, 4], "AVX2+FMA": [0, 3], "baseline": [0]}[simd_isa()]
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 7, 1023, 1024, 1025, 4096, 10_007):
+        a = rng.integers(0, 256, n, dtype=np.uint8)
+        assert len({fingerprint(a, isa=i) for i in levels}) == 1, n
+    with pytest.raises(ValueError, match="isa"):
+        fingerprint(a, isa=5)
+
+
+def test_the_key_is_drawn_per_process():
+    """Nobody outside the process can compute its fingerprints: another process gets other
+    values for the same bytes (so a collision cannot be crafted in advance)."""
+    code = ("import numpy as np; from cgru._kernels.loops import fingerprint; "
+            "print(fingerprint(np.arange(100.0)).hex())")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120, check=True).stdout.strip() for _ in range(2)}
+    from cgru._kernels.loops import fingerprint
+    outs.add(fingerprint(np.arange(100.0)).hex())
+    assert len(outs) == 3
+
+
+@pytest.mark.parametrize("field", ["dropout", "seed", "seed2", "T", "a recorded MAC",
+                                   "flags", "one length", "the seal"])
+def test_a_changed_header_field_is_refused(field):
+    rng = np.random.default_rng(5)
+    net = Network.random(Topology(I, H, 2), np.float64, seed=1)
+    x = rng.standard_normal((T, N, I))
+    f = cgru.forward(net, x, training=True, dropout=0.3, seed=(4, 5),
+                     lengths=np.array([4, 2, 3, 1]))
+    head = f.reserve[:128].view(np.int64)
+    lengths = f.reserve[128:128 + 8 * N].view(np.int64)
+    if field == "dropout":
+        head[6] = np.float64(0.25).view(np.int64)
+    elif field == "one length":
+        lengths[1] = 3
+    else:
+        slot = {"seed": 7, "seed2": 8, "T": 2, "a recorded MAC": 11, "flags": 13,
+                "the seal": 14}[field]
+        head[slot] ^= 1
+    with pytest.raises(ValueError, match="do not verify"):
+        cgru.backward(net, x, f.reserve, np.ones_like(f.y))
 
 
 def test_layout_is_closed_form_and_matches_the_carved_regions():

@@ -380,7 +380,7 @@ def test_reserve_with_good_header_and_corrupt_lengths():
     params, x, reserve = _f64()
     bad = reserve.copy()
     bad[128:136] = np.array([T + 100], np.int64).view(np.uint8)  # lengths[0] (after header)
-    with _raises(ValueError, "reserve:", "corrupt"):
+    with _raises(ValueError, "reserve:", "sequence lengths do not verify"):
         backward(params, x, bad)
 
 

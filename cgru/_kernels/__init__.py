@@ -4,7 +4,7 @@
 * ``blas``     the row-major fused-type BLAS shim over ``scipy.linalg.cython_blas`` and the
                whole-sequence GEMMs as blocks on the pool
 * ``loops``    what every cell kind's time loops share: signal polling, test probes, weight
-               packing for the packed GEMM (``simd.h``), vector math, ``digest``
+               packing for the packed GEMM (``simd.h``), vector math, ``fingerprint``
 * ``gru``      the GRU's fused forward/backward time loops
 
 ``simd.h`` holds the packed-weight GEMM and the vectorised activations, compiled for each ISA

@@ -1,76 +1,145 @@
-/* cgru_hash: the 64-bit hash behind the reserve's fingerprints and the packed-weight cache.
+/* cgru_fingerprint: a keyed 122-bit fingerprint of a byte string, for binding a reserve to the
+ * arrays of its call.
  *
- * It identifies a call's inputs (x, the weights, h0, the state mask) so that a backward given
- * other arrays than its forward's is refused, and it keys packed recurrent weights by their
- * contents. It is not cryptographic; it is deterministic across runs, threads and machines
- * of one byte order, whatever clone the loader picks (integer arithmetic only).
+ * A reserve records what the forward that wrote it computed with (x, the weights, h0, the state
+ * mask), so that a backward given other arrays is refused. A hash that anyone can evaluate
+ * could be steered: someone who knows it can change an input (a crafted model, say) so that the
+ * fingerprint stays the same. This one is keyed by a random secret drawn once per process, and
+ * built so that its collision probability is bounded for every pair of inputs, whatever they
+ * are, as long as the key is unknown to whoever chose them (a universal hash, as UMAC and VHASH
+ * are built):
  *
- * The bulk runs as eight 64-bit lanes over 64-byte blocks: each 8-byte word w is xored with
- * a key that differs for every lane and block position, the two 32-bit halves of that value
- * are multiplied (one widening 32×32 multiply per lane, which vectorises) and added, together
- * with w itself, into the lane's accumulator. Every 1 KiB the accumulators are scrambled
- * (shift-xor and a full multiply), so the result depends on the order of the segments; within
- * a segment every word position has its own key. The lanes are then folded with a scalar
- * multiply-rotate mix that also takes the tail (the bytes after the last whole block) and
- * the length, and the result goes through a final avalanche. On an AVX2 core it runs at
- * memory speed, several times the rate of a scalar multiply-rotate chain.
+ *   1. NH over 1 KiB blocks (256 little-endian 32-bit words m[0..255], the last block padded
+ *      with zeros), twice, with key words k and the same key shifted by four words (Toeplitz):
+ *          NH_k(m) = Σ_{j<128} ((m[2j] + k[2j]) mod 2³²) · ((m[2j+1] + k[2j+1]) mod 2³²)  mod 2⁶⁴.
+ *      Two different blocks give equal NH values with probability at most 2⁻³² per key, and
+ *      equal pairs of values (both keys) at most 2⁻⁶⁴.
+ *   2. Each stream's block values go, as two 32-bit halves, into a polynomial over the field of
+ *      the prime p = 2⁶¹ − 1 with a secret point r (h ← h·r + half mod p, from h = 1), and the
+ *      byte length last. Two different sequences of ℓ elements agree with probability at most
+ *      ℓ/p per stream.
+ *
+ * So two different inputs of ℓ KiB at most get equal fingerprints (both results) with
+ * probability at most 2⁻⁶⁴ + (2ℓ + 2)/p, whatever their contents: below 2⁻³⁸ for 4 GiB. The
+ * results are never shown as they are: the reserve stores a keyed BLAKE2b MAC of them
+ * (cgru/core/reserve.py), so it reveals nothing of the key.
+ *
+ * The NH inner loop is 32×32→64-bit multiplies (one vpmuludq per four pairs on AVX2, eight on
+ * AVX-512, chosen at run time), so it runs at memory speed; the polynomial costs four
+ * multiplications per KiB.
+ * Integer arithmetic only: the same key and bytes give the same result in every clone and
+ * thread.
  */
 #ifndef CGRU_HASH_H
 #define CGRU_HASH_H
 
 #include "simd.h"
 
-typedef uint64_t cgru_vu __attribute__((vector_size(64)));   /* 8 uint64 lanes */
+#define CGRU_FP_WORDS 256                  /* 32-bit words per NH block (1 KiB) */
+#define CGRU_FP_P ((1ULL << 61) - 1)
 
-#define CGRU_HK1 0x9E3779B185EBCA87ULL
-#define CGRU_HK2 0xC2B2AE3D27D4EB4FULL
-#define CGRU_HK3 0x165667B19E3779F9ULL
-#define CGRU_HK4 0x85EBCA77C2B2AE63ULL
+typedef struct {
+    uint32_t nh[CGRU_FP_WORDS + 4];    /* NH key words; the second stream starts at word 4 */
+    uint64_t r[2];                     /* polynomial points, in [1, p − 1] */
+} cgru_fp_key;
 
-CGRU_INLINE uint64_t cgru_rotl64(uint64_t v, int r) { return (v << r) | (v >> (64 - r)); }
-
-/* one step of the scalar mix: the tail's words and the folding of the lanes */
-CGRU_INLINE uint64_t cgru_hash_mix(uint64_t h, uint64_t w) {
-    h ^= cgru_rotl64(w * CGRU_HK2, 31) * CGRU_HK1;
-    return cgru_rotl64(h, 27) * CGRU_HK1 + CGRU_HK3;
+/* h·r + m mod p (h, r < p; m < 2³²) */
+CGRU_INLINE uint64_t cgru_fp_poly(uint64_t h, uint64_t r, uint64_t m) {
+    unsigned __int128 t = (unsigned __int128)h * r;
+    uint64_t s = ((uint64_t)t & CGRU_FP_P) + (uint64_t)(t >> 61);
+    s = (s >= CGRU_FP_P ? s - CGRU_FP_P : s) + m;
+    return s >= CGRU_FP_P ? s - CGRU_FP_P : s;
 }
 
-CGRU_CLONES static uint64_t cgru_hash(const unsigned char *p, size_t n, uint64_t seed) {
-    cgru_vu acc, key;
-    for (int j = 0; j < 8; j++) {
-        acc[j] = seed ^ ((uint64_t)(j + 1) * CGRU_HK4);
-        key[j] = seed + (uint64_t)(j + 1) * CGRU_HK3;
+/* the two NH values of one 1 KiB block: portable code, and AVX2 / AVX-512 (vpmuludq: four or
+ * eight 32×32→64-bit products per instruction), all giving the same sums */
+static void cgru_fp_block_base(const unsigned char *p, const cgru_fp_key *key, uint64_t out[2]) {
+    uint64_t s1 = 0, s2 = 0;
+    for (int i = 0; i < CGRU_FP_WORDS; i += 2) {
+        uint32_t a, b;
+        memcpy(&a, p + 4 * (size_t)i, 4);
+        memcpy(&b, p + 4 * (size_t)i + 4, 4);
+        s1 += (uint64_t)(uint32_t)(a + key->nh[i]) * (uint32_t)(b + key->nh[i + 1]);
+        s2 += (uint64_t)(uint32_t)(a + key->nh[i + 4]) * (uint32_t)(b + key->nh[i + 5]);
     }
-    const cgru_vu lo32 = acc * 0 + 0xFFFFFFFFULL;
+    out[0] = s1;
+    out[1] = s2;
+}
+
+#if CGRU_X86
+#include <immintrin.h>
+
+CGRU_TARGET_V4 static void cgru_fp_block_v4(const unsigned char *p, const cgru_fp_key *key,
+                                            uint64_t out[2]) {
+    __m512i acc1 = _mm512_setzero_si512(), acc2 = _mm512_setzero_si512();
+    for (int i = 0; i < CGRU_FP_WORDS; i += 16) {
+        __m512i w = _mm512_loadu_si512((const void *)(p + 4 * (size_t)i));
+        __m512i v1 = _mm512_add_epi32(w, _mm512_loadu_si512((const void *)(key->nh + i)));
+        __m512i v2 = _mm512_add_epi32(w, _mm512_loadu_si512((const void *)(key->nh + i + 4)));
+        acc1 = _mm512_add_epi64(acc1, _mm512_mul_epu32(v1, _mm512_srli_epi64(v1, 32)));
+        acc2 = _mm512_add_epi64(acc2, _mm512_mul_epu32(v2, _mm512_srli_epi64(v2, 32)));
+    }
+    out[0] = (uint64_t)_mm512_reduce_add_epi64(acc1);
+    out[1] = (uint64_t)_mm512_reduce_add_epi64(acc2);
+}
+
+CGRU_TARGET_V3 static void cgru_fp_block_v3(const unsigned char *p, const cgru_fp_key *key,
+                                            uint64_t out[2]) {
+    __m256i acc1 = _mm256_setzero_si256(), acc2 = _mm256_setzero_si256();
+    for (int i = 0; i < CGRU_FP_WORDS; i += 8) {
+        __m256i w = _mm256_loadu_si256((const __m256i *)(p + 4 * (size_t)i));
+        __m256i v1 = _mm256_add_epi32(w, _mm256_loadu_si256((const __m256i *)(key->nh + i)));
+        __m256i v2 = _mm256_add_epi32(w, _mm256_loadu_si256((const __m256i *)(key->nh + i + 4)));
+        acc1 = _mm256_add_epi64(acc1, _mm256_mul_epu32(v1, _mm256_srli_epi64(v1, 32)));
+        acc2 = _mm256_add_epi64(acc2, _mm256_mul_epu32(v2, _mm256_srli_epi64(v2, 32)));
+    }
+    uint64_t l1[4], l2[4];
+    _mm256_storeu_si256((__m256i *)l1, acc1);
+    _mm256_storeu_si256((__m256i *)l2, acc2);
+    out[0] = l1[0] + l1[1] + l1[2] + l1[3];
+    out[1] = l2[0] + l2[1] + l2[2] + l2[3];
+}
+#endif
+
+static void cgru_fp_block(const unsigned char *p, const cgru_fp_key *key, uint64_t out[2],
+                          int isa) {
+#if CGRU_X86
+    switch (isa) {
+    case 4: cgru_fp_block_v4(p, key, out); return;
+    case 3: cgru_fp_block_v3(p, key, out); return;
+    default: break;
+    }
+#endif
+    cgru_fp_block_base(p, key, out);
+}
+
+/* The fingerprint of p[0..n): out[0], out[1] < p, one per stream (isa: cgru_isa()'s value of
+ * the code to run, or lower — every choice gives the same result). */
+static void cgru_fingerprint(const unsigned char *p, size_t n, const cgru_fp_key *key,
+                             uint64_t out[2], int isa) {
+    uint64_t h[2] = {1, 1}, nh[2];
     size_t i = 0;
-    while (i + 64 <= n) {                            /* segments of up to 16 blocks */
-        size_t blocks = (n - i) / 64;
-        if (blocks > 16)
-            blocks = 16;
-        for (size_t b = 0; b < blocks; b++, i += 64) {
-            cgru_vu w;
-            memcpy(&w, p + i, 64);
-            cgru_vu v = w ^ key;
-            acc += (v & lo32) * (v >> 32) + w;
-            key += CGRU_HK1;
+    for (; i + 4 * CGRU_FP_WORDS <= n; i += 4 * CGRU_FP_WORDS) {
+        cgru_fp_block(p + i, key, nh, isa);
+        for (int s = 0; s < 2; s++) {
+            h[s] = cgru_fp_poly(h[s], key->r[s], nh[s] >> 32);
+            h[s] = cgru_fp_poly(h[s], key->r[s], nh[s] & 0xFFFFFFFFULL);
         }
-        acc ^= acc >> 47;
-        acc *= CGRU_HK2;
     }
-    uint64_t h = seed + (uint64_t)n * CGRU_HK1;
-    for (int j = 0; j < 8; j++)
-        h = cgru_hash_mix(h, acc[j]);
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        h = cgru_hash_mix(h, w);
+    if (i < n) {                                   /* the last, partial block: zero-padded */
+        unsigned char last[4 * CGRU_FP_WORDS];
+        memset(last, 0, sizeof last);
+        memcpy(last, p + i, n - i);
+        cgru_fp_block(last, key, nh, isa);
+        for (int s = 0; s < 2; s++) {
+            h[s] = cgru_fp_poly(h[s], key->r[s], nh[s] >> 32);
+            h[s] = cgru_fp_poly(h[s], key->r[s], nh[s] & 0xFFFFFFFFULL);
+        }
     }
-    for (; i < n; i++) {
-        h ^= (uint64_t)p[i] * CGRU_HK3;
-        h = cgru_rotl64(h, 11) * CGRU_HK1;
+    for (int s = 0; s < 2; s++) {                  /* the length, as two 32-bit halves */
+        h[s] = cgru_fp_poly(h[s], key->r[s], (uint64_t)n >> 32);
+        out[s] = cgru_fp_poly(h[s], key->r[s], (uint64_t)n & 0xFFFFFFFFULL);
     }
-    h ^= h >> 33; h *= CGRU_HK2; h ^= h >> 29; h *= CGRU_HK3; h ^= h >> 32;
-    return h;
 }
 
 #endif

@@ -1,13 +1,15 @@
-"""The time loops' shared machinery: signal polling, the test probes, packing, digests.
+"""The time loops' shared machinery: signal polling, the test probes, packing, fingerprints.
 
 Every cell kind's kernels (``gru.pyx``, …) run their time loops as independent work items
 (direction, batch chunk) on cgru's thread pool.  A loop calls ``loop_step`` at the start of
 every step: it stops all items once a signal handler has raised (Ctrl-C), runs Python's signal
 handlers on the caller's thread every ``POLL_SECONDS`` (main-thread calls only), and fires the
 test probe.  Also here: packing of the recurrent weights for the kernels' GEMM, the vector
-math entry points for tests, the vector ISA in use, and ``digest``, the fast hash that binds a
-reserve to its call.
+math entry points for tests, the vector ISA in use, ``fingerprint``, the keyed hash that binds a
+reserve to its call, and ``same_bytes``, the comparison that proves a kept copy of the weights
+equal to the caller's arrays.
 """
+import os
 import threading
 
 import numpy as np
@@ -15,7 +17,8 @@ cimport numpy as cnp
 
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport PyObject
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy
 from cgru._kernels.threads cimport is_worker, item_fn, parallel_for, wtime
 
 cnp.import_array()
@@ -44,7 +47,11 @@ def team_min_work(value=None):
     return old
 
 cdef extern from "hash.h" nogil:
-    uint64_t cgru_hash(const unsigned char *p, size_t n, uint64_t seed)
+    ctypedef struct cgru_fp_key:
+        uint32_t nh[260]
+        uint64_t r[2]
+    void cgru_fingerprint(const unsigned char *p, size_t n, const cgru_fp_key *key,
+                          uint64_t out[2], int isa)
 
 
 cdef extern from *:
@@ -324,20 +331,68 @@ def simd_isa():
     return {4: "AVX-512", 3: "AVX2+FMA"}.get(cgru_isa(), "baseline")
 
 
-def digest(*arrays):
-    """A 63-bit digest of the arrays' dtypes, shapes and bytes, in order (non-contiguous
-    arrays are hashed as their C-ordered contents).  Equal contents give equal digests on
-    every call; it identifies a call's inputs, it is not cryptographic."""
-    cdef uint64_t h = 0x63677275
-    cdef cnp.ndarray a
-    cdef const unsigned char *p
-    cdef size_t n
-    for arr in arrays:
-        a = np.ascontiguousarray(arr)
-        key = f"{(<object>a).dtype.str}{(<object>a).shape}".encode()
-        h = cgru_hash(<const unsigned char *>key, len(key), h)
-        p = <const unsigned char *>cnp.PyArray_DATA(a)
-        n = <size_t>a.nbytes
-        with nogil:
-            h = cgru_hash(p, n, h)
-    return <long long>(h >> 1)
+# --- fingerprints and byte comparison --------------------------------------------------------
+# The fingerprint key: drawn once per process from the operating system's random source, never
+# shown (a forked child inherits it, so a reserve made before a fork stays valid in the child).
+cdef cgru_fp_key _fp_key
+
+
+cdef void _draw_fp_key():
+    cdef bytes words = os.urandom(4 * 260)
+    cdef bytes points = os.urandom(16)
+    cdef uint64_t p = (<uint64_t>1 << 61) - 1
+    cdef uint64_t r[2]
+    cdef int s
+    memcpy(_fp_key.nh, <const char *>words, 4 * 260)
+    memcpy(r, <const char *>points, 16)
+    for s in range(2):
+        _fp_key.r[s] = r[s] % p
+        if _fp_key.r[s] == 0:
+            _fp_key.r[s] = 1
+
+
+_draw_fp_key()
+
+
+def fingerprint(a, isa=None):
+    """The keyed fingerprint (``hash.h``) of an array's bytes in C order: 16 bytes.  Equal bytes
+    give equal fingerprints within a process (and its forked children); different bytes give
+    equal ones with a probability bounded for every pair of inputs (below 2⁻⁴⁸ for 1 MiB) as
+    long as the process's key is unknown to whoever chose them.  The dtype and shape are not
+    part of it (the caller's MAC adds them).  ``isa`` (tests): run the code of that ISA level
+    (4 AVX-512, 3 AVX2, 0 portable; at most ``cgru_isa()``) — all give the same result."""
+    cdef cnp.ndarray c = np.ascontiguousarray(a)
+    cdef const unsigned char *p = <const unsigned char *>cnp.PyArray_DATA(c)
+    cdef size_t n = <size_t>c.nbytes
+    cdef uint64_t out[2]
+    cdef int level = cgru_isa() if isa is None else isa
+    if level > cgru_isa() or level not in (0, 3, 4):
+        raise ValueError(f"isa: expected 0, 3 or 4, at most this machine's {cgru_isa()}, got "
+                         f"{isa!r}")
+    with nogil:
+        cgru_fingerprint(p, n, &_fp_key, out, level)
+    return (<bytes>(<char *>out)[:16])
+
+
+def array_key(cnp.ndarray a):
+    """``(address, shape, strides, type number)`` of an array: what identifies the memory an
+    array views (for a lookup only — a hit is proven by ``same_bytes``)."""
+    return (<size_t>cnp.PyArray_DATA(a), (<object>a).shape, (<object>a).strides,
+            cnp.PyArray_TYPE(a))
+
+
+def same_bytes(a, b):
+    """True when the two arrays hold the same bytes in C order (``b`` C-contiguous, of the same
+    dtype and shape as ``a``; ``a`` of any memory layout).  No tolerance: -0.0 and 0.0 differ,
+    a NaN equals the same NaN."""
+    if a.dtype != b.dtype or a.shape != b.shape or not b.flags.c_contiguous:
+        return False
+    cdef cnp.ndarray x = np.ascontiguousarray(a)
+    cdef cnp.ndarray y = b
+    cdef const void *px = cnp.PyArray_DATA(x)
+    cdef const void *py = cnp.PyArray_DATA(y)
+    cdef size_t n = <size_t>x.nbytes
+    cdef int r
+    with nogil:
+        r = memcmp(px, py, n) if n else 0
+    return r == 0

@@ -15,7 +15,7 @@ The C ABI reserve space (training), carved by ``_plan`` (regions 64-byte aligned
                          3 zero, 4…7 region offsets (engine, x, dw, total),
                          8…23 the forward's arguments the backward calls must repeat
                          (``_RECORDED``: the descriptor but desc->num_threads, layout, T, N and
-                         a digest of seq_lengths), so that a mismatch is named
+                         a MAC of seq_lengths), so that a mismatch is named
     engine   uint8[E]    the engine's reserve (E = cgru.reserve_nbytes)
     x        [T·N·I]     a copy of the forward's x, as given (either layout)
     dw       [weights]   the weight gradients backward_data computed (weight-space layout)
@@ -43,7 +43,7 @@ import numpy as np
 from cgru.core.cells import GRUCell, LSTMCell, RNNCell
 from cgru.core.engine import backward, forward, reserve_nbytes
 from cgru.core.network import LayerParams, Network, Topology
-from cgru._kernels.loops import digest
+from cgru.core import reserve as _reserve
 
 # cgru_status_t (include/cgru.h)
 SUCCESS = 0
@@ -370,11 +370,11 @@ _RECORDED = ("desc->data_type", "desc->input_size", "desc->hidden_size", "desc->
 
 def _record(m, batch_major, T, N, lengths):
     """The int64 values of ``_RECORDED`` for a call (dropout as its float64 bits, seq_lengths
-    as their digest; desc->reset_after counts for GRUs only)."""
+    as their keyed MAC; desc->reset_after counts for GRUs only)."""
     (data_type, input_size, hidden_size, num_layers, direction, input_mode, reset_after,
      _num_threads, dropout, seed, seed2, cell_mode, proj_size) = m.desc
     dropout_bits = struct.unpack("<q", struct.pack("<d", dropout))[0]
-    lengths_digest = 0 if lengths is None else digest(lengths)
+    lengths_digest = 0 if lengths is None else _reserve.data_mac(b"seq_lengths", lengths)
     if m.cell.kind != "gru":
         reset_after = 0
     return [data_type, input_size, hidden_size, num_layers, direction, input_mode, reset_after,

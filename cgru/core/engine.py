@@ -30,11 +30,10 @@ from collections import namedtuple
 
 import numpy as np
 
-from cgru.core import plan, reserve as reserve_mod, validate
+from cgru.core import plan, reserve as reserve_mod, validate, weights
 from cgru.core.network import Network, Topology
 from cgru._kernels import gru as _gru_kernels, lstm as _lstm_kernels, rnn as _rnn_kernels
-from cgru._kernels.loops import digest
-from cgru._kernels.threads import blas_single_threaded, resolve_num_threads
+from cgru._kernels.threads import resolve_num_threads
 
 __all__ = ["Forward", "Gradients", "forward", "backward", "reserve_nbytes", "dropout_masks",
            "reserve_gates", "reserve_from_gates", "reserve_from_saved"]
@@ -224,26 +223,20 @@ def _gate_biases(lp, cell, H):
     return b, np.ascontiguousarray(lp.b_R[2 * H:])
 
 
-def _packed(lp, cell, H, forward, memo=None):
-    """The recurrent weights packed for the time loop's GEMMs (``plan.packed``: unchanged
-    weights are not packed again; ``memo``: the digests ``reserve.weights_digest`` took).
+def _packed(frozen, i, cell, H, forward):
+    """Layer-direction ``i``'s recurrent weights packed for the time loop's GEMMs, from the
+    call's kept copies (``weights``: made once per copy, never for other bytes).
 
     forward: ``gh = h·Rᵀ`` (GRU reset-before: ``h·R_rzᵀ`` and ``(r ⊙ h)·R_nᵀ``), and the LSTM
     projection ``hf·W_pᵀ``; backward: ``da·R`` (GRU reset-before: the r, z and n blocks
     apart) and ``dh·W_p``."""
-    memo = memo or {}
-    R = np.ascontiguousarray(lp.R)
     tag = "Rp" if forward else "Rb"
     if cell.kind == "gru" and not cell.reset_after:
-        # the two blocks are keyed by R's digest and the block's name: one digest of R
-        d = memo.get(id(lp.R))
-        d = digest(R) if d is None else d
-        return {tag: plan.packed(R[:2 * H], forward, ("rz", d)),
-                tag + "_n": plan.packed(R[2 * H:], forward, ("n", d))}
-    out = {tag: plan.packed(R, forward, memo.get(id(lp.R)))}
-    if lp.W_p is not None:
-        out["Wpp" if forward else "Wpb"] = plan.packed(np.ascontiguousarray(lp.W_p), forward,
-                                                       memo.get(id(lp.W_p)))
+        return {tag: frozen.packed(i, "R", forward, (0, 2 * H)),
+                tag + "_n": frozen.packed(i, "R", forward, (2 * H, 3 * H))}
+    out = {tag: frozen.packed(i, "R", forward)}
+    if "W_p" in frozen.kept[i]:
+        out["Wpp" if forward else "Wpb"] = frozen.packed(i, "W_p", forward)
     return out
 
 
@@ -266,13 +259,13 @@ def _input_projection(topo, G, layer, d, lp, X, out, nt):
     return out, G * H
 
 
-def _forward_direction(kernels, cell, topo, lp, d, gx, ldgx, h0, c0, hy, cy, saved,
-                       memo=None):
-    """The kernels' description of one direction's forward (``saved``: its reserve views, or
-    ``{}`` in inference; ``memo``: the weights' digests, see ``_packed``)."""
+def _forward_direction(kernels, cell, topo, frozen, i, d, gx, ldgx, h0, c0, hy, cy, saved):
+    """The kernels' description of layer-direction ``i``'s forward (``d``: its direction;
+    ``saved``: its reserve views, or ``{}`` in inference)."""
     H = topo.hidden_size
+    lp = frozen.net[i]
     common = dict(reverse=topo.reversed_direction(d), gx=gx, ldgx=ldgx, h0=h0, hy=hy,
-                  **_packed(lp, cell, H, True, memo), gates=saved.get("gates"),
+                  **_packed(frozen, i, cell, H, True), gates=saved.get("gates"),
                   states=saved.get("states"), pre=saved.get("pre"))
     if cell.kind == "gru":
         b_rzn, b_hn = _gate_biases(lp, cell, H)
@@ -329,6 +322,8 @@ def forward(params, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major
         p = 0.0
     nt = resolve_num_threads(num_threads)
     kernels = _KERNELS[cell.kind]
+    frozen = weights.freeze(params)      # the call reads the kept copies only
+    net = frozen.net
 
     # --- plan
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
@@ -357,40 +352,40 @@ def forward(params, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major
     hy = plan.empty((L * D, N, S), dtype)
     cy = plan.empty((L * D, N, H), dtype) if lstm else None
     y = plan.empty((T, N, DS), dtype)
-    rv, lds, xin, memo = None, None, None, {}
+    rv, lds, xin = None, None, None
     if training:
         layout = reserve_mod.Layout(topo, cell, T, N, dtype)
         validate.nbytes_limit(layout.nbytes, "reserve")
         rv, (_, _, lds, xin) = reserve_mod.create(
             layout, lengths=lengths, dropout=p, seed=s1, seed2=s2, batch_major=batch_major,
-            x=reserve_mod.data_digest(x_tm), weights=reserve_mod.weights_digest(params, memo),
-            h0=reserve_mod.data_digest(h0, c0), state_mask=reserve_mod.data_digest(mask))
+            x=reserve_mod.data_mac(b"x", x_tm), weights=reserve_mod.weights_mac(frozen),
+            h0=reserve_mod.data_mac(b"h0", h0, c0),
+            state_mask=reserve_mod.data_mac(b"state_mask", mask))
     masks = dropout_masks(topo, T, N, dropout=p, seed=(s1, s2), dtype=dtype) if p > 0 else None
 
     # --- run
-    with blas_single_threaded():  # BLAS runs single-threaded inside cgru's own blocks
-        for layer in range(L):
-            last = layer == L - 1
-            if last:
-                out = y
-            elif training:
-                out = xin[layer + 1]
-            else:
-                out = buf[f"out{layer % 2}"]
-            dirs = []
-            for d in range(D):
-                i = layer * D + d
-                gx, ldgx = _input_projection(topo, G, layer, d, params[i], X, buf[f"gx{d}"], nt)
-                dirs.append(_forward_direction(
-                    kernels, cell, topo, params[i], d, gx, ldgx, h0[i],
-                    c0[i] if lstm else None, hy[i], cy[i] if lstm else None,
-                    lds[i] if training else {}, memo))
-            kernels.forward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask, out,
-                                  dirs, training)
-            if not last:
-                if masks is not None:
-                    np.multiply(out, masks[layer], out=out)
-                X = out.reshape(T * N, DS)
+    for layer in range(L):
+        last = layer == L - 1
+        if last:
+            out = y
+        elif training:
+            out = xin[layer + 1]
+        else:
+            out = buf[f"out{layer % 2}"]
+        dirs = []
+        for d in range(D):
+            i = layer * D + d
+            gx, ldgx = _input_projection(topo, G, layer, d, net[i], X, buf[f"gx{d}"], nt)
+            dirs.append(_forward_direction(
+                kernels, cell, topo, frozen, i, d, gx, ldgx, h0[i],
+                c0[i] if lstm else None, hy[i], cy[i] if lstm else None,
+                lds[i] if training else {}))
+        kernels.forward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask, out,
+                              dirs, training)
+        if not last:
+            if masks is not None:
+                np.multiply(out, masks[layer], out=out)
+            X = out.reshape(T * N, DS)
     if batch_major:
         y = np.ascontiguousarray(y.transpose(1, 0, 2))
     return Forward(y, hy, rv, cy)
@@ -411,12 +406,13 @@ def _finite_padding(x, lengths):
 
 def open_reserve(reserve, params, x, *, cell, batch_major=False, state_mask=None, h0=None,
                  c0=None, lengths=None, what="reserve", inference_hint=None, data=True,
-                 memo=None):
+                 frozen=None):
     """The checked reserve (``reserve.Opened``) of a training forward of this call (``cell``:
     the cell the call computes): the model and layout must be the forward's and, with
     ``data``, also ``x``, the weights and the state mask (and ``h0``, ``c0``, the sequence
     ``lengths`` when given: frontends whose backward receives them again).  ``what`` names the
-    reserve in the caller's words; ``memo`` receives the weights' digests (``_packed``)."""
+    reserve in the caller's words; ``frozen``: the call's ``weights.freeze(params)`` when the
+    caller has it."""
     topo, dtype = _check_network(params)
     T, N = _check_x(x, topo, dtype, batch_major, cell.gates)
     layout = reserve_mod.Layout(topo, cell, T, N, dtype)
@@ -424,10 +420,11 @@ def open_reserve(reserve, params, x, *, cell, batch_major=False, state_mask=None
                               inference_hint=inference_hint)
     if not data:
         return opened
-    opened.check("x", reserve_mod.data_digest(_time_major(x, batch_major)), "x")
-    opened.check("params", reserve_mod.weights_digest(params, memo), "params (weights)")
+    opened.check("x", reserve_mod.data_mac(b"x", _time_major(x, batch_major)), "x")
+    frozen = weights.freeze(params) if frozen is None else frozen
+    opened.check("params", reserve_mod.weights_mac(frozen), "params (weights)")
     mask = _check_state_mask(state_mask, topo, dtype, T, N, batch_major)
-    opened.check("state_mask", reserve_mod.data_digest(mask), "state_mask")
+    opened.check("state_mask", reserve_mod.data_mac(b"state_mask", mask), "state_mask")
     if lengths is not None and not np.array_equal(opened.lengths, lengths):
         raise ValueError(f"{what}: written by a forward with other sequence lengths than this "
                          f"backward's (the reserve belongs to one forward call)")
@@ -436,7 +433,7 @@ def open_reserve(reserve, params, x, *, cell, batch_major=False, state_mask=None
         c0 = _check_h(c0, "c0", topo, dtype, N, topo.hidden_size)
         if cell.has_cell_state and c0 is None:
             c0 = np.zeros((topo.num_layer_directions, N, topo.hidden_size), dtype)
-        opened.check("h0", reserve_mod.data_digest(h0, c0), "initial state (h0, c0)")
+        opened.check("h0", reserve_mod.data_mac(b"h0", h0, c0), "initial state (h0, c0)")
     return opened
 
 
@@ -464,9 +461,10 @@ def backward(params, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, stat
     batch_major = validate.flag(batch_major, "batch_major")
     accumulate = validate.flag(accumulate, "accumulate")
     T, N = _check_x(x, topo, dtype, batch_major, cell.gates)
-    memo = {}
+    frozen = weights.freeze(params)      # the call reads the kept copies only
+    net = frozen.net
     opened = open_reserve(reserve, params, x, cell=cell, batch_major=batch_major,
-                          state_mask=state_mask, memo=memo)
+                          state_mask=state_mask, frozen=frozen)
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
     G, DS = cell.gates, topo.output_size
     lstm, gru = cell.has_cell_state, cell.kind == "gru"
@@ -525,21 +523,19 @@ def backward(params, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, stat
     d_out = dy  # gradient of the current layer's output, [T, N, D·S] time-major or None
 
     # --- run
-    with blas_single_threaded():  # BLAS runs single-threaded inside cgru's own blocks
-        for layer in reversed(range(L)):
-            X = x_tm if layer == 0 else opened.xin[layer].reshape(T * N, DS)
-            dirs = [_backward_direction(kernels, cell, topo, params[layer * D + d], d,
-                                        opened.lds[layer * D + d], ld, dhy, dcy, dh0, dc0,
-                                        layer * D + d, memo)
-                    for d in range(D)]
-            kernels.backward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask,
-                                   d_out, dirs)
-            dX = dx if layer == 0 else buf[f"dX{layer % 2}"]
-            _layer_gradients(topo, cell, params, grads, layer, X, opened, ld, dX, nt, active)
-            if layer > 0:
-                d_out = dX.reshape(T, N, DS)
-                if masks is not None:
-                    d_out *= masks[layer - 1]
+    for layer in reversed(range(L)):
+        X = x_tm if layer == 0 else opened.xin[layer].reshape(T * N, DS)
+        dirs = [_backward_direction(kernels, cell, topo, frozen, layer * D + d, d,
+                                    opened.lds[layer * D + d], ld, dhy, dcy, dh0, dc0)
+                for d in range(D)]
+        kernels.backward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask,
+                               d_out, dirs)
+        dX = dx if layer == 0 else buf[f"dX{layer % 2}"]
+        _layer_gradients(topo, cell, net, grads, layer, X, opened, ld, dX, nt, active)
+        if layer > 0:
+            d_out = dX.reshape(T, N, DS)
+            if masks is not None:
+                d_out *= masks[layer - 1]
     dx = dx.reshape(T, N, topo.input_size)
     if batch_major:
         dx = np.ascontiguousarray(dx.transpose(1, 0, 2))
@@ -555,11 +551,11 @@ def backward(params, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, stat
     return Gradients(dx, dh0, grads, dc0)
 
 
-def _backward_direction(kernels, cell, topo, lp, d, saved, ld, dhy, dcy, dh0, dc0, i,
-                        memo=None):
-    """The kernels' description of one direction's backward."""
-    common = dict(reverse=topo.reversed_direction(d), **_packed(lp, cell, topo.hidden_size,
-                                                                 False, memo),
+def _backward_direction(kernels, cell, topo, frozen, i, d, saved, ld, dhy, dcy, dh0, dc0):
+    """The kernels' description of layer-direction ``i``'s backward (``d``: its direction)."""
+    lp = frozen.net[i]
+    common = dict(reverse=topo.reversed_direction(d), **_packed(frozen, i, cell,
+                                                                 topo.hidden_size, False),
                   pre=saved.get("pre"), states=saved["states"],
                   dhy=None if dhy is None else dhy[i], dh0=dh0[i], dgx=ld["dgx"][d],
                   hm=ld["hm"][d])
@@ -692,12 +688,13 @@ def reserve_from_gates(params, x, gates, y, h0=None, *, cell=None, state_mask=No
         h0 = np.zeros((D, N, H), dtype)
     mask = _check_state_mask(state_mask, topo, dtype, T, N, False)
     layout = reserve_mod.Layout(topo, cell, T, N, dtype)
+    frozen = weights.freeze(params)
     rv, (_, _, lds, _) = reserve_mod.create(
         layout, lengths=np.full(N, T, np.int64), dropout=0.0, seed=0, seed2=0,
-        batch_major=False, x=reserve_mod.data_digest(_time_major(x, False)),
-        weights=reserve_mod.weights_digest(params), h0=reserve_mod.data_digest(h0),
-        state_mask=reserve_mod.data_digest(mask))
-    reserve_mod.fill_from_gates(lds, params, cell, gates, y, h0, mask)
+        batch_major=False, x=reserve_mod.data_mac(b"x", _time_major(x, False)),
+        weights=reserve_mod.weights_mac(frozen), h0=reserve_mod.data_mac(b"h0", h0, None),
+        state_mask=reserve_mod.data_mac(b"state_mask", mask))
+    reserve_mod.fill_from_gates(lds, frozen.net, cell, gates, y, h0, mask)
     return rv
 
 
@@ -747,12 +744,13 @@ def reserve_from_saved(params, x, saved, *, h0=None, c0=None, state_mask=None):
     mask = _check_state_mask(state_mask, topo, dtype, T, N, False)
     x_tm = _time_major(x, False)
     layout = reserve_mod.Layout(topo, cell, T, N, dtype)
+    frozen = weights.freeze(params)
     rv, (_, _, lds, _) = reserve_mod.create(
         layout, lengths=np.full(N, T, np.int64), dropout=0.0, seed=0, seed2=0,
-        batch_major=False, x=reserve_mod.data_digest(x_tm),
-        weights=reserve_mod.weights_digest(params),
-        h0=reserve_mod.data_digest(h0, c0 if cell.kind == "lstm" else None),
-        state_mask=reserve_mod.data_digest(mask))
-    reserve_mod.fill_from_saved(lds, params, cell, x_tm, saved, h0,
+        batch_major=False, x=reserve_mod.data_mac(b"x", x_tm),
+        weights=reserve_mod.weights_mac(frozen),
+        h0=reserve_mod.data_mac(b"h0", h0, c0 if cell.kind == "lstm" else None),
+        state_mask=reserve_mod.data_mac(b"state_mask", mask))
+    reserve_mod.fill_from_saved(lds, frozen.net, cell, x_tm, saved, h0,
                                 c0 if cell.kind == "lstm" else None, mask)
     return rv

@@ -273,6 +273,14 @@ class Network:
                       DeprecationWarning, stacklevel=stacklevel)
         return cell
 
+    def with_layers(self, layers):
+        """A network of the same topology and cell holding ``layers`` (``LayerParams`` with
+        arrays of this network's shapes and dtype — the caller guarantees it: no checks)."""
+        out = object.__new__(Network)
+        out.__dict__.update(self.__dict__)
+        out.layers = tuple(layers)
+        return out
+
     def with_cell(self, cell):
         """The same weights (the same arrays) as a network of ``cell``."""
         return Network(self.topology, self.layers, cell)

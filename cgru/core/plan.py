@@ -11,24 +11,27 @@
 
 Every buffer cgru allocates comes from ``empty`` (the tests poison it with NaN to see that
 every element is written).  The workspace blocks and the reserves come from ``recycled``: a
-small pool that hands a block out again once nothing refers to it any more (its views are
-gone, the caller dropped the reserve), so that a training loop does not fault fresh pages in
-on every step.  The pool never holds more than ``POOL_BYTES``; ``release_memory()`` empties it.
-
-The recurrent weights packed for the time loop's GEMMs come from ``packed``: a cache keyed by
-the weights' contents (their digest), so that repeated calls with unchanged weights do not
-pack them again, and changed weights are never served a stale pack.
+small pool that hands a block out again once nothing refers to it any more (the views of a
+workspace are gone, the caller dropped the reserve), so that a training loop does not fault
+fresh pages in on every step.  Blocks come in size classes (quarter steps between powers of
+two, so at most a quarter of a block is unused), so that calls of varying sizes — dynamic
+padding — share them.  A block handed out is a NumPy array over memory the pool owns; every
+view of it keeps that array alive, and when the last one goes, a ``weakref.finalize`` puts the
+memory back (no reference counting by hand).  The pool keeps at most ``POOL_BYTES`` of idle
+blocks (the least recently returned leave first); ``release_memory()`` empties it, and the
+cache of the weights' kept copies (``weights``) too.
 """
 import collections
 import math
 import os
-import sys
 import threading
+import weakref
 
 import numpy as np
 
+from cgru.core import weights
 from cgru._kernels import blas
-from cgru._kernels.loops import digest, pack_rhs
+from cgru._kernels.threads import blas_single_threaded
 
 # Batch chunks of the time loop: a function of N only.  Two chunks from N = 16 (so two threads
 # have work), more only while each keeps at least 16 rows (fewer rows per call make the
@@ -51,79 +54,75 @@ def empty(shape, dtype):
     return np.empty(shape, dtype)
 
 
-POOL_BYTES = 512 << 20
+POOL_BYTES = 256 << 20
+_MIN_CLASS = 4096
 _reuse = True                # False: every block fresh from ``empty`` (the tests' poisoning)
-_pool = []                   # uint8 blocks, least recently used first
-_pool_lock = threading.Lock()
+_idle = collections.OrderedDict()       # id(raw) -> (size class, raw), least recently freed first
+_idle_by_class = collections.defaultdict(list)   # size class -> [id(raw)], most recent last
+_idle_bytes = 0
+_pool_lock = threading.RLock()
+
+
+def size_class(nbytes):
+    """The block size that holds ``nbytes``: ``m·2^e`` with ``m`` in 4…7 (at least 4 KiB)."""
+    if nbytes <= _MIN_CLASS:
+        return _MIN_CLASS
+    e = (nbytes - 1).bit_length() - 3            # 2^(e+2) < nbytes ≤ 2^(e+3)
+    return -(-nbytes >> e) << e
 
 
 def recycled(nbytes):
-    """A uint8 block of ``nbytes``: a pooled one that nothing else refers to, else a new one
-    (kept in the pool, the least recently used blocks leaving it beyond ``POOL_BYTES``)."""
+    """A uint8 array of ``nbytes`` over a pooled block of its size class when one is idle, else
+    over a new one; the block returns to the pool when the array and every view of it are
+    gone."""
     if not _reuse:
         return empty(nbytes, np.uint8)
+    cls = size_class(nbytes)
+    if cls > POOL_BYTES // 4:
+        return empty(nbytes, np.uint8)
+    raw = None
     with _pool_lock:
-        for i in range(len(_pool)):
-            # 2 references: the pool's and getrefcount's argument — no view, no caller
-            if _pool[i].size == nbytes and sys.getrefcount(_pool[i]) == 2:
-                block = _pool.pop(i)
-                if not block.flags.writeable:   # a caller made its reserve read-only
-                    try:
-                        block.flags.writeable = True
-                    except ValueError:
-                        break                   # left out of the pool; a fresh block below
-                _pool.append(block)
-                return block
-    block = empty(nbytes, np.uint8)
-    if nbytes <= POOL_BYTES // 4:
-        with _pool_lock:
-            _pool.append(block)
-            total = sum(b.size for b in _pool)
-            while total > POOL_BYTES:
-                total -= _pool.pop(0).size
+        ids = _idle_by_class.get(cls)
+        if ids:
+            raw = _take_idle(ids.pop())
+    if raw is None:
+        raw = empty(cls, np.uint8)
+    block = np.frombuffer(memoryview(raw), np.uint8, nbytes)
+    weakref.finalize(block, _give_back, raw, cls).atexit = False
     return block
 
 
-PACK_BYTES = 64 << 20
-_packs = collections.OrderedDict()   # (digest, forward, dtype, shape) -> packed, LRU first
-_packs_lock = threading.Lock()
+def _take_idle(key):
+    global _idle_bytes
+    cls, raw = _idle.pop(key)
+    _idle_bytes -= cls
+    return raw
 
 
-def packed(B, forward, known_digest=None):
-    """``pack_rhs(B, forward)``: the recurrent weights packed for the time loop's GEMMs, from a
-    small cache when an array with the same contents was packed before (``B`` C-contiguous;
-    ``known_digest``: ``digest(B)`` when the caller has it already, or a key that names
-    ``B``'s contents as well, such as ``("rz", digest(R))`` for a block of rows of ``R``).
+def _give_back(raw, cls):
+    """``raw`` is idle again (the finalizer of the array handed out over it)."""
+    global _idle_bytes
+    with _pool_lock:
+        _idle[id(raw)] = (cls, raw)
+        _idle_by_class[cls].append(id(raw))
+        _idle_bytes += cls
+        while _idle_bytes > POOL_BYTES:
+            key, (old_cls, _) = next(iter(_idle.items()))
+            _idle_by_class[old_cls].remove(key)
+            _take_idle(key)
 
-    The cache is keyed by the digest of ``B``'s contents, dtype and shape, never by the array
-    object, so weights changed in place can never meet a stale pack.  It holds at most
-    ``PACK_BYTES`` (the least recently used packs leave first); ``release_memory()`` empties
-    it.  The packs it returns are read-only and shared between calls and threads."""
-    if not _reuse:
-        return pack_rhs(B, forward)
-    key = (digest(B) if known_digest is None else known_digest, bool(forward), B.dtype.str,
-           B.shape)
-    with _packs_lock:
-        hit = _packs.get(key)
-        if hit is not None:
-            _packs.move_to_end(key)
-            return hit
-    out = pack_rhs(B, forward)
-    out.flags.writeable = False
-    if out.nbytes <= PACK_BYTES // 4:
-        with _packs_lock:
-            _packs[key] = out
-            total = sum(a.nbytes for a in _packs.values())
-            while total > PACK_BYTES:
-                total -= _packs.popitem(last=False)[1].nbytes
-    return out
+
+def pool_state():
+    """``(idle blocks, idle bytes)`` of the pool now (for tests)."""
+    with _pool_lock:
+        return len(_idle), _idle_bytes
 
 
 def _fresh_locks():
-    """In a forked child: new locks (another thread of the parent may have held one at the
+    """In a forked child: a new lock (another thread of the parent may have held it at the
     fork, and would never release it here)."""
-    global _pool_lock, _packs_lock
-    _pool_lock, _packs_lock = threading.Lock(), threading.Lock()
+    global _pool_lock
+    _pool_lock = threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -131,12 +130,14 @@ if hasattr(os, "register_at_fork"):
 
 
 def release_memory():
-    """Drop the pool's blocks and the cached packed weights (the memory returns to the
-    allocator once nothing refers to them)."""
+    """Drop the pool's idle blocks and the kept copies of the weights with their packs (the
+    memory returns to the allocator once nothing refers to them)."""
+    global _idle_bytes
     with _pool_lock:
-        _pool.clear()
-    with _packs_lock:
-        _packs.clear()
+        _idle.clear()
+        _idle_by_class.clear()
+        _idle_bytes = 0
+    weights.release()
 
 
 def n_chunks(N, H=0):
@@ -156,10 +157,12 @@ def loop_threads(nt, T, N, H, D, gates):
 
 def gemm(ta, tb, A, B, C, beta=0.0, nt=1):
     """``C = op(A)·op(B) + beta·C`` for row-major 2-D arrays (views with unit inner stride), as
-    blocks of single-threaded BLAS on up to ``nt`` pool threads."""
+    blocks of single-threaded BLAS on up to ``nt`` pool threads.  BLAS is held at one thread
+    for the product only (``blas_single_threaded``), not for the rest of cgru's call."""
     split = A.shape[0] if ta else C.shape[0]   # the inner dimension k, or C's rows
     blocks = max(1, min(_MAX_GEMM_BLOCKS, split // (4 * _MIN_GEMM_ROWS if ta else _MIN_GEMM_ROWS)))
-    blas.gemm_blocks(ta, tb, 1.0, A, B, beta, C, blocks, nt)
+    with blas_single_threaded():
+        blas.gemm_blocks(ta, tb, 1.0, A, B, beta, C, blocks, nt)
 
 
 class Workspace:

@@ -33,29 +33,38 @@ Header (``int64[16]``)::
     0 magic   1 version   2 T   3 N   4 itemsize
     5 digest of the model: topology, cell, T, N, dtype, layout (time- or batch-major)
     6 dropout probability (float64 bits)   7 seed   8 seed2
-    9 digest of x    10 digest of the weights    11 digest of h0    12 digest of the state mask
-    13 flags (bit 0: batch-major)            14, 15 zero
+    9 MAC of x    10 MAC of the weights    11 MAC of h0 (and c0)    12 MAC of the state mask
+    13 flags (bit 0: batch-major)   14 MAC of slots 0–13 and the lengths   15 zero
 
-The backward recomputes the digests of what it is given and refuses a reserve written by a
-forward with a different model, layout, ``x``, weights or state mask (``ValueError`` naming
-which); frontends that receive ``h0`` again (TF's backprop ops) check it too.  The digests are
-a fast 64-bit hash of the arrays' bytes, shapes and dtypes (``cgru._kernels.loops.digest``):
-one pass over each array, memory-bound.
+**Binding.**  The backward recomputes the MACs of what it is given and refuses a reserve written
+by a forward with a different model, layout, ``x``, weights or state mask (``ValueError`` naming
+which); frontends that receive ``h0`` again (TF's backprop ops) check it too.  Slot 14 covers
+every other header field and the lengths, so a reserve whose dropout, seeds, lengths, layout or
+recorded MACs were changed after the forward is refused as a whole.  A MAC is a keyed BLAKE2b
+(8 bytes) of the arrays' dtypes, shapes and keyed fingerprints (``hash.h``: a universal hash
+whose collision probability is bounded for every pair of inputs); both keys are drawn at random
+once per process, so nobody who chooses the inputs can steer a collision, and a reserve is
+valid only in the process that made it and its forked children.  One pass over each array,
+memory-bound; the weights' fingerprints are taken once per kept copy (``weights``).
 """
 import hashlib
 import math
+import os
 
 import numpy as np
 
 from cgru.core import plan
-from cgru._kernels.loops import digest
+from cgru._kernels.loops import fingerprint
 
 MAGIC = 0x63677275  # "cgru"
-VERSION = 3         # 3: the weights' digest is the digest of each array's digest
+VERSION = 4         # 4: keyed MACs, and a MAC of the header itself
 HEADER = 16  # int64 slots
 ALIGN = 64
 _FLAG_BATCH_MAJOR = 1
 _SLOTS = {"x": 9, "params": 10, "h0": 11, "state_mask": 12}
+_SEAL = 14
+# The MAC key: random, once per process (a forked child inherits it).
+_KEY = os.urandom(32)
 
 
 def _up(nbytes):
@@ -149,29 +158,39 @@ def model_digest(topology, cell, T, N, dtype, batch_major):
     return int.from_bytes(hashlib.blake2b(key, digest_size=7).digest(), "little")
 
 
-def weights_digest(net, memo=None):
-    """One digest of every weight array of ``net``, in order: the digest of the arrays'
-    digests.  ``memo``: a dict that receives ``{id(array): digest(array)}``, for the packed
-    weights of the same call (``plan.packed``)."""
-    parts = []
-    for lp in net.layers:
-        for a in lp.arrays().values():
-            d = digest(a)
-            if memo is not None:
-                memo[id(a)] = d
-            parts.append(d)
-    return digest(np.array(parts, np.int64))
+def mac(label, *parts):
+    """The keyed MAC (BLAKE2b, 8 bytes, as a signed int64) of ``label`` and ``parts`` (bytes)."""
+    h = hashlib.blake2b(key=_KEY, digest_size=8, person=b"cgru-reserve")
+    h.update(label)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return int.from_bytes(h.digest(), "little", signed=True)
 
 
-def data_digest(*arrays):
-    """The digest of the arrays given (``None`` entries skipped; 0 when there are none)."""
-    arrays = [a for a in arrays if a is not None]
-    return digest(*arrays) if arrays else 0
+def describe(a):
+    """What a MAC covers of one array: its dtype, shape and keyed fingerprint (bytes)."""
+    return f"{a.dtype.str}{a.shape}".encode() + fingerprint(a)
+
+
+def data_mac(label, *arrays):
+    """The MAC of the arrays given, in order (``None`` entries recorded as absent)."""
+    return mac(label, *(b"-" if a is None else describe(a) for a in arrays))
+
+
+def weights_mac(frozen):
+    """The MAC of a call's weights (``weights.Frozen``: the fingerprints of its kept copies)."""
+    return mac(b"weights", *frozen.fingerprints())
+
+
+def _seal(header, lengths):
+    return mac(b"header", header[:_SEAL].tobytes(), np.ascontiguousarray(lengths).tobytes())
 
 
 def create(layout, *, lengths, dropout, seed, seed2, batch_major, x, weights, h0, state_mask):
-    """A reserve with its header and lengths written; the rest for the forward to fill.
-    ``x``, ``h0``, ``state_mask`` are digests (``data_digest``), ``weights`` one too."""
+    """A reserve with its header and lengths written (and sealed); the rest for the forward to
+    fill.  ``x``, ``weights``, ``h0``, ``state_mask`` are MACs (``data_mac``,
+    ``weights.Frozen.mac``)."""
     reserve = plan.recycled(layout.nbytes)
     layout.zero_gaps(reserve)
     header, lens, lds, xin = layout.carve(reserve)
@@ -184,6 +203,7 @@ def create(layout, *, lengths, dropout, seed, seed2, batch_major, x, weights, h0
     header[9], header[10], header[11], header[12] = x, weights, h0, state_mask
     header[13] = _FLAG_BATCH_MAJOR if batch_major else 0
     lens[:] = lengths
+    header[_SEAL] = _seal(header, lens)
     return reserve, (header, lens, lds, xin)
 
 
@@ -207,10 +227,10 @@ class Opened:
         self.seed, self.seed2 = int(header[7]), int(header[8])
         self.batch_major = bool(header[13] & _FLAG_BATCH_MAJOR)
 
-    def check(self, what, value_digest, words=None):
+    def check(self, what, value_mac, words=None):
         """Refuse when ``what`` (``"x"``, ``"params"``, ``"h0"``, ``"state_mask"``) differs from
-        the forward's; ``words`` names it in the caller's vocabulary."""
-        if int(self.header[_SLOTS[what]]) != value_digest:
+        the forward's (``value_mac``: its MAC); ``words`` names it in the caller's words."""
+        if int(self.header[_SLOTS[what]]) != value_mac:
             raise ValueError(f"{self.what}: written by a forward with a different "
                              f"{words or what} than this backward's (the reserve belongs to "
                              f"one forward call)")
@@ -242,6 +262,8 @@ def read(reserve, layout, *, batch_major, what="reserve", inference_hint=None):
     if head[0] != MAGIC or head[1] != VERSION:
         raise ValueError(f"{what}: not a cgru reserve (bad header); pass the reserve of the "
                          f"matching training forward")
+    if head[_SEAL] != _seal(head, views[1]):
+        raise ValueError(_UNSEALED.format(what=what))
     if head[5] != model_digest(layout.topology, layout.cell, layout.T, layout.N, layout.dtype,
                                batch_major):
         if bool(head[13] & _FLAG_BATCH_MAJOR) != bool(batch_major):
@@ -260,10 +282,24 @@ def read(reserve, layout, *, batch_major, what="reserve", inference_hint=None):
     return opened
 
 
-def read_header(reserve):
+_UNSEALED = ("{what}: its header or sequence lengths do not verify: changed after the forward "
+             "wrote them, or written by another process (a reserve is valid in the process "
+             "that made it and its forked children); pass the reserve of the matching training "
+             "forward")
+
+
+def read_header(reserve, what="reserve"):
     """``{"dropout", "seed", "seed2", "batch_major", "T", "N"}`` of a reserve's header, for
-    frontends that check their own attributes against the forward's (after ``read``)."""
+    frontends that check their own attributes against the forward's (``reserve``: a 1-D uint8
+    array that ``is_reserve``).  Refused (``ValueError``) when the header does not verify."""
     head = np.frombuffer(reserve[:HEADER * 8].tobytes(), np.int64)
+    N = int(head[3])
+    start = _up(HEADER * 8)
+    if not 0 <= N <= (reserve.size - start) // 8:
+        raise ValueError(_UNSEALED.format(what=what))
+    lengths = np.frombuffer(reserve[start:start + 8 * N].tobytes(), np.int64)
+    if head[_SEAL] != _seal(head, lengths):
+        raise ValueError(_UNSEALED.format(what=what))
     return {"T": int(head[2]), "N": int(head[3]),
             "dropout": float(np.int64(head[6]).view(np.float64)),
             "seed": int(head[7]), "seed2": int(head[8]),

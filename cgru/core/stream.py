@@ -15,17 +15,18 @@ per-call work once, when it is made: the weights are packed, the biases are summ
 every check that does not depend on ``x`` is done.  What a call still does: check ``x`` and the state, one packed GEMM
 and one time loop per layer.
 
-The stream is a **snapshot** of the network's weights: changes made to the network's arrays
-afterwards are not seen until ``refresh()`` (or a new stream).  Streams run forward in time:
+The stream is a **snapshot** of the network's weights: it computes with copies of every array
+(``weights.freeze``), so changes made to the network's arrays afterwards are not seen until
+``refresh()`` (or a new stream).  Streams run forward in time:
 reverse and bidirectional networks need whole sequences (``cgru.forward``).  Inference only
 (no reserve, no dropout), time-major, every sequence of the batch advancing together.
 """
 import numpy as np
 
-from cgru.core import plan, validate
+from cgru.core import plan, validate, weights
 from cgru.core import engine
 from cgru.core.network import Network
-from cgru._kernels.loops import gemm_packed_rm, pack_rhs
+from cgru._kernels.loops import gemm_packed_rm
 from cgru._kernels.threads import resolve_num_threads
 
 __all__ = ["Stream"]
@@ -61,14 +62,15 @@ class Stream:
 
     def refresh(self):
         """Take a new snapshot of the network's weights (after they changed in place)."""
-        net, cell, topo = self.net, self.net.cell, self.net.topology
+        cell, topo = self.net.cell, self.net.topology
+        frozen = weights.freeze(self.net)
         self._layers = []
-        for i, lp in enumerate(net.layers):
+        for i, lp in enumerate(frozen.net.layers):
             L = _Layer()
             L.G, L.H, L.S = cell.gates, topo.hidden_size, topo.state_size
             L.n_in = lp.W.shape[1]
-            L.Wp = pack_rhs(np.ascontiguousarray(lp.W), True)       # gx = x·Wᵀ, packed
-            fixed = dict(reverse=False, **engine._packed(lp, cell, L.H, True))
+            L.Wp = frozen.packed(i, "W", True)                     # gx = x·Wᵀ, packed
+            fixed = dict(reverse=False, **engine._packed(frozen, i, cell, L.H, True))
             if cell.kind == "gru":
                 fixed["b_rzn"], fixed["b_hn"] = engine._gate_biases(lp, cell, L.H)
             else:

@@ -1,0 +1,217 @@
+"""The weights a call computes with: kept copies proven equal to the caller's arrays, and what
+cgru derives from them (the recurrent matrices packed for the time loop's GEMM), across calls.
+
+A call begins with ``freeze(net)``.  For every weight array of the network it looks up the copy
+kept for that array (found by the array's address, shape, strides and dtype) and compares the
+bytes: equal, the kept copy serves — with its packs and its fingerprint, made from exactly those
+bytes —; different (or none kept), a new copy is taken and kept in its place.  The call then
+reads only the copies, never the caller's arrays again.  So:
+
+* **A kept value is used only when proven to belong to the weights in use**: by comparing every
+  byte, never by a hash alone.  A pack is made from the copy it is kept with, so a pack and the
+  bytes it stands for can never disagree.
+* **A concurrent update** of the weights in place (an optimizer thread, a checkpoint reload)
+  during a call gives that call the weights as they were read at its start — each array old or
+  new, or, for the array being written at that very moment, partly old and partly new, as any
+  reader of memory that another thread is writing sees it — and never touches a later call:
+  what is kept is a copy of what was read, checked again on every use.
+* **Cost.** A hit costs one comparison of each weight array (memory-bound, two reads); a miss
+  (weights that changed, as in every training step) one copy, and the packs again.  Insertion
+  and lookup are O(1); the cache holds at most ``CACHE_BYTES`` (copies and packs counted),
+  least recently used entries leaving first, and one entry per array: a training loop that
+  updates its weights in place replaces its entries, so its memory and step cost stay flat
+  however long it runs.  An entry also leaves when the object that owns the array's memory (the
+  array itself, or the base of a view: a torch parameter behind ``p.numpy()``, say) is freed,
+  so arrays made for one call leave nothing behind; memory whose owner cannot be watched (no
+  weak references) is copied for the call and not kept.  ``release_memory()`` empties it.
+
+``cgru.Stream`` keeps the ``Frozen`` network of its last ``refresh`` (its snapshot).
+"""
+import collections
+import functools
+import os
+import threading
+import weakref
+
+import numpy as np
+
+from cgru.core.network import LayerParams, Network
+from cgru._kernels.loops import array_key, fingerprint, pack_rhs, same_bytes
+
+__all__ = ["freeze", "Frozen", "Kept", "release", "CACHE_BYTES"]
+
+CACHE_BYTES = 256 << 20
+_reuse = True                 # False: nothing is kept between calls (the tests' poisoning)
+_cache = collections.OrderedDict()   # key -> Kept, least recently used first
+_cached_bytes = 0
+_lock = threading.RLock()     # re-entrant: an owner's finalisation may drop an entry anywhere
+
+
+class Kept:
+    """A read-only copy of one weight array and what cgru derived from exactly its bytes."""
+
+    __slots__ = ("array", "nbytes", "cached", "watch", "_derived", "_fingerprint")
+
+    def __init__(self, array):
+        self.array = array
+        self.nbytes = array.nbytes
+        self.cached = False
+        self.watch = None             # a weak reference to the owner of the source's memory
+        self._derived = {}
+        self._fingerprint = None
+
+    def derived(self, name, make):
+        """``make(self.array)`` (an array), made once per copy and kept with it, read-only
+        (``name`` says which derived value)."""
+        value = self._derived.get(name)
+        if value is not None:
+            return value
+        value = make(self.array)
+        value.flags.writeable = False
+        with _lock:
+            first = self._derived.setdefault(name, value)
+            if first is value:
+                _grow(self, value.nbytes)
+        return first
+
+    @property
+    def fingerprint(self):
+        """The copy's dtype, shape and keyed fingerprint (``reserve.describe``'s bytes)."""
+        if self._fingerprint is None:
+            a = self.array
+            self._fingerprint = f"{a.dtype.str}{a.shape}".encode() + fingerprint(a)
+        return self._fingerprint
+
+
+def _grow(kept, nbytes):
+    """Account ``nbytes`` more to ``kept`` (under ``_lock``), evicting beyond the bound."""
+    global _cached_bytes
+    kept.nbytes += nbytes
+    if kept.cached:
+        _cached_bytes += nbytes
+        _evict()
+
+
+def _evict():
+    global _cached_bytes
+    while _cached_bytes > CACHE_BYTES and _cache:
+        _, old = _cache.popitem(last=False)
+        old.cached = False
+        _cached_bytes -= old.nbytes
+
+
+def _owner(a):
+    """The object that owns the memory ``a`` views: ``a`` itself, or the end of its ``base``
+    chain (an array owning its data, or another object: a torch tensor, a buffer)."""
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a
+
+
+def _drop(key, kept, _ref=None):
+    """The owner of ``kept``'s source memory is gone: its entry leaves (if still in place)."""
+    global _cached_bytes
+    with _lock:
+        if _cache.get(key) is kept:
+            del _cache[key]
+            kept.cached = False
+            _cached_bytes -= kept.nbytes
+
+
+def keep(a):
+    """The ``Kept`` copy of array ``a``'s current bytes: the one kept for ``a`` when its bytes
+    are still ``a``'s, else a new copy (kept in its place when it fits)."""
+    global _cached_bytes
+    if not _reuse:
+        return Kept(_copy(a))
+    owner = _owner(a)
+    key = (array_key(a), id(owner))
+    with _lock:
+        kept = _cache.get(key)
+        if kept is not None:
+            _cache.move_to_end(key)
+    if kept is not None and same_bytes(a, kept.array):
+        return kept
+    kept = Kept(_copy(a))
+    if kept.nbytes > CACHE_BYTES // 8:
+        return kept
+    try:
+        kept.watch = weakref.ref(owner, functools.partial(_drop, key, kept))
+    except TypeError:                     # an owner without weak references: not kept
+        return kept
+    with _lock:
+        old = _cache.pop(key, None)
+        if old is not None:
+            old.cached = False
+            _cached_bytes -= old.nbytes
+        _cache[key] = kept
+        kept.cached = True
+        _cached_bytes += kept.nbytes
+        _evict()
+    return kept
+
+
+def _copy(a):
+    copy = np.array(a, order="C", copy=True)
+    copy.flags.writeable = False
+    return copy
+
+
+class Frozen:
+    """The weights of one call: ``net`` (a ``Network`` of the kept copies, the caller's cell
+    and topology) and ``kept[i][name]`` (the ``Kept`` of layer-direction ``i``'s array)."""
+
+    __slots__ = ("net", "kept")
+
+    def __init__(self, net, kept):
+        self.net = net
+        self.kept = kept
+
+    def fingerprints(self):
+        """Every array's fingerprint in order (layer-directions, then names): what the reserve's
+        MAC of the weights covers."""
+        return [name.encode() + k.fingerprint for layer in self.kept
+                for name, k in layer.items()]
+
+    def packed(self, i, name, forward, rows=None):
+        """Layer-direction ``i``'s array ``name`` (rows ``rows = (r0, r1)`` of it, or all)
+        packed for the time loop's GEMM (``pack_rhs``), once per kept copy."""
+        def make(a):
+            block = a if rows is None else np.ascontiguousarray(a[rows[0]:rows[1]])
+            return pack_rhs(block, forward)
+        return self.kept[i][name].derived(("pack", bool(forward), rows), make)
+
+
+def freeze(net):
+    """The ``Frozen`` weights of ``net`` for one call (see the module docstring)."""
+    kept, layers = [], []
+    for lp in net.layers:
+        ks = {name: keep(a) for name, a in lp.arrays().items()}
+        kept.append(ks)
+        layers.append(LayerParams(**{name: k.array for name, k in ks.items()}))
+    return Frozen(net.with_layers(layers), kept)
+
+
+def release():
+    """Drop every kept copy (the memory returns once no call or stream refers to it)."""
+    global _cached_bytes
+    with _lock:
+        for kept in _cache.values():
+            kept.cached = False
+        _cache.clear()
+        _cached_bytes = 0
+
+
+def cached_entries():
+    """``(entries, bytes)`` the cache holds now (for tests)."""
+    with _lock:
+        return len(_cache), _cached_bytes
+
+
+def _fresh_lock():
+    global _lock
+    _lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock)

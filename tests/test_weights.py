@@ -1,0 +1,247 @@
+"""The kept copies of the weights (cgru.core.weights): exact by construction.
+
+The packed recurrent weights used to be cached under a 63-bit hash of the weights' contents:
+a weight update racing a call stored the pack of the new matrix under the digest of the old
+one (every later call on the old weights was wrong, by 0.28, until ``release_memory()``), a
+crafted sign change kept the digest, and every training step inserted new packs while summing
+the sizes of all of them (5–40× slower steps after 12,000 steps).  Now every call compares the
+weights' bytes with a kept copy, computes from the copy only, and an array has one entry.
+"""
+import threading
+
+import numpy as np
+import pytest
+
+import cgru
+from cgru.core import plan, reference, weights
+from cgru._kernels import loops
+
+CELLS = [cgru.GRUCell(), cgru.GRUCell(reset_after=False), cgru.LSTMCell(),
+         cgru.LSTMCell(peepholes="ifo"), cgru.RNNCell("relu")]
+
+
+@pytest.fixture(autouse=True)
+def empty_cache():
+    plan.release_memory()
+    yield
+    plan.release_memory()
+
+
+def _all_bits(f, g):
+    return [f.y, f.hy, g.dx, g.dh0] + [a for lp in g.dparams for a in lp.arrays().values()]
+
+
+def _step(net, x, dy):
+    f = cgru.forward(net, x, training=True)
+    return _all_bits(f, cgru.backward(net, x, f.reserve, dy))
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(np.array_equal(u, v) for u, v in zip(a, b))
+
+
+def _count_packs(monkeypatch):
+    calls = []
+    real = weights.pack_rhs
+
+    def counting(B, forward):
+        calls.append((B.shape, bool(forward)))
+        return real(B, forward)
+    monkeypatch.setattr(weights, "pack_rhs", counting)
+    return calls
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=repr)
+def test_unchanged_weights_are_packed_once(monkeypatch, cell):
+    calls = _count_packs(monkeypatch)
+    net = cgru.Network.random(cgru.Topology(4, 6, 2, "bidirectional"), np.float64, seed=1,
+                              cell=cell)
+    x = np.random.default_rng(2).standard_normal((5, 3, 4))
+    first = cgru.forward(net, x, training=True)
+    cgru.backward(net, x, first.reserve, np.ones_like(first.y))
+    n = len(calls)
+    assert n >= 2 * 4                       # forward and backward packs, 4 layer-directions
+    copy = net.copy()                       # other arrays, the same bytes: entries of its own
+    for _ in range(3):
+        f = cgru.forward(net, x, training=True)
+        cgru.backward(net, x, f.reserve, np.ones_like(f.y))
+        cgru.forward(net, x)
+        cgru.forward(copy, x)
+    assert len(calls) == n + n // 2         # every later call found its packs
+    plan.release_memory()
+    cgru.forward(net, x)
+    assert len(calls) > n + n // 2          # emptied: packed again
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=repr)
+def test_weights_changed_in_place_are_never_served_a_stale_pack(cell):
+    """An in-place update (an optimizer step) is seen by the very next call, forward and
+    backward, with no call to make."""
+    peep = getattr(cell, "peepholes", None)
+    kw = dict(proj_size=3) if cell.kind == "lstm" and not peep else {}
+    net = cgru.Network.random(cgru.Topology(4, 6, 1, **kw), np.float64, seed=3, cell=cell)
+    x = np.random.default_rng(4).standard_normal((5, 3, 4))
+    dy = np.random.default_rng(5).standard_normal(cgru.forward(net, x).y.shape)
+    before = cgru.forward(net, x).y
+    names = ["R", "W", "b_R"] + (["W_p"] if kw else []) + (["P"] if peep else [])
+    for name in names:
+        a = getattr(net[0], name)
+        a.reshape(-1)[1] += 0.25                      # in place: same array object
+        a.reshape(-1)[-1] -= 0.25                     # (a GRU's r/z and n blocks both)
+        got = _step(net, x, dy)
+        fresh = net.copy()
+        plan.release_memory()
+        want = _step(fresh, x, dy)
+        assert not np.array_equal(got[0], before), name
+        assert _same(got, want), name
+        before = got[0]
+
+
+def test_a_one_sign_change_is_seen_by_forward_and_refused_by_backward():
+    """The sign of one weight flipped in place (a crafted model used to keep the old hash's
+    digest, so the old pack was served and the old reserve accepted)."""
+    net = cgru.Network.random(cgru.Topology(4, 8, 2), np.float64, seed=6)
+    x = np.random.default_rng(7).standard_normal((6, 2, 4))
+    f = cgru.forward(net, x, training=True)
+    net[1].R[5, 3] = -net[1].R[5, 3]
+    want = reference.forward(net, x)[0]
+    np.testing.assert_allclose(cgru.forward(net, x).y, want, rtol=1e-12, atol=1e-13)
+    assert not np.allclose(cgru.forward(net, x).y, f.y, rtol=0, atol=1e-15)
+    with pytest.raises(ValueError, match="different params"):
+        cgru.backward(net, x, f.reserve, np.ones_like(f.y))
+
+
+def test_the_cache_proves_a_hit_by_the_bytes_alone(monkeypatch):
+    """With every fingerprint made equal (a perfect collision of any hash), the kept copies
+    still serve only the bytes they hold: the cache never consults a hash."""
+    monkeypatch.setattr(weights, "fingerprint", lambda a: b"\0" * 16)
+    net = cgru.Network.random(cgru.Topology(4, 8, 1), np.float64, seed=8)
+    x = np.random.default_rng(9).standard_normal((6, 2, 4))
+    cgru.forward(net, x)
+    net[0].R[1, 1] = -net[0].R[1, 1]
+    np.testing.assert_allclose(cgru.forward(net, x).y, reference.forward(net, x)[0],
+                               rtol=1e-12, atol=1e-13)
+
+
+def _race(monkeypatch, which):
+    """A weight update in place by another thread while a call's first layer runs (the test
+    probe holds the time loop at step 2 until the update is done)."""
+    topo = cgru.Topology(4, 8, 3)
+    net = cgru.Network.random(topo, np.float64, seed=10)
+    old = net.copy()
+    x = np.random.default_rng(11).standard_normal((6, 3, 4))
+    dy = np.random.default_rng(12).standard_normal((6, 3, 8))
+    want_old = _step(old, x, dy)               # what a fresh process computes
+    plan.release_memory()
+    f = cgru.forward(net, x, training=True) if which == "backward" else None
+
+    def update():
+        while loops.probe_state()["arrived"] < 1:
+            threading.Event().wait(0.001)
+        for lp in net:                         # every layer, the ones not reached yet too
+            for a in lp.arrays().values():
+                a *= 1.5
+        loops.probe_arrive()
+    loops.set_probe(step=2, action=2, needed=2, timeout=60)
+    t = threading.Thread(target=update)
+    t.start()
+    try:
+        if which == "forward":
+            racing = cgru.forward(net, x, training=True)
+            g = cgru.backward(old, x, racing.reserve, dy)   # the call used the old weights
+            racing_bits = _all_bits(racing, g)
+        else:
+            g = cgru.backward(net, x, f.reserve, dy)
+            racing_bits = _all_bits(f, g)
+    finally:
+        t.join()
+        loops.set_probe()
+    assert not loops.probe_state()["timed_out"]
+    return net, old, x, dy, want_old, racing_bits
+
+
+@pytest.mark.parametrize("which", ["forward", "backward"])
+def test_a_racing_update_never_poisons_a_later_call(monkeypatch, which):
+    net, old, x, dy, want_old, racing = _race(monkeypatch, which)
+    assert _same(racing, want_old)              # the call computed with its start's weights
+    for lp, lo in zip(net, old):               # the weights back to the old contents
+        for name, a in lp.arrays().items():
+            a[...] = lo.arrays()[name]
+    assert _same(_step(net, x, dy), want_old)  # race-free calls: a fresh process's bits
+
+
+def test_a_long_training_loop_keeps_one_entry_per_array():
+    """10,000 steps whose weights change in place every step: the cache holds one entry per
+    weight array and the same bytes at the end as after the first step."""
+    net = cgru.Network.random(cgru.Topology(2, 2, 2), np.float32, seed=13)
+    x = np.ones((1, 1, 2), np.float32)
+    dy = np.ones((1, 1, 2), np.float32)
+    arrays = sum(len(lp.arrays()) for lp in net)
+    seen = []
+    for step in range(10_000):
+        f = cgru.forward(net, x, training=True)
+        g = cgru.backward(net, x, f.reserve, dy)
+        for lp, dlp in zip(net, g.dparams):
+            for name, a in lp.arrays().items():
+                a -= np.float32(1e-4) * dlp.arrays()[name]
+        if step in (0, 9_999):
+            seen.append(weights.cached_entries())
+    assert seen[0] == seen[1] and seen[0][0] == arrays
+
+
+def test_the_cache_is_bounded_in_bytes(monkeypatch):
+    monkeypatch.setattr(weights, "CACHE_BYTES", 1 << 20)
+    x = np.ones((3, 2, 16))
+    nets = [cgru.Network.random(cgru.Topology(16, 64, 1), np.float64, seed=s) for s in range(12)]
+    for net in nets:                            # ~220 KiB of copies and packs each
+        cgru.forward(net, x)
+    n, nbytes = weights.cached_entries()
+    assert 0 < nbytes <= 1 << 20 and n < 12 * 4
+    frozen = weights.freeze(nets[0])
+    assert all(not k.array.flags.writeable for layer in frozen.kept for k in layer.values())
+
+
+def test_threads_sharing_the_cache_get_their_own_weights_bits():
+    """Calls from several threads at once, each with its own weights (and two with equal
+    weights in different arrays), give the bits of the same calls made one after the other."""
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((7, 3, 4))
+    nets = [cgru.Network.random(cgru.Topology(4, 6, 2), np.float64, seed=s % 3, cell=cell)
+            for s, cell in enumerate([cgru.GRUCell(), cgru.LSTMCell(), cgru.RNNCell()] * 2)]
+    dy = np.ones((7, 3, 6))
+    want = [_step(net, x, dy) for net in nets]
+    plan.release_memory()
+    got, errors = [None] * len(nets), []
+
+    def worker(i):
+        try:
+            for _ in range(5):
+                got[i] = _step(nets[i], x, dy)
+        except Exception as exc:      # pragma: no cover - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(nets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert all(_same(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("cell", [cgru.GRUCell(), cgru.LSTMCell(peepholes="ifgo")], ids=repr)
+def test_a_stream_is_a_snapshot_of_every_array(cell):
+    """In-place changes after the stream was made — the GRU's recurrent candidate bias and an
+    LSTM's peepholes included, which it used to keep as views — are not seen until
+    ``refresh()``."""
+    net = cgru.Network.random(cgru.Topology(4, 6, 2), np.float64, seed=15, cell=cell)
+    x = np.random.default_rng(16).standard_normal((3, 2, 4))
+    stream = cgru.Stream(net)
+    want, _ = stream.step(x)
+    for lp in net:
+        for a in lp.arrays().values():
+            a += 0.5
+    got, _ = stream.step(x)
+    np.testing.assert_array_equal(got, want)
+    stream.refresh()
+    np.testing.assert_allclose(stream.step(x)[0], cgru.forward(net, x).y, rtol=1e-12,
+                               atol=1e-13)
