@@ -11,6 +11,9 @@
 4. The BLAS thread count cgru sets is process-global state: overlapping calls must leave it
    as they found it.
 """
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -150,28 +153,64 @@ class _nothing:
         return False
 
 
-def test_blas_is_single_threaded_inside_calls_from_any_thread():
+def test_blas_is_single_threaded_inside_cgrus_gemms_from_any_thread(monkeypatch):
     """Inside a call made from a thread that is not threadpoolctl's "controlling" thread, the
-    BLAS cgru uses runs at one thread (observed from inside the GEMM step)."""
-    from cgru._kernels import threads as kthreads
+    BLAS cgru uses runs at one thread (observed from inside every whole-sequence GEMM)."""
+    from cgru._kernels import blas as kblas, threads as kthreads
     if kthreads.blas_control()[0] != "openblas":
         pytest.skip("cgru holds this BLAS through threadpoolctl (best effort)")
     seen = []
-    real = engine._layer_gradients
+    real = kblas.gemm_blocks
 
     def spy(*args, **kw):
         seen.append(kthreads.blas_control()[2])
         return real(*args, **kw)
+    monkeypatch.setattr(kblas, "gemm_blocks", spy)
     prob = _big_problem(0)
     with threadpool_limits(limits=2, user_api="blas"):
-        engine._layer_gradients = spy
-        try:
-            t = threading.Thread(target=_big_call, args=(prob,))
-            t.start()
-            t.join()
-        finally:
-            engine._layer_gradients = real
-    assert seen and set(seen) == {1}, seen
+        t = threading.Thread(target=_big_call, args=(prob,))
+        t.start()
+        t.join()
+    assert len(seen) >= 4 and set(seen) == {1}, seen
+
+
+def test_blas_keeps_the_process_count_during_the_time_loops(rendezvous):
+    """Outside cgru's GEMM blocks — during a time loop — other threads' BLAS keeps the count the
+    process chose (it used to be held at one thread for the whole call)."""
+    from cgru._kernels import threads as kthreads
+    if kthreads.blas_control()[0] != "openblas":
+        pytest.skip("cgru holds this BLAS through threadpoolctl (best effort)")
+    params, x, _ = _big_problem(3)
+    seen = []
+    rendezvous.set_probe(5, action=2, needed=2, timeout=30.0)
+
+    def other_thread():
+        while rendezvous.probe_state()["arrived"] < 1:   # the loop is inside step 5
+            time.sleep(0.001)
+        seen.append(kthreads.blas_control()[2])
+        rendezvous.probe_arrive()
+    with threadpool_limits(limits=2, user_api="blas"):
+        t = threading.Thread(target=other_thread, daemon=True)
+        t.start()
+        cgru.forward(params, x, num_threads=1)
+        t.join(30)
+    assert not rendezvous.probe_state()["timed_out"]
+    assert seen == [2]
+
+
+def test_a_count_set_by_another_thread_during_a_gemm_stands():
+    """A BLAS thread count another thread sets while cgru's GEMM blocks run is not overwritten
+    when they end (cgru restores its saved count only if the count is still its own 1)."""
+    from cgru._kernels import threads as _threads
+    if _threads.blas_control()[0] != "openblas":
+        pytest.skip("cgru holds this BLAS through threadpoolctl (best effort)")
+    with threadpool_limits(limits=2, user_api="blas"):
+        window = _threads.blas_single_threaded()
+        window.__enter__()
+        assert _threads.blas_control()[2] == 1
+        with threadpool_limits(limits=3, user_api="blas"):     # "another thread" sets 3
+            window.__exit__(None, None, None)
+            assert _threads.blas_control()[2] == 3
 
 
 # --- GIL release and concurrency, by rendezvous ---------------------------------------------------
@@ -253,3 +292,29 @@ def test_overlapping_calls_restore_the_blas_thread_count():
         b.__exit__(None, None, None)
         after = _threads.blas_control()[2]
     assert (before, inside_a, inside_b, after) == (3, 1, 1, 3)
+
+
+def test_num_threads_beyond_the_usable_cores_is_capped():
+    """A call asking for more threads than the process may use gets the usable cores (more
+    would only take turns on them: team loops ran 2.5–6.5× slower), and no workers beyond them
+    are made; ``None`` and negative counts are unchanged.  In a fresh process, so that the
+    pool's size is this call's doing."""
+    code = textwrap.dedent("""
+        import os, numpy as np, cgru
+        from cgru._kernels import threads
+        cores = len(os.sched_getaffinity(0))
+        assert threads.resolve_num_threads(256) == cores
+        assert threads.resolve_num_threads(cores) == cores
+        assert threads.resolve_num_threads(1) == 1
+        assert threads.resolve_num_threads(-1) == cores
+        net = cgru.Network.random(cgru.Topology(16, 64), np.float32, seed=1)
+        x = np.ones((50, 64, 16), np.float32)
+        want = cgru.forward(net, x, num_threads=1).y
+        got = cgru.forward(net, x, num_threads=256).y
+        assert np.array_equal(got, want)
+        assert threads.pool_size() <= cores - 1, (threads.pool_size(), cores)
+        print("OK")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "OK", res.stderr

@@ -5,9 +5,26 @@ matrix ``Cᵀ``.  So row-major ``C = op(A)·op(B)`` is computed as Fortran
 ``Cᵀ = op(B)ᵀ·op(A)ᵀ``: pass B first, then A, swap m and n, keep each operand's own flag.
 """
 from cython cimport floating
-from cgru._kernels.threads cimport item_fn, parallel_for
+from cpython.exc cimport PyErr_CheckSignals
+from cpython.ref cimport PyObject
+from cgru._kernels.threads cimport is_worker, item_fn, parallel_for, poll_fn, wtime
+import threading
+
 import numpy as np
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
+
+cdef extern from *:
+    """
+    #include <signal.h>
+    static inline int cgru_gload(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void cgru_gstore(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    static inline int cgru_gadd(int *p, int v) { return __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
+    """
+    int cgru_gload(const int *p) noexcept nogil
+    void cgru_gstore(int *p, int v) noexcept nogil
+    int cgru_gadd(int *p, int v) noexcept nogil
+    int raise_signal "raise"(int sig) noexcept nogil
+    int SIGINT
 
 
 cdef void gemm(bint trans_a, bint trans_b, int m, int n, int k, floating alpha,
@@ -105,42 +122,138 @@ def gemm_rm(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
 
 
 # --- whole-sequence GEMMs as blocks on cgru's threads ---------------------------------------
+# Each block runs as sub-chunks of at most about CHUNK_FLOPS flops (one BLAS call each), so that
+# a signal handler (Ctrl-C) is run and stops the product within one sub-chunk: the calling
+# thread runs Python's signal handlers between its sub-chunks (main-thread calls only) and
+# while it waits, every POLL_SECONDS; an exception stops every block at its next sub-chunk.
+cdef double CHUNK_FLOPS = <double>(1 << 27)
+cdef double POLL_SECONDS = 0.05
+cdef int MIN_CHUNK_ROWS = 64
+
+# Test probe: raise SIGINT before sub-chunk `at` (counted over the call), and count them.
+cdef int _probe_at = -1
+cdef int _probe_chunks = 0
+cdef int _probe_poll_now = 0
+
+
+def gemm_chunk_flops(value=None):
+    """The flops per sub-chunk of the whole-sequence GEMMs (``value``: set it, for tests);
+    returns the previous value."""
+    global CHUNK_FLOPS
+    old = CHUNK_FLOPS
+    if value is not None:
+        CHUNK_FLOPS = float(value)
+    return old
+
+
+def gemm_probe(int at=-1):
+    """Arm (``at`` ≥ 0) or disarm (-1) the GEMM test probe: SIGINT is raised as the sub-chunk
+    numbered ``at`` of the next products starts; resets the count."""
+    global _probe_at, _probe_chunks, _probe_poll_now
+    _probe_at, _probe_chunks, _probe_poll_now = at, 0, 0
+
+
+def gemm_probe_chunks():
+    """How many sub-chunks started since the probe was armed."""
+    return cgru_gload(&_probe_chunks)
+
+
 cdef struct GemmJob:
     bint trans_a
     bint trans_b
-    int m, n, k, lda, ldb, ldc, n_blocks
+    int m, n, k, lda, ldb, ldc, n_blocks, chunk
     double alpha, beta
     const void *A
     const void *B
     void *C
     void *partial           # [n_blocks − 1, m, n] partial sums of the k-split (trans_a)
+    int abort               # set when a signal handler raised: every block stops
+    bint poll               # a main-thread call: its thread runs the signal handlers
+    double next_poll
+    PyObject *errors        # list: what the signal handlers raised
 
 
-cdef inline void gemm_block(const floating *sample, const GemmJob *J, int blk) noexcept nogil:
+cdef void gemm_poll(void *ctx) noexcept nogil:
+    """On the calling thread of a main-thread call: run Python's signal handlers every
+    POLL_SECONDS (at once after the probe fired); an exception is kept and stops the GEMM."""
+    cdef GemmJob *J = <GemmJob *>ctx
+    cdef double now
+    if not J.poll or is_worker() or cgru_gload(&J.abort):
+        return
+    now = wtime()
+    if now < J.next_poll and not cgru_gload(&_probe_poll_now):
+        return
+    J.next_poll = now + POLL_SECONDS
+    cgru_gstore(&_probe_poll_now, 0)
+    with gil:
+        try:
+            PyErr_CheckSignals()
+        except BaseException as e:
+            (<list>J.errors).append(e)
+            cgru_gstore(&J.abort, 1)
+
+
+cdef bint chunk_start(GemmJob *J) noexcept nogil:
+    """Before a sub-chunk: False when the GEMM must stop."""
+    cdef int c
+    if cgru_gload(&J.abort):
+        return False
+    cdef double until
+    if _probe_at >= 0:
+        c = cgru_gadd(&_probe_chunks, 1) - 1
+        if c == _probe_at:
+            # as Ctrl-C would: the signal, then the poll that notices it — on a worker, wait
+            # (bounded) until the caller has polled, so that where the product stops does not
+            # depend on scheduling
+            raise_signal(SIGINT)
+            cgru_gstore(&_probe_poll_now, 1)
+            if is_worker():
+                until = wtime() + 60.0
+                while not cgru_gload(&J.abort) and wtime() < until:
+                    pass
+    gemm_poll(J)
+    return not cgru_gload(&J.abort)
+
+
+cdef inline void gemm_block(const floating *sample, GemmJob *J, int blk) noexcept nogil:
     cdef const floating *pa = <const floating *>J.A
     cdef const floating *pb = <const floating *>J.B
     cdef floating *pc = <floating *>J.C
     cdef floating *pp = <floating *>J.partial
-    cdef int i0, i1
+    cdef int i0, i1, s0, s1
+    cdef floating beta
     if not J.trans_a:
         i0 = <int>((<long long>blk * J.m) // J.n_blocks)
         i1 = <int>((<long long>(blk + 1) * J.m) // J.n_blocks)
-        # C[i0:i1] = op(A)[i0:i1] · op(B)  (A's rows i0:i1)
-        gemm(False, J.trans_b, i1 - i0, J.n, J.k, <floating>J.alpha,
-             pa + <Py_ssize_t>i0 * J.lda, J.lda, pb, J.ldb, <floating>J.beta,
-             pc + <Py_ssize_t>i0 * J.ldc, J.ldc)
+        s0 = i0
+        while s0 < i1:
+            s1 = min(i1, s0 + J.chunk)
+            if not chunk_start(J):
+                return
+            # C[s0:s1] = op(A)[s0:s1] · op(B)  (A's rows s0:s1)
+            gemm(False, J.trans_b, s1 - s0, J.n, J.k, <floating>J.alpha,
+                 pa + <Py_ssize_t>s0 * J.lda, J.lda, pb, J.ldb, <floating>J.beta,
+                 pc + <Py_ssize_t>s0 * J.ldc, J.ldc)
+            s0 = s1
         return
     i0 = <int>((<long long>blk * J.k) // J.n_blocks)
     i1 = <int>((<long long>(blk + 1) * J.k) // J.n_blocks)
-    # C (+)= A[i0:i1]ᵀ · op(B)[i0:i1]: block 0 into C, block b into partial[b−1]
-    if blk == 0:
-        gemm(True, J.trans_b, J.m, J.n, i1 - i0, <floating>J.alpha, pa, J.lda,
-             pb, J.ldb, <floating>J.beta, pc, J.ldc)
-    else:
-        gemm(True, J.trans_b, J.m, J.n, i1 - i0, <floating>J.alpha,
-             pa + <Py_ssize_t>i0 * J.lda, J.lda,
-             pb + (i0 if J.trans_b else <Py_ssize_t>i0 * J.ldb), J.ldb, <floating>0,
-             pp + <Py_ssize_t>(blk - 1) * J.m * J.n, J.n)
+    # C (+)= A[i0:i1]ᵀ · op(B)[i0:i1]: block 0 into C, block b into partial[b−1], each as
+    # sub-chunks of the inner dimension added up in order
+    if blk > 0:
+        pc = pp + <Py_ssize_t>(blk - 1) * J.m * J.n
+    beta = <floating>J.beta if blk == 0 else 0
+    s0 = i0
+    while s0 < i1:
+        s1 = min(i1, s0 + J.chunk)
+        if not chunk_start(J):
+            return
+        gemm(True, J.trans_b, J.m, J.n, s1 - s0, <floating>J.alpha,
+             pa + <Py_ssize_t>s0 * J.lda, J.lda,
+             pb + (s0 if J.trans_b else <Py_ssize_t>s0 * J.ldb), J.ldb, beta,
+             pc, J.ldc if blk == 0 else J.n)
+        beta = 1
+        s0 = s1
 
 
 cdef inline void sum_partials(const floating *sample, const GemmJob *J, int part) noexcept nogil:
@@ -157,11 +270,11 @@ cdef inline void sum_partials(const floating *sample, const GemmJob *J, int part
 
 
 cdef void gemm_item_f(void *ctx, int blk) noexcept nogil:
-    gemm_block(<const float *>NULL, <const GemmJob *>ctx, blk)
+    gemm_block(<const float *>NULL, <GemmJob *>ctx, blk)
 
 
 cdef void gemm_item_d(void *ctx, int blk) noexcept nogil:
-    gemm_block(<const double *>NULL, <const GemmJob *>ctx, blk)
+    gemm_block(<const double *>NULL, <GemmJob *>ctx, blk)
 
 
 cdef void sum_item_f(void *ctx, int part) noexcept nogil:
@@ -175,19 +288,23 @@ cdef void sum_item_d(void *ctx, int part) noexcept nogil:
 def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
                 const floating[:, :] B, double beta, floating[:, :] C, int n_blocks,
                 int num_threads):
-    """``gemm_rm`` as ``n_blocks`` single-threaded BLAS calls spread over ``num_threads``
-    of cgru's pool threads.
+    """``gemm_rm`` as ``n_blocks`` blocks of single-threaded BLAS calls spread over
+    ``num_threads`` of cgru's pool threads.
 
     Without ``trans_a`` the rows of C are split (each block re-packs only B, the weights).
     With ``trans_a`` — ``C[m, n] = Aᵀ·op(B)`` with a long inner dimension k, the weight
     gradients — k is split instead: block 0 accumulates into C, the others into scratch
-    partial sums added to C afterwards in block order; so every operand is packed once.
-    The split depends on ``n_blocks`` only (never on the thread count), so the result does not
-    depend on ``num_threads``; and BLAS's own thread pool stays idle, so it cannot fight with
-    the pool threads of the time loops.  BLAS must be held at one thread around this call
-    (``cgru._kernels.threads.blas_single_threaded``; the engine does it).
+    partial sums added to C afterwards in block order.  Each block runs as sub-chunks of at most
+    about ``gemm_chunk_flops()`` flops (rows of C, or a stretch of k added up in order), and a
+    main-thread call runs Python's signal handlers between them: Ctrl-C stops the product
+    within a sub-chunk (``KeyboardInterrupt``, C left partly written).  The split depends on
+    ``n_blocks`` and the shapes only (never on the thread count), so the result does not
+    depend on ``num_threads``; BLAS's own thread pool stays idle, so it cannot fight with the
+    pool threads of the time loops.  BLAS must be held at one thread around this call
+    (``cgru._kernels.threads.blas_single_threaded``; ``cgru.core.plan.gemm`` does it).
     """
     cdef GemmJob J
+    cdef double per
     J.m, J.n, J.k, J.lda, J.ldb, J.ldc = _operands("gemm_blocks", trans_a, trans_b, A, B, C,
                                                    sizeof(floating))
     if J.m == 0 or J.n == 0:
@@ -198,6 +315,14 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     J.C = &C[0, 0]
     J.partial = NULL
     J.n_blocks = max(1, min(n_blocks, J.k if trans_a else J.m))
+    # sub-chunks: rows of C (each 2·n·k flops) or a stretch of k (each step 2·m·n flops)
+    per = 2.0 * J.n * (J.m if trans_a else J.k)
+    J.chunk = max(MIN_CHUNK_ROWS, <int>min(<double>(1 << 30), CHUNK_FLOPS / max(per, 1.0)))
+    J.abort = 0
+    J.poll = threading.current_thread() is threading.main_thread()
+    J.next_poll = wtime() + POLL_SECONDS
+    errors = []
+    J.errors = <PyObject *>errors
     num_threads = max(1, min(num_threads, J.n_blocks))
     cdef floating[:, :, ::1] partial
     if trans_a and J.n_blocks > 1:
@@ -207,6 +332,8 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     cdef item_fn item = gemm_item_f if floating is float else gemm_item_d
     cdef item_fn summ = sum_item_f if floating is float else sum_item_d
     with nogil:
-        parallel_for(J.n_blocks, num_threads, item, &J, NULL, NULL)
-        if J.partial != NULL:
+        parallel_for(J.n_blocks, num_threads, item, &J, gemm_poll, &J)
+        if J.partial != NULL and not cgru_gload(&J.abort):
             parallel_for(J.n_blocks, num_threads, summ, &J, NULL, NULL)
+    if errors:
+        raise errors[0]

@@ -10,14 +10,19 @@
   calls on the pool's threads, so that BLAS's own threads neither fight the pool for the cores
   nor split a product differently from one call to the next (which changes the last bits).
   ``blas_single_threaded()`` holds the BLAS that ``scipy.linalg.cython_blas`` calls at one
-  thread for as long as any cgru call is inside it, from whichever thread, and then restores
-  the count it found.  For OpenBLAS (SciPy's wheels) cgru sets the library's process-wide
-  thread count itself, through the library's own ``openblas_set_num_threads``; for other BLAS
-  libraries it asks threadpoolctl (best effort: see ``blas_control()``).
+  thread while any of cgru's GEMM blocks run (not during the time loops, which use cgru's own
+  GEMM), from whichever thread, and then restores the count it found — or leaves a count
+  another thread set meanwhile.  SciPy's OpenBLAS (a pthreads build) has only a process-wide
+  thread count (its ``openblas_set_num_threads_local`` sets the same global), so while cgru's
+  GEMM blocks run, other threads' BLAS calls run single-threaded too; cgru sets it through the
+  library's own ``openblas_set_num_threads``.  For other BLAS libraries it asks threadpoolctl
+  (best effort: see ``blas_control()``).  The binding is made when this module is imported,
+  so a process's first cgru call does no lazy set-up that a fork could interrupt.
 """
 import os
 import threading
 
+from scipy.linalg import cython_blas as _cython_blas
 from cpython.pycapsule cimport PyCapsule_GetName, PyCapsule_GetPointer
 
 cdef extern from "pool.h" nogil:
@@ -96,22 +101,29 @@ cdef extern from *:
         return 1;
     }
 
+    /* Entering a window of cgru's GEMM blocks: the first one in saves the count and sets 1.
+     * A later one that finds a count other than 1 (another thread set it meanwhile) takes that
+     * as the count to restore.  The last one out restores it, unless the count is no longer
+     * the 1 cgru set (then another thread's later choice stands). */
     static void cgru_blas_enter(void) {
         if (cgru_blas_set == NULL) return;
         pthread_mutex_lock(&cgru_blas_lock);
+        int now = cgru_blas_get();
         if (cgru_blas_depth++ == 0) {
-            int now = cgru_blas_get();
             cgru_blas_saved = cgru_blas_child_restore >= 0 ? cgru_blas_child_restore : now;
             cgru_blas_child_restore = -1;
-            if (now != 1) cgru_blas_set(1);
+        } else if (now != 1) {
+            cgru_blas_saved = now;
         }
+        if (now != 1) cgru_blas_set(1);
         pthread_mutex_unlock(&cgru_blas_lock);
     }
 
     static void cgru_blas_exit(void) {
         if (cgru_blas_set == NULL) return;
         pthread_mutex_lock(&cgru_blas_lock);
-        if (--cgru_blas_depth == 0 && cgru_blas_saved != 1 && cgru_blas_saved > 0)
+        if (--cgru_blas_depth == 0 && cgru_blas_saved != 1 && cgru_blas_saved > 0
+                && cgru_blas_get() == 1)
             cgru_blas_set(cgru_blas_saved);
         pthread_mutex_unlock(&cgru_blas_lock);
     }
@@ -186,10 +198,10 @@ def resolve_num_threads(num_threads=None):
     """The thread count a call uses.
 
     ``None`` means every usable core (the process's CPU affinity), capped by
-    ``OMP_NUM_THREADS`` when it is set; a positive int is taken as is (at most
-    ``MAX_THREADS``); a negative int ``-k`` means "all usable cores but k-1" (as in
-    scikit-learn).  ``0`` is an error.  The count changes only which threads do the work,
-    never the results.
+    ``OMP_NUM_THREADS`` when it is set; a positive int asks for that many threads (at most
+    ``MAX_THREADS``) and gets at most the usable cores (more would only take turns on them);
+    a negative int ``-k`` means "all usable cores but k-1" (as in scikit-learn).  ``0`` is an
+    error.  The count changes only which threads do the work, never the results.
     """
     if num_threads is None:
         n = _usable_cores()
@@ -205,8 +217,8 @@ def resolve_num_threads(num_threads=None):
         raise ValueError(f"num_threads: expected at most {MAX_THREADS} threads (or -k for all "
                          f"usable cores but k-1), got {n}")
     if n < 0:
-        n = max(1, _usable_cores() + 1 + n)
-    return n
+        return max(1, _usable_cores() + 1 + n)
+    return min(n, _usable_cores())
 
 
 # --- BLAS at one thread ----------------------------------------------------------------------
@@ -217,12 +229,13 @@ _tpc_state = {"depth": 0, "saved": []}
 
 
 def _bind():
+    """How cgru holds its BLAS at one thread: ``"openblas"`` (found at import) or, for another
+    BLAS, ``"threadpoolctl"`` (its controllers made on the first call)."""
     global _bound, _tpc_libs
     with _bind_lock:
         if _bound is not None:
             return _bound
-        from scipy.linalg import cython_blas
-        cap = cython_blas.__pyx_capi__["sgemm"]
+        cap = _cython_blas.__pyx_capi__["sgemm"]
         if cgru_blas_bind(PyCapsule_GetPointer(cap, PyCapsule_GetName(cap))):
             _bound = "openblas"
         else:
@@ -230,6 +243,26 @@ def _bind():
             _tpc_libs = ThreadpoolController().select(user_api="blas").lib_controllers
             _bound = "threadpoolctl"
         return _bound
+
+
+def _bind_openblas():
+    """At import: bind OpenBLAS when it is SciPy's BLAS (cheap: a few symbol lookups); another
+    BLAS is bound on the first call (``_bind``)."""
+    global _bound
+    cap = _cython_blas.__pyx_capi__["sgemm"]
+    if cgru_blas_bind(PyCapsule_GetPointer(cap, PyCapsule_GetName(cap))):
+        _bound = "openblas"
+
+
+def _fresh_bind_lock():
+    """In a forked child: a new lock (a thread of the parent may have held it at the fork)."""
+    global _bind_lock
+    _bind_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_bind_lock)
+_bind_openblas()
 
 
 class blas_single_threaded:
