@@ -40,7 +40,10 @@ requiring grad) it runs ``training=False`` and keeps nothing — unless dropout 
 (module in training mode, ``num_layers > 1``, ``dropout > 0``), which needs cgru's training
 forward.  The dropout masks are cgru's (``cgru.dropout_masks``), seeded by two int64 drawn
 from torch's default generator, so ``torch.manual_seed`` makes runs reproducible; they differ
-from torch's own masks.  Double backward is not supported (``once_differentiable``).
+from torch's own masks.  Double backward is not supported: a backward with
+``create_graph=True`` through a cgru module (a gradient penalty, a Hessian-vector product,
+``torch.func.grad``) raises ``RuntimeError`` saying so — it never returns a gradient that
+silently leaves the second-order terms out.
 
 Errors name the argument: ``TypeError`` for a wrong type or dtype (float16, bfloat16,
 integers, an input whose dtype differs from the weights'), ``ValueError`` for a tensor on
@@ -57,9 +60,10 @@ except ImportError as exc:                                   # pragma: no cover
     raise ImportError("cgru.torch needs PyTorch (torch >= 2.1): pip install torch, or "
                       "pip install 'cgru[torch]'") from exc
 
+import weakref
+
 import numpy as np
 from torch import nn
-from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence
 
 import cgru
@@ -70,6 +74,7 @@ __all__ = ["GRU", "LSTM", "RNN", "swap"]
 _SLOTS = (("W", "weight_ih"), ("R", "weight_hh"), ("b_W", "bias_ih"), ("b_R", "bias_hh"),
           ("W_p", "weight_hr"))
 _FLOATS = (torch.float32, torch.float64)
+_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 
 
 # --- checks --------------------------------------------------------------------------------
@@ -113,6 +118,26 @@ def _numpy(t):
     return None if t is None else t.detach().numpy()
 
 
+_WEIGHT_VIEWS = {}      # id(parameter) -> (weak reference to it, its NumPy view)
+
+
+def _weight_numpy(t):
+    """A NumPy view of a weight tensor, the same view object on every call while the tensor's
+    storage, shape and strides stay put — so that cgru's kept copy of the weights (found by the
+    owner of their memory) is found again; the view is dropped with the tensor."""
+    entry = _WEIGHT_VIEWS.get(id(t))
+    if entry is not None and entry[0]() is t:
+        view = entry[1]
+        if (view.ctypes.data == t.data_ptr() and view.shape == tuple(t.shape)
+                and view.strides == tuple(s * t.element_size() for s in t.stride())
+                and view.dtype == _NUMPY_DTYPES.get(t.dtype)):
+            return view
+    view = t.detach().numpy()
+    key = id(t)
+    _WEIGHT_VIEWS[key] = (weakref.ref(t, lambda _, k=key: _WEIGHT_VIEWS.pop(k, None)), view)
+    return view
+
+
 def _tensor(a):
     return None if a is None else torch.from_numpy(a)
 
@@ -154,7 +179,7 @@ class _Call:
     def lstm(self):
         return self.cell.has_cell_state
 
-    def network(self, tensors, fill):
+    def network(self, tensors, fill, view=_weight_numpy):
         """A ``cgru.Network`` of NumPy views of ``tensors`` (in ``self.names`` order); a slot
         without a tensor (no bias, or ``None``) gets ``fill(shape, dtype)``."""
         by_name = dict(zip(self.names, tensors))
@@ -167,7 +192,7 @@ class _Call:
             for slot, prefix in _SLOTS:
                 if slot in shapes:
                     t = by_name.get(prefix + suffix)
-                    arrays[slot] = fill(shapes[slot], self.dtype) if t is None else _numpy(t)
+                    arrays[slot] = fill(shapes[slot], self.dtype) if t is None else view(t)
             layers.append(cgru.LayerParams(**arrays))
         return cgru.Network(self.topology, layers, self.cell)
 
@@ -184,11 +209,18 @@ class _Call:
         """``(dx, dh0, dc0, [dweight or None])``: cgru's backward; the gradients of the
         weights in ``need_weights`` are written into new tensors through NumPy views."""
         grads = [torch.empty_like(w) if need else None for w, need in zip(weights, need_weights)]
-        dparams = self.network(grads, np.empty) if any(need_weights) else None
+        dparams = self.network(grads, np.empty, _numpy) if any(need_weights) else None
         g = cgru.backward(self.network(weights, np.zeros), _numpy(x), reserve, _numpy(dy),
                           _numpy(dhy), dcy=_numpy(dcy), batch_major=self.batch_major,
                           dparams=dparams, num_threads=self.num_threads)
         return _tensor(g.dx), _tensor(g.dh0), _tensor(g.dc0), grads
+
+
+_NO_DOUBLE_BACKWARD = (
+    "cgru.torch: double backward is not supported — this backward runs with create_graph=True "
+    "(a gradient penalty, a Hessian-vector product, torch.func.grad), and cgru's backward is "
+    "not itself differentiable; use torch.nn's own module for second-order terms, or compute "
+    "the gradient without create_graph=True")
 
 
 class _Recurrent(torch.autograd.Function):
@@ -204,8 +236,9 @@ class _Recurrent(torch.autograd.Function):
         return outs
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy, dhy, dcy=None):
+        if torch.is_grad_enabled():
+            raise RuntimeError(_NO_DOUBLE_BACKWARD)
         x, *weights = ctx.saved_tensors
         need = ctx.needs_input_grad              # (call, x, h0, c0, *weights)
         dx, dh0, dc0, dweights = ctx.call.backward(x, weights, ctx.reserve, dy, dhy, dcy,

@@ -1023,13 +1023,40 @@ def test_torch_lstm_and_rnn_modules_outputs_and_gradients(mode, proj, L, bidirec
         np.testing.assert_allclose(dsd[name], p.grad.numpy(), **tol, err_msg=name)
 
 
+def test_from_torch_takes_the_module_itself():
+    """The module knows what its state_dict does not: an nn.RNN's nonlinearity."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    x = _rng(2).standard_normal((5, 2, 3)).astype(np.float32)
+    for m, cell in [(torch.nn.RNN(3, 4, nonlinearity="relu"), RNN_RELU),
+                    (torch.nn.RNN(3, 4, 2, bidirectional=True), RNN_TANH),
+                    (torch.nn.GRU(3, 4), cgru.Cell()),
+                    (torch.nn.LSTM(3, 4, proj_size=2), LSTM)]:
+        net = convert.from_torch(m)
+        assert net.cell == cell
+        with torch.no_grad():
+            want = m(torch.from_numpy(x))[0].numpy()
+        np.testing.assert_allclose(cgru.forward(net, x).y, want, rtol=1e-5, atol=1e-6)
+    relu = torch.nn.RNN(3, 4, nonlinearity="relu")
+    assert convert.from_torch(relu, mode="rnn_relu").cell == RNN_RELU
+    with pytest.raises(ValueError, match=r"mode='rnn_tanh' contradicts the module's own mode "
+                                         r"'rnn_relu'"):
+        convert.from_torch(relu, mode="rnn_tanh")
+    with pytest.raises(TypeError, match=r"^state_dict: expected a torch.nn.GRU, nn.LSTM or "
+                                        r"nn.RNN module or a state_dict"):
+        convert.from_torch(torch.nn.Linear(3, 4))
+
+
 def test_from_torch_reads_the_kind_and_refuses_contradictions():
     H, I, u = 3, 2, lambda *s: _rng(1).uniform(-1, 1, s)
     sd = lambda G, S=H: {"weight_ih_l0": u(G * H, I), "weight_hh_l0": u(G * H, S),  # noqa: E731
                          "bias_ih_l0": u(G * H), "bias_hh_l0": u(G * H)}
     assert convert.from_torch(sd(3)).cell == cgru.Cell()
     assert convert.from_torch(sd(4)).cell == LSTM
-    assert convert.from_torch(sd(1)).cell == RNN_TANH                     # nn.RNN's default
+    with pytest.raises(ValueError, match=r"^nonlinearity: an nn.RNN state_dict does not record "
+                                         r"whether the RNN is tanh or relu"):
+        convert.from_torch(sd(1))                  # read as tanh, a relu RNN was 0.76 off
+    assert convert.from_torch(sd(1), nonlinearity="tanh").cell == RNN_TANH
     assert convert.from_torch(sd(1), nonlinearity="relu").cell == RNN_RELU
     assert convert.from_torch(sd(1), mode=b"rnn_relu").cell == RNN_RELU
     proj = dict(sd(4, 2), weight_hr_l0=u(2, H))

@@ -135,20 +135,36 @@ def _cell(mode, nonlinearity, G, R_shape, projection):
     by_mode = None if mode is None else mode[4:]
     if by_mode is not None and nonlinearity is not None and by_mode != nonlinearity:
         raise ValueError(f"nonlinearity={nonlinearity!r} contradicts mode={mode!r}")
-    return RNNCell(by_mode or nonlinearity or "tanh")
+    if by_mode is None and nonlinearity is None:
+        raise ValueError("nonlinearity: an nn.RNN state_dict does not record whether the RNN is "
+                         "tanh or relu; pass nonlinearity='tanh' or 'relu' (or "
+                         "mode='rnn_tanh' / 'rnn_relu'), or the module itself "
+                         "(cgru.convert.from_torch(rnn))")
+    return RNNCell(by_mode or nonlinearity)
 
 
 def from_torch(state_dict, *, mode=None, nonlinearity=None):
     """A ``cgru.Network`` (the module's cell) from a ``torch.nn.GRU`` / ``nn.LSTM`` /
-    ``nn.RNN`` ``state_dict`` (NumPy arrays or tensors).
+    ``nn.RNN`` module itself or its ``state_dict`` (NumPy arrays or tensors).
 
     The kind is read from the shapes: ``weight_hr_l0`` present → ``nn.LSTM`` with a
     projection; else ``weight_hh_l0`` ``[G·H, H]`` gives ``G`` = 3 (GRU), 4 (LSTM), 1 (RNN).
-    ``mode`` ("gru", "lstm", "rnn_tanh", "rnn_relu"; ``str`` or ``bytes``) confirms it and
-    gives an ``nn.RNN``'s nonlinearity, as does ``nonlinearity`` ("tanh", "relu"; ``None``:
-    tanh, ``nn.RNN``'s default — the state_dict does not record it); a contradiction is
-    refused.  The number of layers, directions, the projection and the presence of biases are
-    read from the keys."""
+    ``mode`` ("gru", "lstm", "rnn_tanh", "rnn_relu"; ``str`` or ``bytes``) confirms it; given a
+    module, its own ``mode`` is used.  An ``nn.RNN``'s nonlinearity is not in its state_dict:
+    pass the module, or ``nonlinearity`` ("tanh", "relu") or ``mode`` ("rnn_tanh",
+    "rnn_relu") with a state_dict of an RNN, else ``ValueError`` (a relu RNN read as tanh would
+    compute another function).  A contradiction is refused.  The number of layers, directions,
+    the projection and the presence of biases are read from the keys."""
+    if callable(getattr(state_dict, "state_dict", None)):      # the module itself
+        module = state_dict
+        own = getattr(module, "mode", None)
+        if not isinstance(own, str) or own.lower() not in MODES:
+            raise TypeError(f"state_dict: expected a torch.nn.GRU, nn.LSTM or nn.RNN module or "
+                            f"a state_dict (a mapping), got {type(module).__name__}")
+        if mode is not None and _rules.option(mode, "mode", tuple(MODES)) != own.lower():
+            raise ValueError(f"mode={mode!r} contradicts the module's own mode "
+                             f"{own.lower()!r}")
+        mode, state_dict = own.lower(), module.state_dict()
     found = _keys(state_dict)
     L = 1 + max(k[1] for k in found)
     D = 2 if any(k[2] for k in found) else 1
