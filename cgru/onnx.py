@@ -110,44 +110,124 @@ def _plan(op_type, W, R, B, P, D, direction, I, H, attrs):
 
 
 def _state(a, what, dtype, layout, D, N, H):
-    """An ``initial_h``/``initial_c`` as ``[D, N, H]`` (a view)."""
+    """An ``initial_h``/``initial_c`` as ``[D, N, H]`` (a view); ``N`` None: any batch size
+    (``X`` not known yet)."""
     if a is None:
         return None
     a = _float_array(a, what, dtype)
+    if N is None:
+        N = a.shape[1 - layout] if a.ndim == 3 else 1
     if layout:
         validate.named_shape(a, what, (N, D, H), ("N", "D", "H"))
         return a.transpose(1, 0, 2)
     return validate.named_shape(a, what, (D, N, H), ("D", "N", "H"))
 
 
-def _operator(op_type, X, W, R, B, sequence_lens, initial_h, initial_c, P, *, hidden_size,
-              direction, layout, **attrs):
-    """One ONNX recurrent node: ``(Y, Y_h)`` or, for an LSTM, ``(Y, Y_h, Y_c)``."""
-    X = _float_array(X, "X")
-    dtype = X.dtype
-    _rules.option(layout, "layout", (0, 1))
-    direction = _rules.option(direction, "direction", onnx_system.DIRECTIONS)
-    D = 2 if direction == "bidirectional" else 1
-    x_layout = "[N, T, I]" if layout else "[T, N, I]"
-    if X.ndim != 3:
-        raise ValueError(f"X: expected a 3-D array {x_layout}, got shape {list(X.shape)}")
-    N, T = (X.shape[0], X.shape[1]) if layout else (X.shape[1], X.shape[0])
-    I = X.shape[2]
-    validate.input_sizes("X", X.shape, T, N, x_layout)
-    W, R, B, P, H, _ = _weights(op_type, W, R, B, P, D, hidden_size, dtype, I)
-    h0 = _state(initial_h, "initial_h", dtype, layout, D, N, H)
-    c0 = _state(initial_c, "initial_c", dtype, layout, D, N, H)
-    lengths = None if sequence_lens is None else \
-        validate.lengths(sequence_lens, T, N, "sequence_lens", "T")
-    runs = _plan(op_type, W, R, B, P, D, direction, I, H, attrs)
+def _static_lengths(sequence_lens, N):
+    """``sequence_lens`` checked before ``X`` is known (``T`` unknown): an integer array
+    ``[N]`` with no negative value, as int64 (its upper bound, ``T``, is checked at run
+    time)."""
+    validate.plain_array(sequence_lens, "sequence_lens")
+    if sequence_lens.dtype.kind not in "iu":
+        raise TypeError(f"sequence_lens: expected an integer array [N], got dtype "
+                        f"{sequence_lens.dtype}")
+    if sequence_lens.ndim != 1 or (N is not None and sequence_lens.shape != (N,)):
+        want = "[N]" if N is None else f"[N={N}]"
+        raise ValueError(f"sequence_lens: expected shape {want} (one length per batch entry), "
+                         f"got {list(sequence_lens.shape)}")
+    bad = np.flatnonzero(sequence_lens < 0)
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"sequence_lens: expected values ≥ 0 (and ≤ T, the length of X), got "
+                         f"sequence_lens[{b}] = {sequence_lens[b]}")
+    return sequence_lens.astype(np.int64)
 
+
+def _batch_size(X, layout, sequence_lens, initial_h, initial_c):
+    """``N``: from ``X`` when given, else from the first of ``sequence_lens``, ``initial_h``,
+    ``initial_c`` that fixes it (None when none does)."""
+    if X is not None:
+        return X.shape[0] if layout else X.shape[1]
+    if sequence_lens is not None and np.ndim(sequence_lens) == 1:
+        return np.shape(sequence_lens)[0]
+    for s in (initial_h, initial_c):
+        if isinstance(s, np.ndarray) and s.ndim == 3:
+            return s.shape[1 - layout]
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class _Checked:
+    """One node's inputs and attributes after every check (``_check_node``): the weights,
+    the states as ``[D, N, H]`` views, the lengths (int64, or None), the sizes (``T``, ``N``
+    None when ``X`` is not known) and the core calls (``_plan``)."""
+    layout: int
+    D: int
+    T: object
+    N: object
+    I: int
+    H: int
+    W: np.ndarray
+    R: np.ndarray
+    B: object
+    P: object
+    h0: object
+    c0: object
+    lengths: object
+    runs: list
+
+
+def _check_node(op_type, X, W, R, B, sequence_lens, initial_h, initial_c, P, attrs):
+    """Every check of one ONNX recurrent node, before any work — the single rule that both
+    the operators (``gru``, ``lstm``, ``rnn``, so ``run``) and ``recurrent_layers`` apply.
+
+    ``X`` may be None: the input is not known yet (``recurrent_layers`` on a model whose
+    ``X`` comes at run time); then ``I`` comes from ``W``, ``N`` from whichever of
+    ``sequence_lens``, ``initial_h``, ``initial_c`` is given, and ``sequence_lens`` is checked
+    against ``T`` later, at run time (here: integers ``≥ 0``).  ``attrs`` holds the node's
+    attributes by ONNX name (absent ones take the operator's defaults)."""
+    layout = _rules.option(attrs.get("layout", 0), "layout", (0, 1))
+    direction = _rules.option(attrs.get("direction", "forward"), "direction",
+                              onnx_system.DIRECTIONS)
+    D = 2 if direction == "bidirectional" else 1
+    T = I = dtype = None
+    if X is not None:
+        X = _float_array(X, "X")
+        dtype = X.dtype
+        x_layout = "[N, T, I]" if layout else "[T, N, I]"
+        if X.ndim != 3:
+            raise ValueError(f"X: expected a 3-D array {x_layout}, got shape {list(X.shape)}")
+        T, I = (X.shape[1] if layout else X.shape[0]), X.shape[2]
+        validate.input_sizes("X", X.shape, T, _batch_size(X, layout, None, None, None),
+                             x_layout)
+    W, R, B, P, H, I = _weights(op_type, W, R, B, P, D, attrs.get("hidden_size"), dtype, I)
+    N = _batch_size(X, layout, sequence_lens, initial_h, initial_c)
+    h0 = _state(initial_h, "initial_h", R.dtype, layout, D, N, H)
+    c0 = _state(initial_c, "initial_c", R.dtype, layout, D, N, H)
+    if sequence_lens is None:
+        lengths = None
+    elif T is None:
+        lengths = _static_lengths(sequence_lens, N)
+    else:
+        lengths = validate.lengths(sequence_lens, T, N, "sequence_lens", "T")
+    runs = _plan(op_type, W, R, B, P, D, direction, I, H, attrs)
+    return _Checked(layout, D, T, N, I, H, W, R, B, P, h0, c0, lengths, runs)
+
+
+def _operator(op_type, X, W, R, B, sequence_lens, initial_h, initial_c, P, **attrs):
+    """One ONNX recurrent node: ``(Y, Y_h)`` or, for an LSTM, ``(Y, Y_h, Y_c)``."""
+    if X is None:
+        raise TypeError("X: expected a numpy array [T, N, I], got None")
+    node = _check_node(op_type, X, W, R, B, sequence_lens, initial_h, initial_c, P, attrs)
+    layout, D, T, N, H, lengths = node.layout, node.D, node.T, node.N, node.H, node.lengths
+    dtype = node.R.dtype
     lstm = op_type == "LSTM"
     Y = np.empty((N, T, D, H) if layout else (T, D, N, H), dtype)
     Y_h = np.empty((D, N, H), dtype)
     Y_c = np.empty((D, N, H), dtype) if lstm else None
-    for net, ds in runs:
+    for net, ds in node.runs:
         part = lambda s: None if s is None else np.ascontiguousarray(s[ds])    # noqa: E731
-        f = engine.forward(net, X, part(h0), c0=part(c0), lengths=lengths,
+        f = engine.forward(net, X, part(node.h0), c0=part(node.c0), lengths=lengths,
                            batch_major=bool(layout))
         nd = ds.stop - ds.start
         if layout:   # y [N, T, nd·H] → Y[:, :, ds] [N, T, nd, H]
@@ -354,17 +434,15 @@ def recurrent_layers(model):
 
 
 def _layer(op_type, node, index, values, attrs):
-    """A ``RecurrentLayer`` of ``node`` from its static input ``values`` (by slot)."""
-    direction = _rules.option(attrs.get("direction", "forward"), "direction",
-                              onnx_system.DIRECTIONS)
-    D = 2 if direction == "bidirectional" else 1
-    W, R, B, P, H, I = _weights(op_type, values["W"], values["R"], values.get("B"),
-                                values.get("P"), D, attrs.get("hidden_size"))
-    runs = _plan(op_type, W, R, B, P, D, direction, I, H, attrs)
+    """A ``RecurrentLayer`` of ``node`` from its static input ``values`` (by slot; ``X`` among
+    them only when the model fixes it), checked by ``_check_node`` as ``run`` checks it."""
+    checked = _check_node(op_type, values.get("X"), values["W"], values["R"], values.get("B"),
+                          values.get("sequence_lens"), values.get("initial_h"),
+                          values.get("initial_c"), values.get("P"), attrs)
     weights = {k: values[k] for k in ("W", "R", "B", "P") if values.get(k) is not None}
     initial = {k: values[k] for k in ("sequence_lens", "initial_h", "initial_c")
                if values.get(k) is not None}
     return RecurrentLayer(op_type=op_type, name=node.name, index=index,
                           inputs=tuple(node.input), outputs=tuple(node.output),
                           attributes=dict(attrs), weights=weights, initial=initial,
-                          networks=tuple(net for net, _ in runs))
+                          networks=tuple(net for net, _ in checked.runs))
