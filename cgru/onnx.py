@@ -348,7 +348,26 @@ OPERATORS = {"GRU": gru, "LSTM": lstm, "RNN": rnn}
 
 
 # --- whole models ---------------------------------------------------------------------------
-def run(model, inputs, outputs=None):
+_TRUST = """
+    A model is untrusted input.  ``ValueError`` for anything wrong with it, naming what is
+    wrong (the tensor, the node, its input or attribute, expected vs actual), before any work:
+    bytes that do not parse, a path that is not a regular file (``FileNotFoundError`` when
+    there is none), subgraphs nested more than 32 deep, a graph with a cycle or out of
+    topological order, a value assigned twice or read but never provided, recursive local
+    functions, a tensor whose data does not match its type and shape, a tensor larger than
+    the machine's memory, recurrent nodes with unknown, mistyped or out-of-range attributes
+    or too many inputs; ``TypeError`` for an argument of another Python type.
+
+    External data (tensors kept in files beside the model) is read only from inside one
+    directory: ``base_dir`` when given, else the directory of the model file.  A model given
+    as bytes or an ``onnx.ModelProto`` has no directory, so its external data needs
+    ``base_dir`` (``ValueError`` without it).  Every location must be relative and, symbolic
+    links and ``..`` resolved, inside that directory; the file must be a regular file with
+    one link (not a symbolic or hard link), and ``offset``/``length`` must lie within it —
+    onnx's own rules for ``onnx.load``.  A ``ModelProto`` given is never modified.
+"""
+
+def run(model, inputs, outputs=None, *, base_dir=None):
     """Run an ONNX model: ``{output name: array}``, in the graph's output order.
 
     ``model``: a path to an ``.onnx`` file, its bytes, or an ``onnx.ModelProto`` — a whole
@@ -359,11 +378,19 @@ def run(model, inputs, outputs=None):
     name to array — initializers supply the rest, and a value given under an initializer's
     name replaces it.  ``outputs``: the names to return (``None``: the graph's outputs; any
     value the graph computes may be named).  Arrays are checked against the graph inputs'
-    declared element types and fixed dimensions.  Needs the optional ``onnx`` package
-    (``gru``, ``lstm`` and ``rnn`` do not).
+    declared element types and fixed dimensions.  ``base_dir``: the directory the model's
+    external data is confined to (see below).  Nodes that declare their output's size by
+    value (``ConstantOfShape``, ``Expand``, ``Tile``, ``Range``, ``OneHot``, ``RandomNormal``,
+    ``RandomUniform``) are refused before they allocate more than the machine's memory; any
+    other error of the reference evaluator is a ``ValueError`` too.  Needs the optional
+    ``onnx`` package (``gru``, ``lstm`` and ``rnn`` do not).
     """
     from cgru import _onnx_graph
-    return _onnx_graph.run_model(model, inputs, outputs)
+    return _onnx_graph.run_model(model, inputs, outputs, base_dir)
+
+
+if run.__doc__:                 # None under python -OO
+    run.__doc__ += _TRUST
 
 
 @dataclass(frozen=True, eq=False)
@@ -413,7 +440,7 @@ class RecurrentLayer:
         return OPERATORS[self.op_type](X, **args, **self.attributes)
 
 
-def recurrent_layers(model):
+def recurrent_layers(model, *, base_dir=None):
     """The ``GRU``, ``LSTM`` and ``RNN`` nodes of a model's main graph, in graph order, as
     ``RecurrentLayer`` values (weights, attributes and cgru ``Network``\\ s).
 
@@ -428,9 +455,18 @@ def recurrent_layers(model):
     (``cgru.forward(..., training=True)``, ``cgru.backward``) like any network; mind
     ``layer.batch_major`` and that ONNX's ``Y`` is ``[T, D, N, H]`` where cgru's ``y`` is
     ``[T, N, D·H]``.  ``layer(X)`` computes the node itself.
+
+    Each node is checked as ``run`` checks it (one check function): its attributes
+    (``layout``, ``direction``, …), its weights and the ``sequence_lens``, ``initial_h``,
+    ``initial_c`` the model fixes (``sequence_lens`` against ``T`` only when ``X`` is static
+    too).  ``base_dir`` as for ``run``.
     """
     from cgru import _onnx_graph
-    return _onnx_graph.recurrent_layers(model)
+    return _onnx_graph.recurrent_layers(model, base_dir)
+
+
+if recurrent_layers.__doc__:
+    recurrent_layers.__doc__ += _TRUST
 
 
 def _layer(op_type, node, index, values, attrs):
