@@ -128,11 +128,11 @@ def _static_lengths(sequence_lens, N):
     ``[N]`` with no negative value, as int64 (its upper bound, ``T``, is checked at run
     time)."""
     validate.plain_array(sequence_lens, "sequence_lens")
+    want = "[N]" if N is None else f"[N={N}]"
     if sequence_lens.dtype.kind not in "iu":
-        raise TypeError(f"sequence_lens: expected an integer array [N], got dtype "
+        raise TypeError(f"sequence_lens: expected an integer array {want}, got dtype "
                         f"{sequence_lens.dtype}")
     if sequence_lens.ndim != 1 or (N is not None and sequence_lens.shape != (N,)):
-        want = "[N]" if N is None else f"[N={N}]"
         raise ValueError(f"sequence_lens: expected shape {want} (one length per batch entry), "
                          f"got {list(sequence_lens.shape)}")
     bad = np.flatnonzero(sequence_lens < 0)
