@@ -9,6 +9,11 @@ bodies of ``If``/``Loop``/``Scan``, and local functions are inlined first (the e
 run a function's body without them).  Empty output names of a recurrent node are renamed in a
 copy of the model: the evaluator stores every output by name, and an output called ``""``
 would overwrite the value it hands to omitted optional inputs.
+
+A model is untrusted input (``load_model``): its structure, its tensors and its external
+data are checked before anything walks, folds or runs it — without recursion, and without
+allocating what it merely declares; ``_size_guards`` wrap the evaluator's nodes whose output
+size is given by value.
 """
 import math
 import os
@@ -108,16 +113,19 @@ def _file_kind(mode):
 
 
 def _open_regular(path, flags=0):
-    """``(file, stat)`` of ``path`` opened for reading; ``ValueError`` (after closing it) when
-    it is not a regular file.  Opened without blocking, so a FIFO cannot hang the call."""
+    """``(file, stat)`` of ``path`` opened for reading; ``ValueError`` whose message is what
+    the path is instead (``"a directory"``, ``"a FIFO"``, …) when it is not a regular file.
+    Opened without blocking, so a FIFO cannot hang the call."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
                  | flags)
-    f = os.fdopen(fd, "rb")
-    st = os.fstat(f.fileno())
-    if not stat.S_ISREG(st.st_mode):
-        f.close()
-        raise ValueError(f"{path!r} is {_file_kind(st.st_mode)}, not a regular file")
-    return f, st
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(_file_kind(st.st_mode))
+        return os.fdopen(fd, "rb"), st
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _read_model_file(path):
@@ -125,11 +133,13 @@ def _read_model_file(path):
     try:
         f, _ = _open_regular(path)
     except IsADirectoryError:
-        raise ValueError(f"model: {path!r} is a directory, not an ONNX file") from None
+        kind = "a directory"
     except ValueError as e:
-        raise ValueError(f"model: {e}; expected an ONNX file") from None
-    with f:
-        return f.read()
+        kind = str(e)
+    else:
+        with f:
+            return f.read()
+    raise ValueError(f"model: {path!r} is {kind}, not an ONNX file")
 
 
 def _parse(onnx, data, what, path):
@@ -557,7 +567,7 @@ def _external_bytes(tensor, where, root):
     try:
         f, st = _open_regular(path, getattr(os, "O_NOFOLLOW", 0))
     except ValueError as e:
-        raise ValueError(f"{said}: {e}") from None
+        raise ValueError(f"{said}, which is {e}, not a regular file") from None
     except OSError as e:
         raise ValueError(f"{said}, which cannot be opened ({e.strerror or e})") from None
     with f:
@@ -693,11 +703,6 @@ def _cgru_ops():
             _OPS.append(type(op_type, (OpRun,), {"op_domain": "", "_run": _run,
                                                  "__module__": __name__}))
     return _OPS
-
-
-class UnsupportedNodeError(NotImplementedError, ValueError):
-    """A node that the reference evaluator has no implementation for: a ``NotImplementedError``
-    (what it is) and a ``ValueError`` (what every refused model raises)."""
 
 
 # nodes whose output size a model states by value (an input or an attribute), not by the size
@@ -927,7 +932,7 @@ def _evaluator(onnx, model):
     try:
         return ReferenceEvaluator(prepared, new_ops=_cgru_ops() + _size_guards())
     except NotImplementedError as e:
-        raise UnsupportedNodeError(f"model: {e} — {_EVALUATOR_NOTE}, which has no "
+        raise front.UnsupportedNodeError(f"model: {e} — {_EVALUATOR_NOTE}, which has no "
                                    f"implementation for this one") from e
     except Exception as e:          # noqa: BLE001 — the evaluator's errors vary by node
         raise ValueError(f"model: the reference evaluator cannot load it ({type(e).__name__}: "
@@ -943,7 +948,7 @@ def _evaluate(evaluator, names, feeds):
         error = e.error
         raise type(error)(f"{_describe(e.node)}: {error}") from error
     except NotImplementedError as e:
-        raise UnsupportedNodeError(f"model: {e} — {_EVALUATOR_NOTE}") from e
+        raise front.UnsupportedNodeError(f"model: {e} — {_EVALUATOR_NOTE}") from e
     except Exception as e:          # noqa: BLE001 — the evaluator's errors vary by node
         raise ValueError(f"model: the reference evaluator failed on a node other than GRU, "
                          f"LSTM and RNN ({type(e).__name__}: {e})") from e

@@ -16,6 +16,8 @@ state after the last processed step, and 0 for a sequence of length 0.  Attribut
 ``run`` executes a whole model: every GRU/LSTM/RNN node by cgru, every other node by the
 ``onnx`` package's reference evaluator (``onnx.reference.ReferenceEvaluator``).
 ``recurrent_layers`` lists a model's recurrent nodes with their weights as cgru networks.
+Both treat the model as untrusted input: ``ValueError`` for anything wrong with it, external
+data only from the model file's directory or the ``base_dir`` the caller names (docs/onnx.md).
 Gradients: ``cgru.backward`` on those networks (or on ``cgru.convert.from_onnx``'s), with
 ``cgru.convert.to_onnx`` mapping the weight gradients back to ONNX's layout.
 """
@@ -30,7 +32,7 @@ from cgru.systems import _rules, onnx as onnx_system
 from cgru.systems.onnx import ACTIVATIONS as ONNX_ACTIVATIONS
 
 __all__ = ["gru", "lstm", "rnn", "run", "recurrent_layers", "RecurrentLayer",
-           "ONNX_ACTIVATIONS"]
+           "UnsupportedNodeError", "ONNX_ACTIVATIONS"]
 
 # op_type -> the node's input slots, in ONNX order
 INPUTS = {"GRU": ("X", "W", "R", "B", "sequence_lens", "initial_h"),
@@ -348,6 +350,12 @@ OPERATORS = {"GRU": gru, "LSTM": lstm, "RNN": rnn}
 
 
 # --- whole models ---------------------------------------------------------------------------
+class UnsupportedNodeError(NotImplementedError, ValueError):
+    """``run``: a node the reference evaluator has no implementation for — a
+    ``NotImplementedError`` (what it is) and a ``ValueError`` (what every model ``run``
+    cannot take raises)."""
+
+
 _TRUST = """
     A model is untrusted input.  ``ValueError`` for anything wrong with it, naming what is
     wrong (the tensor, the node, its input or attribute, expected vs actual), before any work:

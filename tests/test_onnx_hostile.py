@@ -192,7 +192,7 @@ def _hostile_location(tmp_path, case):
         loc, match = "twice.bin", "2 hard links"
     elif case == "directory":
         (home / "d").mkdir()
-        loc, match = "d", "a directory"
+        loc, match = "d", "which is a directory, not a regular file"
     elif case == "missing":
         loc, match = "nothing.bin", "cannot be opened"
     elif case == "empty":
@@ -251,7 +251,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path, what):
         except ValueError as e:
             print("ValueError", e)
         """)
-    assert out.startswith("ValueError") and "a FIFO, not a regular file" in out
+    assert out.startswith("ValueError") and "is a FIFO, not" in out
 
 
 def test_base_dir_is_checked():
@@ -396,6 +396,15 @@ def test_truncated_bytes_are_refused():
 def test_a_model_of_another_type_is_a_type_error():
     _refused(bytearray(b"x"), "model: expected a path, serialized bytes or an onnx.ModelProto, "
                               "got bytearray", TypeError)
+
+
+def test_a_node_the_evaluator_cannot_run_is_a_value_error_and_not_implemented():
+    node = helper.make_node("NoSuchOperator", ["Y_h"], ["Z"], name="odd")
+    model = _model(outputs=("Z",))
+    model.graph.node.append(node)
+    with pytest.raises(connx.UnsupportedNodeError, match="NoSuchOperator") as e:
+        connx.run(model, {"X": X})
+    assert isinstance(e.value, ValueError) and isinstance(e.value, NotImplementedError)
 
 
 # --- 3. tensors -----------------------------------------------------------------------------
