@@ -16,6 +16,8 @@ state after the last processed step, and 0 for a sequence of length 0.  Attribut
 ``run`` executes a whole model: every GRU/LSTM/RNN node by cgru, every other node by the
 ``onnx`` package's reference evaluator (``onnx.reference.ReferenceEvaluator``).
 ``recurrent_layers`` lists a model's recurrent nodes with their weights as cgru networks.
+Both treat the model as untrusted input: ``ValueError`` for anything wrong with it, external
+data only from the model file's directory or the ``base_dir`` the caller names (docs/onnx.md).
 Gradients: ``cgru.backward`` on those networks (or on ``cgru.convert.from_onnx``'s), with
 ``cgru.convert.to_onnx`` mapping the weight gradients back to ONNX's layout.
 """
@@ -30,7 +32,7 @@ from cgru.systems import _rules, onnx as onnx_system
 from cgru.systems.onnx import ACTIVATIONS as ONNX_ACTIVATIONS
 
 __all__ = ["gru", "lstm", "rnn", "run", "recurrent_layers", "RecurrentLayer",
-           "ONNX_ACTIVATIONS"]
+           "UnsupportedNodeError", "ONNX_ACTIVATIONS"]
 
 # op_type -> the node's input slots, in ONNX order
 INPUTS = {"GRU": ("X", "W", "R", "B", "sequence_lens", "initial_h"),
@@ -110,44 +112,124 @@ def _plan(op_type, W, R, B, P, D, direction, I, H, attrs):
 
 
 def _state(a, what, dtype, layout, D, N, H):
-    """An ``initial_h``/``initial_c`` as ``[D, N, H]`` (a view)."""
+    """An ``initial_h``/``initial_c`` as ``[D, N, H]`` (a view); ``N`` None: any batch size
+    (``X`` not known yet)."""
     if a is None:
         return None
     a = _float_array(a, what, dtype)
+    if N is None:
+        N = a.shape[1 - layout] if a.ndim == 3 else 1
     if layout:
         validate.named_shape(a, what, (N, D, H), ("N", "D", "H"))
         return a.transpose(1, 0, 2)
     return validate.named_shape(a, what, (D, N, H), ("D", "N", "H"))
 
 
-def _operator(op_type, X, W, R, B, sequence_lens, initial_h, initial_c, P, *, hidden_size,
-              direction, layout, **attrs):
-    """One ONNX recurrent node: ``(Y, Y_h)`` or, for an LSTM, ``(Y, Y_h, Y_c)``."""
-    X = _float_array(X, "X")
-    dtype = X.dtype
-    _rules.option(layout, "layout", (0, 1))
-    direction = _rules.option(direction, "direction", onnx_system.DIRECTIONS)
-    D = 2 if direction == "bidirectional" else 1
-    x_layout = "[N, T, I]" if layout else "[T, N, I]"
-    if X.ndim != 3:
-        raise ValueError(f"X: expected a 3-D array {x_layout}, got shape {list(X.shape)}")
-    N, T = (X.shape[0], X.shape[1]) if layout else (X.shape[1], X.shape[0])
-    I = X.shape[2]
-    validate.input_sizes("X", X.shape, T, N, x_layout)
-    W, R, B, P, H, _ = _weights(op_type, W, R, B, P, D, hidden_size, dtype, I)
-    h0 = _state(initial_h, "initial_h", dtype, layout, D, N, H)
-    c0 = _state(initial_c, "initial_c", dtype, layout, D, N, H)
-    lengths = None if sequence_lens is None else \
-        validate.lengths(sequence_lens, T, N, "sequence_lens", "T")
-    runs = _plan(op_type, W, R, B, P, D, direction, I, H, attrs)
+def _static_lengths(sequence_lens, N):
+    """``sequence_lens`` checked before ``X`` is known (``T`` unknown): an integer array
+    ``[N]`` with no negative value, as int64 (its upper bound, ``T``, is checked at run
+    time)."""
+    validate.plain_array(sequence_lens, "sequence_lens")
+    want = "[N]" if N is None else f"[N={N}]"
+    if sequence_lens.dtype.kind not in "iu":
+        raise TypeError(f"sequence_lens: expected an integer array {want}, got dtype "
+                        f"{sequence_lens.dtype}")
+    if sequence_lens.ndim != 1 or (N is not None and sequence_lens.shape != (N,)):
+        raise ValueError(f"sequence_lens: expected shape {want} (one length per batch entry), "
+                         f"got {list(sequence_lens.shape)}")
+    bad = np.flatnonzero(sequence_lens < 0)
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"sequence_lens: expected values ≥ 0 (and ≤ T, the length of X), got "
+                         f"sequence_lens[{b}] = {sequence_lens[b]}")
+    return sequence_lens.astype(np.int64)
 
+
+def _batch_size(X, layout, sequence_lens, initial_h, initial_c):
+    """``N``: from ``X`` when given, else from the first of ``sequence_lens``, ``initial_h``,
+    ``initial_c`` that fixes it (None when none does)."""
+    if X is not None:
+        return X.shape[0] if layout else X.shape[1]
+    if sequence_lens is not None and np.ndim(sequence_lens) == 1:
+        return np.shape(sequence_lens)[0]
+    for s in (initial_h, initial_c):
+        if isinstance(s, np.ndarray) and s.ndim == 3:
+            return s.shape[1 - layout]
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class _Checked:
+    """One node's inputs and attributes after every check (``_check_node``): the weights,
+    the states as ``[D, N, H]`` views, the lengths (int64, or None), the sizes (``T``, ``N``
+    None when ``X`` is not known) and the core calls (``_plan``)."""
+    layout: int
+    D: int
+    T: object
+    N: object
+    I: int
+    H: int
+    W: np.ndarray
+    R: np.ndarray
+    B: object
+    P: object
+    h0: object
+    c0: object
+    lengths: object
+    runs: list
+
+
+def _check_node(op_type, X, W, R, B, sequence_lens, initial_h, initial_c, P, attrs):
+    """Every check of one ONNX recurrent node, before any work — the single rule that both
+    the operators (``gru``, ``lstm``, ``rnn``, so ``run``) and ``recurrent_layers`` apply.
+
+    ``X`` may be None: the input is not known yet (``recurrent_layers`` on a model whose
+    ``X`` comes at run time); then ``I`` comes from ``W``, ``N`` from whichever of
+    ``sequence_lens``, ``initial_h``, ``initial_c`` is given, and ``sequence_lens`` is checked
+    against ``T`` later, at run time (here: integers ``≥ 0``).  ``attrs`` holds the node's
+    attributes by ONNX name (absent ones take the operator's defaults)."""
+    layout = _rules.option(attrs.get("layout", 0), "layout", (0, 1))
+    direction = _rules.option(attrs.get("direction", "forward"), "direction",
+                              onnx_system.DIRECTIONS)
+    D = 2 if direction == "bidirectional" else 1
+    T = I = dtype = None
+    if X is not None:
+        X = _float_array(X, "X")
+        dtype = X.dtype
+        x_layout = "[N, T, I]" if layout else "[T, N, I]"
+        if X.ndim != 3:
+            raise ValueError(f"X: expected a 3-D array {x_layout}, got shape {list(X.shape)}")
+        T, I = (X.shape[1] if layout else X.shape[0]), X.shape[2]
+        validate.input_sizes("X", X.shape, T, _batch_size(X, layout, None, None, None),
+                             x_layout)
+    W, R, B, P, H, I = _weights(op_type, W, R, B, P, D, attrs.get("hidden_size"), dtype, I)
+    N = _batch_size(X, layout, sequence_lens, initial_h, initial_c)
+    h0 = _state(initial_h, "initial_h", R.dtype, layout, D, N, H)
+    c0 = _state(initial_c, "initial_c", R.dtype, layout, D, N, H)
+    if sequence_lens is None:
+        lengths = None
+    elif T is None:
+        lengths = _static_lengths(sequence_lens, N)
+    else:
+        lengths = validate.lengths(sequence_lens, T, N, "sequence_lens", "T")
+    runs = _plan(op_type, W, R, B, P, D, direction, I, H, attrs)
+    return _Checked(layout, D, T, N, I, H, W, R, B, P, h0, c0, lengths, runs)
+
+
+def _operator(op_type, X, W, R, B, sequence_lens, initial_h, initial_c, P, **attrs):
+    """One ONNX recurrent node: ``(Y, Y_h)`` or, for an LSTM, ``(Y, Y_h, Y_c)``."""
+    if X is None:
+        raise TypeError("X: expected a numpy array [T, N, I], got None")
+    node = _check_node(op_type, X, W, R, B, sequence_lens, initial_h, initial_c, P, attrs)
+    layout, D, T, N, H, lengths = node.layout, node.D, node.T, node.N, node.H, node.lengths
+    dtype = node.R.dtype
     lstm = op_type == "LSTM"
     Y = np.empty((N, T, D, H) if layout else (T, D, N, H), dtype)
     Y_h = np.empty((D, N, H), dtype)
     Y_c = np.empty((D, N, H), dtype) if lstm else None
-    for net, ds in runs:
+    for net, ds in node.runs:
         part = lambda s: None if s is None else np.ascontiguousarray(s[ds])    # noqa: E731
-        f = engine.forward(net, X, part(h0), c0=part(c0), lengths=lengths,
+        f = engine.forward(net, X, part(node.h0), c0=part(node.c0), lengths=lengths,
                            batch_major=bool(layout))
         nd = ds.stop - ds.start
         if layout:   # y [N, T, nd·H] → Y[:, :, ds] [N, T, nd, H]
@@ -268,7 +350,32 @@ OPERATORS = {"GRU": gru, "LSTM": lstm, "RNN": rnn}
 
 
 # --- whole models ---------------------------------------------------------------------------
-def run(model, inputs, outputs=None):
+class UnsupportedNodeError(NotImplementedError, ValueError):
+    """``run``: a node the reference evaluator has no implementation for — a
+    ``NotImplementedError`` (what it is) and a ``ValueError`` (what every model ``run``
+    cannot take raises)."""
+
+
+_TRUST = """
+    A model is untrusted input.  ``ValueError`` for anything wrong with it, naming what is
+    wrong (the tensor, the node, its input or attribute, expected vs actual), before any work:
+    bytes that do not parse, a path that is not a regular file (``FileNotFoundError`` when
+    there is none), subgraphs nested more than 32 deep, a graph with a cycle or out of
+    topological order, a value assigned twice or read but never provided, recursive local
+    functions, a tensor whose data does not match its type and shape, a tensor larger than
+    the machine's memory, recurrent nodes with unknown, mistyped or out-of-range attributes
+    or too many inputs; ``TypeError`` for an argument of another Python type.
+
+    External data (tensors kept in files beside the model) is read only from inside one
+    directory: ``base_dir`` when given, else the directory of the model file.  A model given
+    as bytes or an ``onnx.ModelProto`` has no directory, so its external data needs
+    ``base_dir`` (``ValueError`` without it).  Every location must be relative and, symbolic
+    links and ``..`` resolved, inside that directory; the file must be a regular file with
+    one link (not a symbolic or hard link), and ``offset``/``length`` must lie within it —
+    onnx's own rules for ``onnx.load``.  A ``ModelProto`` given is never modified.
+"""
+
+def run(model, inputs, outputs=None, *, base_dir=None):
     """Run an ONNX model: ``{output name: array}``, in the graph's output order.
 
     ``model``: a path to an ``.onnx`` file, its bytes, or an ``onnx.ModelProto`` — a whole
@@ -279,11 +386,19 @@ def run(model, inputs, outputs=None):
     name to array — initializers supply the rest, and a value given under an initializer's
     name replaces it.  ``outputs``: the names to return (``None``: the graph's outputs; any
     value the graph computes may be named).  Arrays are checked against the graph inputs'
-    declared element types and fixed dimensions.  Needs the optional ``onnx`` package
-    (``gru``, ``lstm`` and ``rnn`` do not).
+    declared element types and fixed dimensions.  ``base_dir``: the directory the model's
+    external data is confined to (see below).  Nodes that declare their output's size by
+    value (``ConstantOfShape``, ``Expand``, ``Tile``, ``Range``, ``OneHot``, ``RandomNormal``,
+    ``RandomUniform``) are refused before they allocate more than the machine's memory; any
+    other error of the reference evaluator is a ``ValueError`` too.  Needs the optional
+    ``onnx`` package (``gru``, ``lstm`` and ``rnn`` do not).
     """
     from cgru import _onnx_graph
-    return _onnx_graph.run_model(model, inputs, outputs)
+    return _onnx_graph.run_model(model, inputs, outputs, base_dir)
+
+
+if run.__doc__:                 # None under python -OO
+    run.__doc__ += _TRUST
 
 
 @dataclass(frozen=True, eq=False)
@@ -333,7 +448,7 @@ class RecurrentLayer:
         return OPERATORS[self.op_type](X, **args, **self.attributes)
 
 
-def recurrent_layers(model):
+def recurrent_layers(model, *, base_dir=None):
     """The ``GRU``, ``LSTM`` and ``RNN`` nodes of a model's main graph, in graph order, as
     ``RecurrentLayer`` values (weights, attributes and cgru ``Network``\\ s).
 
@@ -348,23 +463,30 @@ def recurrent_layers(model):
     (``cgru.forward(..., training=True)``, ``cgru.backward``) like any network; mind
     ``layer.batch_major`` and that ONNX's ``Y`` is ``[T, D, N, H]`` where cgru's ``y`` is
     ``[T, N, D·H]``.  ``layer(X)`` computes the node itself.
+
+    Each node is checked as ``run`` checks it (one check function): its attributes
+    (``layout``, ``direction``, …), its weights and the ``sequence_lens``, ``initial_h``,
+    ``initial_c`` the model fixes (``sequence_lens`` against ``T`` only when ``X`` is static
+    too).  ``base_dir`` as for ``run``.
     """
     from cgru import _onnx_graph
-    return _onnx_graph.recurrent_layers(model)
+    return _onnx_graph.recurrent_layers(model, base_dir)
+
+
+if recurrent_layers.__doc__:
+    recurrent_layers.__doc__ += _TRUST
 
 
 def _layer(op_type, node, index, values, attrs):
-    """A ``RecurrentLayer`` of ``node`` from its static input ``values`` (by slot)."""
-    direction = _rules.option(attrs.get("direction", "forward"), "direction",
-                              onnx_system.DIRECTIONS)
-    D = 2 if direction == "bidirectional" else 1
-    W, R, B, P, H, I = _weights(op_type, values["W"], values["R"], values.get("B"),
-                                values.get("P"), D, attrs.get("hidden_size"))
-    runs = _plan(op_type, W, R, B, P, D, direction, I, H, attrs)
+    """A ``RecurrentLayer`` of ``node`` from its static input ``values`` (by slot; ``X`` among
+    them only when the model fixes it), checked by ``_check_node`` as ``run`` checks it."""
+    checked = _check_node(op_type, values.get("X"), values["W"], values["R"], values.get("B"),
+                          values.get("sequence_lens"), values.get("initial_h"),
+                          values.get("initial_c"), values.get("P"), attrs)
     weights = {k: values[k] for k in ("W", "R", "B", "P") if values.get(k) is not None}
     initial = {k: values[k] for k in ("sequence_lens", "initial_h", "initial_c")
                if values.get(k) is not None}
     return RecurrentLayer(op_type=op_type, name=node.name, index=index,
                           inputs=tuple(node.input), outputs=tuple(node.output),
                           attributes=dict(attrs), weights=weights, initial=initial,
-                          networks=tuple(net for net, _ in runs))
+                          networks=tuple(net for net, _ in checked.runs))
