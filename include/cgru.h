@@ -232,7 +232,7 @@ typedef struct cgru_rnn_desc {
     int32_t input_mode;   /* cgru_input_mode_t                       default CGRU_LINEAR_INPUT */
     int32_t reset_after;  /* CGRU_GRU: 1 cuDNN's cell, 0 reset before R_n (ignored otherwise)
                                                                      default 1 */
-    int32_t num_threads;  /* threads inside one call, 0: all usable cores (honours
+    int32_t num_threads;  /* threads inside one call, 1…256, or 0: all usable cores (honours
                              OMP_NUM_THREADS); results are identical for every value.  default 0 */
     double dropout;       /* inter-layer dropout probability in [0, 1), applied in training to
                              each layer's output except the last one's    default 0 */

@@ -23,6 +23,7 @@ import pytest
 import cgru
 from cgru import capi, tf
 from cgru.capi.info import library_path
+from cgru._kernels.threads import MAX_THREADS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 C_DIR = os.path.join(ROOT, "tests", "c")
@@ -1168,9 +1169,89 @@ def test_size_queries_refuse_dimensions_the_kernels_cannot_take(lib):
     assert lib.cgru_get_weight_space_size(ctypes.byref(huge_x), ctypes.byref(size)) == 0
     for fwd_mode in (0, 1):
         status, message, _ = _sizes(lib, huge_x, fwd_mode, INT_MAX, 1)
-        assert status == capi.NOT_SUPPORTED and message.startswith("x:"), message
+        assert status == capi.NOT_SUPPORTED, message
+        assert message.startswith("max_seq_length, batch_size, desc->input_size: x ["), message
         assert "2^62" in message, message
         assert _forward_nothing(lib, huge_x, fwd_mode, INT_MAX, 1) == (status, message)
+
+
+def _weight_params_nothing(lib, desc):
+    """cgru_get_weight_params of pseudo-layer 0's first matrix in a weight space that is never
+    dereferenced (any address): only the descriptor's checks and the size check run."""
+    m, b = ctypes.c_void_p(), ctypes.c_void_p()
+    dims, b_dim = (ctypes.c_int32 * 2)(), ctypes.c_int32()
+    status = lib.cgru_get_weight_params(ctypes.byref(desc), 0, ctypes.c_size_t(2 ** 63),
+                                        ctypes.c_void_p(1 << 20), 0, ctypes.byref(m), dims,
+                                        ctypes.byref(b), ctypes.byref(b_dim))
+    return status, _message(lib)
+
+
+# (case, descriptor fields, T, N, the arguments the message must start with, which refuse)
+SIZE_REFUSALS = [
+    ("weight_space", dict(hidden_size=700_000_000), 2, 2,
+     "desc (input_size 3, hidden_size 700000000, num_layers 1, direction 0, proj_size 0): its "
+     "weight space", ("weight_space_size", "temp_inference", "temp_training", "weight_params",
+                      "forward")),
+    ("states", dict(num_layers=INT_MAX, hidden_size=2048), 1, 2 ** 20,
+     "batch_size, desc->num_layers, desc->direction, desc->hidden_size: hx, hy, cx, cy [",
+     ("temp_inference", "temp_training", "forward")),
+    ("training_reserve", dict(num_layers=2 ** 28, hidden_size=1, input_size=1), 2 ** 15, 2 ** 15,
+     "max_seq_length, batch_size, desc: the training reserve space", ("temp_training",)),
+]
+
+
+@pytest.mark.parametrize("case,fields,T_,N_,arguments,refusing", SIZE_REFUSALS,
+                         ids=[c[0] for c in SIZE_REFUSALS])
+def test_size_refusals_name_the_arguments(lib, case, fields, T_, N_, arguments, refusing):
+    """A size beyond 2^62 bytes: CGRU_STATUS_NOT_SUPPORTED from every size query and compute
+    call that needs it, with one message that starts with the C arguments the size follows
+    from (the training reserve's was BAD_PARAM naming cgru's Python function reserve_nbytes);
+    the other size queries answer."""
+    desc = _desc_of(lib, cgru.Topology(3, 4))
+    for name, value in fields.items():
+        setattr(desc, name, value)
+    size = ctypes.c_size_t()
+    got = {
+        "weight_space_size": (lib.cgru_get_weight_space_size(ctypes.byref(desc),
+                                                             ctypes.byref(size)), _message(lib)),
+        "temp_inference": _sizes(lib, desc, 0, T_, N_)[:2],
+        "temp_training": _sizes(lib, desc, 1, T_, N_)[:2],
+        "weight_params": _weight_params_nothing(lib, desc),
+    }
+    forward = _forward_nothing(lib, desc, 0, T_, N_)   # past its size checks: NULL buffers
+    if "forward" in refusing:
+        got["forward"] = forward
+    else:
+        assert forward[0] == capi.BAD_PARAM and "NULL" in forward[1], forward
+    refused = {name: result for name, result in got.items() if result[0] != capi.SUCCESS}
+    assert set(refused) == set(refusing), got
+    messages = {message for _, message in refused.values()}
+    assert len(messages) == 1, refused
+    message = messages.pop()
+    assert {status for status, _ in refused.values()} == {capi.NOT_SUPPORTED}, refused
+    assert message.startswith(arguments), message
+    assert "2^62" in message, message
+
+
+@pytest.mark.parametrize("num_threads", [-1, MAX_THREADS + 1, INT_MAX])
+def test_size_queries_refuse_the_thread_counts_the_calls_refuse(lib, num_threads):
+    """desc->num_threads outside 0…256 (cgru's thread limit, as the header says): the size
+    queries refuse it with the compute calls' status and message (they returned sizes for 257
+    or more, which every compute call then refused)."""
+    assert "1…256, or 0: all usable cores" in open(HEADER).read() and MAX_THREADS == 256
+    desc = _desc_of(lib, cgru.Topology(3, 4))
+    desc.num_threads = num_threads
+    size = ctypes.c_size_t()
+    results = [
+        (lib.cgru_get_weight_space_size(ctypes.byref(desc), ctypes.byref(size)), _message(lib)),
+        _sizes(lib, desc, 0, 2, 3)[:2], _sizes(lib, desc, 1, 2, 3)[:2],
+        _weight_params_nothing(lib, desc), _forward_nothing(lib, desc, 0, 2, 3)]
+    status, message = results[0]
+    assert status == capi.BAD_PARAM and message.startswith("desc->num_threads"), message
+    assert str(num_threads) in message and str(MAX_THREADS) in message, message
+    assert results == [(status, message)] * len(results)
+    desc.num_threads = MAX_THREADS
+    assert lib.cgru_get_weight_space_size(ctypes.byref(desc), ctypes.byref(size)) == 0
 
 
 def _closed_form_elements(I, H, L, D, skip=False):
