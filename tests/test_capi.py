@@ -39,9 +39,14 @@ TOL = {"float": 1e-6, "double": 1e-12}
 DTYPE = {"float": np.float32, "double": np.float64}
 
 
+# kept from this process's environment: the settings of a sanitizer run (.ci/debug style)
+_SANITIZER_VARIABLES = ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS")
+
+
 def _bare_env(**extra):
-    """What a user's shell might have: no Python variables at all."""
+    """What a user's shell might have: no Python variables at all (but a sanitizer run's)."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
+    env.update({k: os.environ[k] for k in _SANITIZER_VARIABLES if k in os.environ})
     env.update(extra)
     return env
 
