@@ -516,9 +516,11 @@ def test_calls_after_the_host_finalises_python(build):
 @_needs_shared_libpython
 def test_finalize_while_other_threads_are_inside_calls(build):
     """tests/c/gru_python_host.c finalize: the host runs Py_FinalizeEx while two threads call
-    cgru_rnn_forward back to back.  Every call returns (CPython ended the threads inside
-    PyGILState_Ensure: they never returned), each a success with the reference result until
-    the first CGRU_STATUS_RUNTIME_UNAVAILABLE; a call after Py_FinalizeEx returns it too."""
+    cgru_rnn_forward back to back, one of the calls held inside cgru.capi until the atexit
+    callbacks run.  Every call returns (CPython ended the threads when they took the GIL
+    again: they never returned), each a success with the reference result until the first
+    CGRU_STATUS_RUNTIME_UNAVAILABLE, the held one a success; a call after Py_FinalizeEx
+    returns RUNTIME_UNAVAILABLE too."""
     cflags, libs = _embed_flags()
     exe = build("gru_python_host.c", "-pthread", cflags, libs=libs)
     res = _run_bounded([exe, sys.executable, "finalize", "2", "60"], 300,

@@ -4,12 +4,16 @@
  * and finalises it, or forks, while other threads are inside cgru calls.
  *
  *   finalize       WORKERS threads (default 2) call cgru_rnn_forward back to back, each
- *                  checking every result bitwise against the main thread's; once every worker
- *                  has made MIN_CALLS calls, the main thread runs Py_FinalizeEx.  Every worker
- *                  must get its calls back: each one SUCCESS with the reference result until
- *                  the first CGRU_STATUS_RUNTIME_UNAVAILABLE (then it stops).  A worker that
- *                  CPython ended inside a call is reported.  Then a call from the main thread
- *                  must return CGRU_STATUS_RUNTIME_UNAVAILABLE.
+ *                  checking every result bitwise against the main thread's.  The first call
+ *                  to reach cgru.capi.rnn_forward is held there (the host wraps that function)
+ *                  until Py_FinalizeEx runs the atexit callbacks (the host's, registered after
+ *                  libcgru's, runs first and releases it), so at least that call is in flight
+ *                  while the interpreter is being finalised.  Once the held call is inside and
+ *                  every other worker has made MIN_CALLS calls, the main thread runs
+ *                  Py_FinalizeEx.  Every worker must get its calls back: each one SUCCESS with
+ *                  the reference result until the first CGRU_STATUS_RUNTIME_UNAVAILABLE (then it
+ *                  stops).  A worker that CPython ended inside a call is reported.  Then a call
+ *                  from the main thread must return CGRU_STATUS_RUNTIME_UNAVAILABLE.
  *   fork-with-gil  the main thread holds the GIL (as after Py_Initialize); a worker thread
  *                  enters a cgru call (it waits for the GIL inside); the main thread forks
  *                  FORKS times (default 3).  Each child (the main thread holds the GIL there
@@ -137,20 +141,59 @@ static void *finalize_worker(void *arg)
     return NULL;
 }
 
+/* Successful calls of all workers (lock held). */
+static long total_calls(const worker_t *workers, int n)
+{
+    long calls = 0;
+    for (int k = 0; k < n; k++)
+        calls += workers[k].calls;
+    return calls;
+}
+
+/* Wrap cgru.capi.rnn_forward (libcgru looks it up on each call): the first call through it
+ * writes a byte on inside_fd, then waits until an atexit callback registered now (after
+ * libcgru's, so it runs before it) says the finalisation has begun. */
+static int hold_first_forward(int inside_fd)
+{
+    char code[1024];
+    snprintf(code, sizeof code,
+             "import atexit, os, threading\n"
+             "import cgru.capi as capi\n"
+             "finalising, held = threading.Event(), threading.Lock()\n"
+             "forward = capi.rnn_forward\n"
+             "def held_forward(*args):\n"
+             "    if held.acquire(blocking=False):\n"
+             "        os.write(%d, b'i')\n"
+             "        finalising.wait()\n"
+             "    return forward(*args)\n"
+             "capi.rnn_forward = held_forward\n"
+             "atexit.register(finalising.set)\n", inside_fd);
+    return PyRun_SimpleString(code) == 0;
+}
+
 static int run_finalize(int n_workers)
 {
     static worker_t workers[MAX_WORKERS];
+    int inside[2];
     set_up_problem();
+    if (pipe(inside) != 0 || !hold_first_forward(inside[1])) {
+        printf("FAILED: cannot set the held call up\n");
+        return 1;
+    }
     PyThreadState *main_state = PyEval_SaveThread();  /* let the workers take the GIL */
     for (int k = 0; k < n_workers; k++)
         if (pthread_create(&workers[k].thread, NULL, finalize_worker, &workers[k]) != 0) {
             perror("pthread_create");
             return 1;
         }
+    char byte;
+    if (read(inside[0], &byte, 1) != 1) {                  /* the held call is inside */
+        perror("read");
+        return 1;
+    }
     pthread_mutex_lock(&lock);
-    for (int k = 0; k < n_workers; k++)
-        while (workers[k].calls < MIN_CALLS && workers[k].last == CGRU_STATUS_SUCCESS)
-            pthread_cond_wait(&changed, &lock);
+    while (total_calls(workers, n_workers) < MIN_CALLS * (n_workers - 1))  /* the others */
+        pthread_cond_wait(&changed, &lock);
     finalising = 1;
     pthread_mutex_unlock(&lock);
     PyEval_RestoreThread(main_state);
@@ -179,6 +222,11 @@ static int run_finalize(int n_workers)
     }
     if (finalize_status != 0)
         printf("note: Py_FinalizeEx returned %d\n", finalize_status);
+    if (ok && in_flight < 1) {
+        printf("FAILED: the held call did not complete with SUCCESS after Py_FinalizeEx "
+               "began\n");
+        ok = 0;
+    }
     if (ok)
         printf("python_host finalize: OK (%d workers got every call back; %ld calls were in "
                "flight when Py_FinalizeEx began)\n", n_workers, in_flight);
