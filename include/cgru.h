@@ -17,13 +17,26 @@
  * variables override the discovery: CGRU_PYTHON (path of the python executable of the
  * environment to run, e.g. /path/venv/bin/python) and CGRU_LIBPYTHON (path of its
  * libpython3.X.so).  When the runtime cannot be started every call that needs it returns
- * CGRU_STATUS_RUNTIME_UNAVAILABLE and cgru_get_last_error_message() says why.  An interpreter
- * started by libcgru stays up until the process exits.  An interpreter libcgru joined is the
- * host's: after the host finalises it (Py_Finalize), every call that needs the runtime returns
- * CGRU_STATUS_RUNTIME_UNAVAILABLE saying so (libcgru checks on every call and keeps no Python
- * object between calls) until the host initialises Python again.  The functions that need no
- * runtime: cgru_get_version, cgru_get_error_string, cgru_get_last_error_message,
- * cgru_rnn_desc_init.
+ * CGRU_STATUS_RUNTIME_UNAVAILABLE and cgru_get_last_error_message() says why (a failed start
+ * is not retried).  The functions that need no runtime: cgru_get_version,
+ * cgru_get_error_string, cgru_get_last_error_message, cgru_rnn_desc_init.
+ *   Py_Finalize.  An interpreter started by libcgru stays up until the process exits.  An
+ * interpreter libcgru joined is the host's, which may finalise it (Py_Finalize) at any time,
+ * also while other threads are inside cgru calls: the calls in flight complete and return
+ * their statuses before Py_Finalize goes on, and every call made once finalisation has begun
+ * returns CGRU_STATUS_RUNTIME_UNAVAILABLE — for the rest of the process, even after the host
+ * initialises Python again (NumPy, which cgru needs, cannot be loaded twice in one process).
+ * (libcgru learns of the finalisation through a callback its first call registers with the
+ * interpreter's atexit module; a Py_Finalize racing the process's very first cgru call is not
+ * covered.)
+ *   fork().  A child may call cgru whether the parent used it or not, also when other threads
+ * of the parent were inside cgru calls at the fork: libcgru does around a C fork() what
+ * Python's os.fork does (takes the GIL before, re-initialises the interpreter in the child),
+ * and leaves forks Python performs itself (os.fork, multiprocessing) to Python.  One exception: in a child forked while another thread of the
+ * parent was making the process's first cgru call (while it was starting the runtime), every
+ * call returns CGRU_STATUS_RUNTIME_UNAVAILABLE saying so.  (With a glibc older than 2.36, a
+ * fork may deadlock when another thread holds the GIL and loads a library that registers fork
+ * handlers, e.g. imports a BLAS-backed Python module.)
  *
  * THE CELLS (desc->cell_mode; cuDNN's cudnnRNNMode_t; matrices [H, width] applied as W·x):
  *   CGRU_GRU (the default; gates r, z, n):
@@ -219,7 +232,7 @@ typedef struct cgru_rnn_desc {
     int32_t input_mode;   /* cgru_input_mode_t                       default CGRU_LINEAR_INPUT */
     int32_t reset_after;  /* CGRU_GRU: 1 cuDNN's cell, 0 reset before R_n (ignored otherwise)
                                                                      default 1 */
-    int32_t num_threads;  /* threads inside one call, 0: all usable cores (honours
+    int32_t num_threads;  /* threads inside one call, 1…256, or 0: all usable cores (honours
                              OMP_NUM_THREADS); results are identical for every value.  default 0 */
     double dropout;       /* inter-layer dropout probability in [0, 1), applied in training to
                              each layer's output except the last one's    default 0 */

@@ -23,6 +23,7 @@ import pytest
 import cgru
 from cgru import capi, tf
 from cgru.capi.info import library_path
+from cgru._kernels.threads import MAX_THREADS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 C_DIR = os.path.join(ROOT, "tests", "c")
@@ -38,9 +39,14 @@ TOL = {"float": 1e-6, "double": 1e-12}
 DTYPE = {"float": np.float32, "double": np.float64}
 
 
+# kept from this process's environment: the settings of a sanitizer run (.ci/debug style)
+_SANITIZER_VARIABLES = ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS")
+
+
 def _bare_env(**extra):
-    """What a user's shell might have: no Python variables at all."""
+    """What a user's shell might have: no Python variables at all (but a sanitizer run's)."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
+    env.update({k: os.environ[k] for k in _SANITIZER_VARIABLES if k in os.environ})
     env.update(extra)
     return env
 
@@ -331,12 +337,12 @@ def test_four_threads_at_once_match_the_serial_results(build):
     assert "threads: OK" in res.stdout
 
 
-def _run_bounded(args, timeout, what):
+def _run_bounded(args, timeout, what, env=None):
     """``_run`` that fails the test (instead of hanging CI) when ``args`` outlive ``timeout``."""
     def text(out):  # what the process printed before it was killed (bytes on POSIX)
         return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
     try:
-        return _run(args, timeout=timeout)
+        return _run(args, env=env, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{what} did not finish within {timeout} s (hung)\n"
                     f"{(text(e.stdout) + text(e.stderr))[-2000:]}")
@@ -363,6 +369,75 @@ def test_forward_in_a_forked_child_matches_the_parent(build):
     res = _run_bounded([build("gru_fork.c"), "60"], 180, "gru_fork")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "fork: OK" in res.stdout
+
+
+def test_forks_while_another_thread_is_inside_a_call(build):
+    """tests/c/gru_fork_calls.c busy: 20 forks, each once a worker thread has entered a new
+    cgru_rnn_forward (on every usable core); the forking thread is not the one that started the
+    interpreter.  Every child's forward is bitwise the parent's (children hung in
+    PyGILState_Ensure: the GIL stayed with the worker, which does not exist in the child), and
+    the parent's calls around the forks are unchanged.  The program bounds each child (60 s),
+    the test the whole run."""
+    exe = build("gru_fork_calls.c", "-pthread")
+    res = _run_bounded([exe, "busy", "20", "60"], 900, "gru_fork_calls busy")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "fork_calls busy: OK (20 children" in res.stdout
+
+
+# sitecustomize.py for tests/c/gru_fork_calls.c setup: holds libcgru's set-up (the first call)
+# at one point — while the embedded interpreter starts ("site"), or as cgru.capi is imported
+# ("import") — until the program writes a byte on the pipe named by $CGRU_TEST_SETUP_GATE.
+_SETUP_GATE = """\
+import os
+import sys
+
+_gate = os.environ.get("CGRU_TEST_SETUP_GATE")
+_at = os.environ.get("CGRU_TEST_SETUP_GATE_AT")
+
+
+def _hold():
+    ready, release = (int(fd) for fd in _gate.split(","))
+    os.write(ready, b"r")
+    os.read(release, 1)
+
+
+class _HoldAtImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "cgru.capi":
+            sys.meta_path.remove(self)
+            _hold()
+        return None
+
+
+if _gate and _at == "site":
+    _hold()
+elif _gate and _at == "import":
+    sys.meta_path.insert(0, _HoldAtImport())
+"""
+
+
+@pytest.mark.parametrize("at", ["site", "import"])
+def test_fork_during_the_first_calls_set_up(build, tmp_path, at):
+    """tests/c/gru_fork_calls.c setup: the main thread forks while a worker's first call is
+    setting the runtime up (held at ``at`` by a sitecustomize): the child's calls return
+    CGRU_STATUS_RUNTIME_UNAVAILABLE naming the fork (a child hung, or ran on the half-started
+    interpreter); the parent's set-up finishes, and a child forked after it computes bitwise
+    the parent's result."""
+    (tmp_path / "sitecustomize.py").write_text(_SETUP_GATE)
+    exe = build("gru_fork_calls.c", "-pthread")
+    env = _bare_env(PYTHONPATH=str(tmp_path), CGRU_TEST_SETUP_GATE_AT=at)
+    res = _run_bounded([exe, "setup", "1", "60"], 300, "gru_fork_calls setup", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "fork_calls setup: OK" in res.stdout
+
+
+def test_fork_before_any_call(build):
+    """tests/c/gru_fork_calls.c fresh: a child forked before the first call starts a runtime
+    of its own; its result is bitwise the parent's."""
+    res = _run_bounded([build("gru_fork_calls.c", "-pthread"), "fresh", "1", "60"], 300,
+                       "gru_fork_calls fresh")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "fork_calls fresh: OK" in res.stdout
 
 
 def test_runtime_unavailable_is_a_status(build, tmp_path):
@@ -405,30 +480,67 @@ def _embed_flags():
     return cflags, libs
 
 
-@pytest.mark.skipif(not sysconfig.get_config_var("Py_ENABLE_SHARED"),
-                    reason="this Python has no shared libpython to embed")
+def _host_env():
+    """The environment of a program that embeds Python itself: bare, but with the cgru under
+    test on the path (its interpreter is the host's, which libcgru joins; an installed cgru is
+    on it anyway)."""
+    return _bare_env(PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(cgru.__file__))))
+
+
+_needs_shared_libpython = pytest.mark.skipif(
+    not sysconfig.get_config_var("Py_ENABLE_SHARED"),
+    reason="this Python has no shared libpython to embed")
+
+
+@_needs_shared_libpython
 def test_calls_after_the_host_finalises_python(build):
     """tests/c/gru_after_finalize.c embeds Python itself: a cgru call joins its interpreter;
     after Py_Finalize the next calls return CGRU_STATUS_RUNTIME_UNAVAILABLE saying so (they
-    crashed in PyGILState_Ensure); once the host initialises Python again, libcgru imports
-    cgru.capi into the new interpreter (nothing of the first one was kept): that works, or,
-    as NumPy refuses to load twice in one process, fails cleanly naming the import."""
+    crashed in PyGILState_Ensure), and so do calls after the host initialises Python again
+    (NumPy cannot be loaded twice in one process; libcgru says so instead of trying)."""
     cflags, libs = _embed_flags()
     exe = build("gru_after_finalize.c", cflags, libs=libs)
-    res = _run_bounded([exe, sys.executable], 120, "gru_after_finalize")
+    res = _run_bounded([exe, sys.executable], 120, "gru_after_finalize", env=_host_env())
     assert res.returncode == 0, (f"exit status {res.returncode} (negative: killed by that "
                                  f"signal)\n{res.stdout}{res.stderr}")
     cases = {f[0]: f[1:] for f in (line.split("\t") for line in res.stdout.splitlines())}
     assert cases["weight_space_size"] == ["CGRU_STATUS_SUCCESS", ""], cases
     assert cases["forward_running"] == ["CGRU_STATUS_SUCCESS", ""], cases
-    for name in ("forward_finalised", "weight_space_size_finalised"):
+    for name in ("forward_finalised", "weight_space_size_finalised", "forward_reinitialised"):
         status, message = cases[name]
         assert status == "CGRU_STATUS_RUNTIME_UNAVAILABLE", (name, message)
         assert "finalised" in message and "Py_Finalize" in message, message
-    status, message = cases["forward_reinitialised"]
-    assert (status, message) == ("CGRU_STATUS_SUCCESS", "") or (
-        status == "CGRU_STATUS_RUNTIME_UNAVAILABLE" and "cannot import cgru.capi" in message), (
-        status, message)
+        assert "initialised again" in message and "NumPy" in message, message
+
+
+@_needs_shared_libpython
+def test_finalize_while_other_threads_are_inside_calls(build):
+    """tests/c/gru_python_host.c finalize: the host runs Py_FinalizeEx while two threads call
+    cgru_rnn_forward back to back, one of the calls held inside cgru.capi until the atexit
+    callbacks run.  Every call returns (CPython ended the threads when they took the GIL
+    again: they never returned), each a success with the reference result until the first
+    CGRU_STATUS_RUNTIME_UNAVAILABLE, the held one a success; a call after Py_FinalizeEx
+    returns RUNTIME_UNAVAILABLE too."""
+    cflags, libs = _embed_flags()
+    exe = build("gru_python_host.c", "-pthread", cflags, libs=libs)
+    res = _run_bounded([exe, sys.executable, "finalize", "2", "60"], 300,
+                       "gru_python_host finalize", env=_host_env())
+    assert res.returncode == 0, (f"exit status {res.returncode}\n{res.stdout}{res.stderr}")
+    assert "python_host finalize: OK (2 workers got every call back" in res.stdout
+
+
+@_needs_shared_libpython
+def test_fork_from_a_thread_holding_the_gil(build):
+    """tests/c/gru_python_host.c fork-with-gil: the host's main thread holds the GIL while a
+    worker is inside a cgru call (waiting for the GIL) and forks three times: each child (the
+    GIL still its main thread's) computes the reference and finalises its interpreter (not
+    waiting for the parent's worker); then the worker's call completes in the parent."""
+    cflags, libs = _embed_flags()
+    exe = build("gru_python_host.c", "-pthread", cflags, libs=libs)
+    res = _run_bounded([exe, sys.executable, "fork-with-gil", "3", "60"], 300,
+                       "gru_python_host fork-with-gil", env=_host_env())
+    assert res.returncode == 0, (f"exit status {res.returncode}\n{res.stdout}{res.stderr}")
+    assert "python_host fork-with-gil: OK (3 children" in res.stdout
 
 
 # --- valgrind ---------------------------------------------------------------------------------
@@ -614,6 +726,104 @@ def test_in_process_calls_from_python_threads(lib):
     assert statuses == [0] * 4
     for k in range(4):
         np.testing.assert_array_equal(ys[k], cgru.forward(params, xs[k]).y)
+
+
+def _python_host_forks(how, forks):
+    """Run in a fresh Python process by test_forks_of_a_python_process_using_libcgru: libcgru,
+    loaded with ctypes, joins this interpreter; a Python thread calls cgru_rnn_forward back to
+    back (ctypes releases the GIL: a C thread inside a call) while the main thread forks
+    ``forks`` times, each once the worker has entered a new call, by a C fork() through ctypes
+    (``how="c"``) or by os.fork (``how="os"``).  Each child checks that Python's fork callbacks
+    ran once (os.register_at_fork's after_in_child: not at all after a bare C fork, twice if
+    both libcgru and os.fork re-initialised the interpreter), computes the forward (bitwise the
+    parent's) and exits through Py_Finalize (sys.exit), which must not wait for the parent's
+    calls.  Prints JSON: failures, the before-fork callback count, the worker's bad results."""
+    import json
+    import time
+    lib = ctypes.CDLL(library_path())
+    lib.cgru_get_last_error_message.restype = ctypes.c_char_p
+    counts = {"before": 0, "child": 0}
+
+    def count(key):
+        counts[key] += 1
+    os.register_at_fork(before=lambda: count("before"), after_in_child=lambda: count("child"))
+    topo = cgru.Topology(8, 32)
+    weights = cgru.Params.random(topo, np.float32, seed=5).flat()
+    desc = _desc_of(lib, topo, np.float32)
+    desc.num_threads = 0
+    x = np.random.default_rng(6).standard_normal((16, 32, 8)).astype(np.float32)
+
+    def forward():
+        y = np.empty((16, 32, 32), np.float32)
+        status = lib.cgru_rnn_forward(ctypes.byref(desc), 0, 0, 16, 32, None, _ptr(x), _ptr(y),
+                                      None, None, ctypes.c_size_t(weights.nbytes),
+                                      _ptr(weights), ctypes.c_size_t(0), None,
+                                      ctypes.c_size_t(0), None)
+        return status, y
+    status, want = forward()
+    assert status == 0, lib.cgru_get_last_error_message()
+    calls = threading.Condition()
+    state = {"entered": 0, "stop": False, "bad": 0}
+
+    def worker():
+        while True:
+            with calls:
+                if state["stop"]:
+                    return
+                state["entered"] += 1
+                calls.notify_all()
+            st, y = forward()
+            if st != 0 or not np.array_equal(y, want):
+                state["bad"] += 1
+    thread = threading.Thread(target=worker)
+    thread.start()
+    fork = ctypes.CDLL(None, use_errno=True).fork if how == "c" else os.fork
+    failures, seen = [], 0
+    for k in range(forks):
+        with calls:
+            calls.wait_for(lambda: state["entered"] > seen)
+            seen = state["entered"]
+        pid = fork()
+        if pid == 0:
+            st, y = forward()
+            sys.exit(0 if counts["child"] == 1 and st == 0 and np.array_equal(y, want) else 3)
+        deadline = time.monotonic() + 60   # a hang detector, not a measure
+        done, status = os.waitpid(pid, os.WNOHANG)
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.01)
+            done, status = os.waitpid(pid, os.WNOHANG)
+        if not done:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            failures.append(f"fork {k}: the child did not finish within 60 s (hung)")
+        elif os.waitstatus_to_exitcode(status) != 0:
+            failures.append(f"fork {k}: the child ended with {os.waitstatus_to_exitcode(status)}")
+    with calls:
+        state["stop"] = True
+    thread.join()
+    print(json.dumps({"failures": failures, "before": counts["before"], "bad": state["bad"]}))
+
+
+@pytest.mark.parametrize("how", ["c", "os"], ids=["c_fork_through_ctypes", "os_fork"])
+def test_forks_of_a_python_process_using_libcgru(how):
+    """A Python process that uses libcgru through ctypes forks while a thread is inside a call
+    (_python_host_forks): with a C fork() (a C fork even in a Python process: libcgru's
+    handlers take the GIL and re-initialise the interpreter as os.fork does) and with os.fork
+    (Python's own handling: libcgru must not do it again).  Every child finishes with the
+    parent's result, Python's fork callbacks ran exactly once per fork, and the parent's calls
+    are unchanged."""
+    import json
+    forks = 8
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
+            f"import test_capi; test_capi._python_host_forks({how!r}, {forks})")
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the forking Python process did not finish within 600 s (hung)")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert out == {"failures": [], "before": forks, "bad": 0}, (out, res.stderr[-3000:])
 
 
 def test_weight_params_of_skip_input(lib):
@@ -966,9 +1176,89 @@ def test_size_queries_refuse_dimensions_the_kernels_cannot_take(lib):
     assert lib.cgru_get_weight_space_size(ctypes.byref(huge_x), ctypes.byref(size)) == 0
     for fwd_mode in (0, 1):
         status, message, _ = _sizes(lib, huge_x, fwd_mode, INT_MAX, 1)
-        assert status == capi.NOT_SUPPORTED and message.startswith("x:"), message
+        assert status == capi.NOT_SUPPORTED, message
+        assert message.startswith("max_seq_length, batch_size, desc->input_size: x ["), message
         assert "2^62" in message, message
         assert _forward_nothing(lib, huge_x, fwd_mode, INT_MAX, 1) == (status, message)
+
+
+def _weight_params_nothing(lib, desc):
+    """cgru_get_weight_params of pseudo-layer 0's first matrix in a weight space that is never
+    dereferenced (any address): only the descriptor's checks and the size check run."""
+    m, b = ctypes.c_void_p(), ctypes.c_void_p()
+    dims, b_dim = (ctypes.c_int32 * 2)(), ctypes.c_int32()
+    status = lib.cgru_get_weight_params(ctypes.byref(desc), 0, ctypes.c_size_t(2 ** 63),
+                                        ctypes.c_void_p(1 << 20), 0, ctypes.byref(m), dims,
+                                        ctypes.byref(b), ctypes.byref(b_dim))
+    return status, _message(lib)
+
+
+# (case, descriptor fields, T, N, the arguments the message must start with, which refuse)
+SIZE_REFUSALS = [
+    ("weight_space", dict(hidden_size=700_000_000), 2, 2,
+     "desc (input_size 3, hidden_size 700000000, num_layers 1, direction 0, proj_size 0): its "
+     "weight space", ("weight_space_size", "temp_inference", "temp_training", "weight_params",
+                      "forward")),
+    ("states", dict(num_layers=INT_MAX, hidden_size=2048), 1, 2 ** 20,
+     "batch_size, desc->num_layers, desc->direction, desc->hidden_size: hx, hy, cx, cy [",
+     ("temp_inference", "temp_training", "forward")),
+    ("training_reserve", dict(num_layers=2 ** 28, hidden_size=1, input_size=1), 2 ** 15, 2 ** 15,
+     "max_seq_length, batch_size, desc: the training reserve space", ("temp_training",)),
+]
+
+
+@pytest.mark.parametrize("case,fields,T_,N_,arguments,refusing", SIZE_REFUSALS,
+                         ids=[c[0] for c in SIZE_REFUSALS])
+def test_size_refusals_name_the_arguments(lib, case, fields, T_, N_, arguments, refusing):
+    """A size beyond 2^62 bytes: CGRU_STATUS_NOT_SUPPORTED from every size query and compute
+    call that needs it, with one message that starts with the C arguments the size follows
+    from (the training reserve's was BAD_PARAM naming cgru's Python function reserve_nbytes);
+    the other size queries answer."""
+    desc = _desc_of(lib, cgru.Topology(3, 4))
+    for name, value in fields.items():
+        setattr(desc, name, value)
+    size = ctypes.c_size_t()
+    got = {
+        "weight_space_size": (lib.cgru_get_weight_space_size(ctypes.byref(desc),
+                                                             ctypes.byref(size)), _message(lib)),
+        "temp_inference": _sizes(lib, desc, 0, T_, N_)[:2],
+        "temp_training": _sizes(lib, desc, 1, T_, N_)[:2],
+        "weight_params": _weight_params_nothing(lib, desc),
+    }
+    forward = _forward_nothing(lib, desc, 0, T_, N_)   # past its size checks: NULL buffers
+    if "forward" in refusing:
+        got["forward"] = forward
+    else:
+        assert forward[0] == capi.BAD_PARAM and "NULL" in forward[1], forward
+    refused = {name: result for name, result in got.items() if result[0] != capi.SUCCESS}
+    assert set(refused) == set(refusing), got
+    messages = {message for _, message in refused.values()}
+    assert len(messages) == 1, refused
+    message = messages.pop()
+    assert {status for status, _ in refused.values()} == {capi.NOT_SUPPORTED}, refused
+    assert message.startswith(arguments), message
+    assert "2^62" in message, message
+
+
+@pytest.mark.parametrize("num_threads", [-1, MAX_THREADS + 1, INT_MAX])
+def test_size_queries_refuse_the_thread_counts_the_calls_refuse(lib, num_threads):
+    """desc->num_threads outside 0…256 (cgru's thread limit, as the header says): the size
+    queries refuse it with the compute calls' status and message (they returned sizes for 257
+    or more, which every compute call then refused)."""
+    assert "1…256, or 0: all usable cores" in open(HEADER).read() and MAX_THREADS == 256
+    desc = _desc_of(lib, cgru.Topology(3, 4))
+    desc.num_threads = num_threads
+    size = ctypes.c_size_t()
+    results = [
+        (lib.cgru_get_weight_space_size(ctypes.byref(desc), ctypes.byref(size)), _message(lib)),
+        _sizes(lib, desc, 0, 2, 3)[:2], _sizes(lib, desc, 1, 2, 3)[:2],
+        _weight_params_nothing(lib, desc), _forward_nothing(lib, desc, 0, 2, 3)]
+    status, message = results[0]
+    assert status == capi.BAD_PARAM and message.startswith("desc->num_threads"), message
+    assert str(num_threads) in message and str(MAX_THREADS) in message, message
+    assert results == [(status, message)] * len(results)
+    desc.num_threads = MAX_THREADS
+    assert lib.cgru_get_weight_space_size(ctypes.byref(desc), ctypes.byref(size)) == 0
 
 
 def _closed_form_elements(I, H, L, D, skip=False):

@@ -44,6 +44,7 @@ from cgru.core.cells import GRUCell, LSTMCell, RNNCell
 from cgru.core.engine import backward, forward, reserve_nbytes
 from cgru.core.network import LayerParams, Network, Topology
 from cgru.core import reserve as _reserve
+from cgru._kernels.threads import MAX_THREADS
 
 # cgru_status_t (include/cgru.h)
 SUCCESS = 0
@@ -149,9 +150,9 @@ def _model(desc):
     if not 0 <= proj_size <= hidden_size:
         raise _Fail(BAD_PARAM, f"desc->proj_size: expected 0 (none) or 1…hidden_size="
                                f"{hidden_size}, got {proj_size}")
-    if num_threads < 0:
-        raise _Fail(BAD_PARAM, f"desc->num_threads: expected ≥ 0 (0: all usable cores), got "
-                               f"{num_threads}")
+    if not 0 <= num_threads <= MAX_THREADS:
+        raise _Fail(BAD_PARAM, f"desc->num_threads: expected 0 (all usable cores) or "
+                               f"1…{MAX_THREADS}, got {num_threads}")
     if not (math.isfinite(dropout) and 0.0 <= dropout < 1.0):
         raise _Fail(BAD_PARAM, f"desc->dropout: expected a probability in [0, 1), got {dropout}")
     cell = {"gru": GRUCell(reset_after=bool(reset_after)), "lstm": LSTMCell(),
@@ -187,9 +188,12 @@ def _up(nbytes):
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def _checked_size(nbytes, what):
+def _checked_size(nbytes, what, buffer):
+    """``nbytes`` of ``buffer`` (its description), or NOT_SUPPORTED naming ``what``, the
+    arguments it follows from, when it reaches 2^62 bytes."""
     if nbytes >= _MAX_BYTES:
-        raise _Fail(NOT_SUPPORTED, f"{what}: {nbytes} bytes exceeds what cgru supports (2^62)")
+        raise _Fail(NOT_SUPPORTED, f"{what}: {buffer} would take {nbytes} bytes; expected less "
+                                   f"than 2^62 bytes (what cgru supports)")
     return nbytes
 
 
@@ -199,9 +203,16 @@ def _bounds(m, T, N):
     descriptor's, in ``_model``), so they refuse what the compute calls would."""
     T, N = _dims(T, N)
     topo, item = m.topo, m.dtype.itemsize
-    _checked_size(T * N * topo.input_size * item, "x")
-    _checked_size(T * N * topo.output_size * item, "y")
-    _checked_size(topo.num_layer_directions * N * topo.hidden_size * item, "hx, cx")
+    S = "desc->proj_size" if topo.proj_size else "desc->hidden_size"
+    _checked_size(T * N * topo.input_size * item, "max_seq_length, batch_size, desc->input_size",
+                  f"x [T·N·I = {T}·{N}·{topo.input_size}]")
+    _checked_size(T * N * topo.output_size * item,
+                  f"max_seq_length, batch_size, {S}, desc->direction",
+                  f"y [T·N·D·S = {T}·{N}·{topo.output_size}]")
+    _checked_size(topo.num_layer_directions * N * topo.hidden_size * item,
+                  "batch_size, desc->num_layers, desc->direction, desc->hidden_size",
+                  f"hx, hy, cx, cy [L·D·N·H = {topo.num_layer_directions}·{N}·"
+                  f"{topo.hidden_size}]")
     return T, N
 
 
@@ -229,12 +240,24 @@ def _weight_elements(m):
 
 
 def _weight_bytes(m):
-    return _checked_size(_weight_elements(m) * m.dtype.itemsize, "desc (its weight space)")
+    (_, input_size, hidden_size, num_layers, direction, *_, proj_size) = m.desc
+    return _checked_size(_weight_elements(m) * m.dtype.itemsize,
+                         f"desc (input_size {input_size}, hidden_size {hidden_size}, num_layers "
+                         f"{num_layers}, direction {direction}, proj_size {proj_size})",
+                         "its weight space")
+
+
+_RESERVE_ARGUMENTS = "max_seq_length, batch_size, desc"
 
 
 def _engine_reserve_bytes(m, T, N):
-    """The engine's reserve (``cgru.reserve_nbytes``, a closed form)."""
-    return reserve_nbytes(m.topo, T, N, cell=m.cell, dtype=m.dtype)
+    """The engine's reserve (``cgru.reserve_nbytes``, a closed form).  Its refusal (after
+    ``_model`` and ``_bounds``, only of a size) is NOT_SUPPORTED naming the C arguments."""
+    try:
+        return reserve_nbytes(m.topo, T, N, cell=m.cell, dtype=m.dtype)
+    except ValueError as e:
+        raise _Fail(NOT_SUPPORTED, f"{_RESERVE_ARGUMENTS}: the training reserve space is too "
+                                   f"large for cgru ({e}); expected less than 2^62 bytes")
 
 
 _Plan = namedtuple("_Plan", "engine engine_bytes x x_bytes dw dw_bytes total")
@@ -248,8 +271,7 @@ def _plan(m, T, N):
     engine = _HEADER_BYTES
     x = engine + _up(engine_bytes)
     dw = x + _up(x_bytes)
-    total = _checked_size(dw + _up(dw_bytes),
-                          "max_seq_length, batch_size, desc (the training reserve space)")
+    total = _checked_size(dw + _up(dw_bytes), _RESERVE_ARGUMENTS, "the training reserve space")
     return _Plan(engine, engine_bytes, x, x_bytes, dw, dw_bytes, total)
 
 
@@ -400,6 +422,7 @@ def temp_space_sizes(desc, fwd_mode, T, N):
     training = _enum(fwd_mode, _FWD_MODES, "fwd_mode",
                      "CGRU_FWD_MODE_INFERENCE (0) or CGRU_FWD_MODE_TRAINING (1)")
     T, N = _bounds(m, T, N)
+    _weight_bytes(m)           # refused by every compute call: refused here too
     return (0, _plan(m, T, N).total if training else 0)
 
 

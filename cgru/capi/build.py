@@ -5,7 +5,9 @@ compiled extensions) and uses:
 
 * ``extensions()``: ``[a setuptools Extension]`` named ``cgru.libcgru`` from ``cgru/capi/*.c``,
   compiled against the building Python's headers (for ``PyConfig``) but not linked to libpython
-  (libcgru loads it at run time), exporting only the ``CGRU_API`` symbols.  It records the
+  (libcgru loads it at run time), exporting only the ``CGRU_API`` symbols (with
+  ``CGRU_DEBUG=1``, as for the kernels: -O1 -g and, unless ``CGRU_SANITIZE=0``, the address and
+  undefined-behaviour sanitizers).  It records the
   building Python (``sys.executable``) and its libpython, the fallbacks libcgru uses to find the
   environment to embed (``runtime.c``).
 * ``build_ext_class(base)``: ``base`` (setuptools' ``build_ext``) that names that extension's
@@ -53,12 +55,22 @@ def _libpython():
     return (os.path.join(libdir, soname) if libdir and soname else ""), soname
 
 
+def _debug_flags():
+    """(compile, link) flags of a ``CGRU_DEBUG=1`` build (setup.py's rule for the kernels)."""
+    if os.environ.get("CGRU_DEBUG", "") in ("", "0"):
+        return ["-O2"], []
+    sanitize = ([] if os.environ.get("CGRU_SANITIZE", "1") == "0"
+                else ["-fsanitize=address,undefined"])
+    return ["-O1", "-g", "-fno-omit-frame-pointer"] + sanitize, sanitize
+
+
 def extensions():
     """``[the libcgru Extension]``, or ``[]`` where libcgru is not supported (Windows: it uses
     dlopen and pthreads)."""
     if sys.platform == "win32":
         return []
     libpython, soname = _libpython()
+    optimise, link = _debug_flags()
     return [Extension(
         NAME,
         sources=SOURCES,
@@ -69,7 +81,8 @@ def extensions():
             ("CGRU_BUILD_LIBPYTHON", _c_string(libpython)),
             ("CGRU_BUILD_LIBPYTHON_SONAME", _c_string(soname)),
         ],
-        extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra"],
+        extra_compile_args=optimise + ["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra"],
+        extra_link_args=link,
         libraries=["dl", "pthread"] if sys.platform.startswith("linux") else [],
         depends=["include/cgru.h", "cgru/capi/runtime.h"],
     )]

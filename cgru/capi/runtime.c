@@ -1,27 +1,70 @@
 /*
- * runtime.c — the Python runtime behind libcgru: start it (embedded) or join it, and call
- * cgru/capi.py.
+ * runtime.c — the Python runtime behind libcgru: start it (embedded) or join it, call
+ * cgru/capi.py, and keep the process's fork() and the interpreter's finalisation from
+ * stranding a call.
  *
- * libcgru does not link libpython.  On the first call (once, under pthread_once) it looks for
- * the Python C API in the process (dlsym RTLD_DEFAULT): found when libcgru is loaded into a
- * Python process, or into a program linked with libpython.  Otherwise it dlopens libpython
- * (RTLD_GLOBAL, so that the extension modules numpy and cgru import resolve against it).  If that
- * interpreter is not initialised yet, libcgru initialises it with the program name set to the
- * python executable of cgru's environment, so that Python finds that environment's prefix,
- * site-packages and .pth files (a virtual environment included) exactly as if that python had
- * been started; it then puts the directory above libcgru's package on sys.path (so the cgru next
- * to libcgru is the one imported) and releases the GIL.  Every call then takes the GIL with
+ * SET-UP.  libcgru does not link libpython.  The first call sets the runtime up, once, while
+ * every other call waits for it: it looks for the Python C API in the process (dlsym
+ * RTLD_DEFAULT): found when libcgru is loaded into a Python process, or into a program linked
+ * with libpython.  Otherwise it dlopens libpython (RTLD_GLOBAL, so that the extension modules
+ * numpy and cgru import resolve against it).  If that interpreter is not initialised yet,
+ * libcgru initialises it with the program name set to the python executable of cgru's
+ * environment, so that Python finds that environment's prefix, site-packages and .pth files (a
+ * virtual environment included) exactly as if that python had been started; it then puts the
+ * directory above libcgru's package on sys.path (so the cgru next to libcgru is the one
+ * imported) and releases the GIL.  Then, under the GIL, it imports cgru.capi (kept for the
+ * process's life), registers the hooks below with the interpreter, and runs one forward of a
+ * one-unit GRU, so that what cgru loads lazily on its first computation (SciPy's BLAS binding,
+ * which registers fork handlers) is loaded during the set-up too.  A failed set-up is final:
+ * every later call returns its status and message.  Every call then takes the GIL with
  * PyGILState_Ensure; the engine releases it inside its kernels, so calls from several threads
- * overlap.  The interpreter libcgru starts is never finalised (it lives until the process exits).
+ * overlap.  The interpreter libcgru starts is never finalised by libcgru.
  *
- * An interpreter libcgru joined belongs to the host, which may finalise it (Py_Finalize) and
- * even initialise a new one later.  So every call checks Py_IsInitialized before it takes the
- * GIL (PyGILState_Ensure on a finalised runtime crashes) and returns
- * CGRU_STATUS_RUNTIME_UNAVAILABLE while there is none, and nothing Python-side outlives a
- * call: cgru.capi is looked up in sys.modules on each call (PyImport_ImportModule, which
- * imports it only the first time in each interpreter), never kept as a PyObject * that a
- * finalisation would leave dangling.  What is kept is the C API's addresses (libpython stays
- * mapped) and the paths found at start.
+ * FINALISATION.  An interpreter libcgru joined belongs to the host, which may finalise it
+ * (Py_Finalize) while other threads are inside cgru calls.  CPython ends a thread that takes
+ * the GIL once finalisation is under way, so such a call would never return.  libcgru counts
+ * the calls in flight, and at set-up it registers a callback with the interpreter's atexit
+ * module; Py_Finalize runs atexit callbacks first, while the interpreter is whole.  The
+ * callback marks the runtime finalised (calls admitted from then on return
+ * CGRU_STATUS_RUNTIME_UNAVAILABLE without touching Python) and waits, with the GIL released,
+ * until every call in flight has returned; only then does Py_Finalize go on.  The finalised
+ * state is final: NumPy cannot be initialised a second time in one process, so a later
+ * interpreter (Py_Initialize again) is never used.  (atexit callbacks run last registered
+ * first: those registered after libcgru's set-up may still call cgru, those registered before
+ * it are refused.)  Not covered: a Py_Finalize that starts while the process's very first cgru call has not yet
+ * taken the GIL (the callback is not registered yet), and finalisations that skip the atexit
+ * callbacks; every call also checks Py_IsInitialized, so a call made after such a finalisation
+ * still returns CGRU_STATUS_RUNTIME_UNAVAILABLE.
+ *
+ * FORK.  A C fork() copies only the forking thread.  Had another thread held the GIL (or been
+ * half-way through the set-up), the child would wait for it forever.  libcgru does around a C
+ * fork what CPython's os.fork does around its own, with two sets of pthread_atfork handlers:
+ *  - the state handlers (registered when libcgru is loaded, so they see every fork) hold
+ *    libcgru's lock across the fork, so the child's copy of the state is consistent; in the
+ *    child they reset the count of calls in flight (the parent's other threads do not exist
+ *    there) and, when another thread was setting the runtime up, mark the runtime failed: the
+ *    child's calls return CGRU_STATUS_RUNTIME_UNAVAILABLE saying so (the half-started
+ *    interpreter cannot be finished), they never wait for a thread that is not there.  A fork
+ *    never waits for a set-up in progress (the set-up may need what the forking thread holds:
+ *    the GIL, or the lock glibc before 2.36 holds while fork handlers run).
+ *  - the interpreter handlers (registered at the end of the set-up, after the libraries cgru
+ *    loads registered theirs, so that they run first before a fork and last after it, like
+ *    os.fork's work around fork()): before the fork, take the GIL (PyGILState_Ensure: no other
+ *    thread holds it at the fork, and a thread that already holds it takes it recursively) and
+ *    run PyOS_BeforeFork; in the parent PyOS_AfterFork_Parent, in the child
+ *    PyOS_AfterFork_Child (Python's public re-initialisation after a C-level fork: its locks, its
+ *    thread states, the os.register_at_fork callbacks of the modules loaded); then release the
+ *    GIL.  The fork counts as a call in flight, so a finalisation waits for it.
+ * A fork Python itself performs (os.fork, or a C extension that calls PyOS_BeforeFork) already
+ * does all this: a before-fork callback libcgru registers with os.register_at_fork marks the
+ * forking thread, and the interpreter handlers leave that fork alone.  A C fork() called
+ * through ctypes from a Python process releases the GIL first: it is a C fork and is handled.
+ * Each fork is handled on its own thread (thread-local marks), so concurrent forks are safe.
+ * Not covered: the GIL is taken inside a fork handler, so with a glibc older than 2.36 (which
+ * holds its handler-list lock while handlers run) a fork deadlocks if another thread holds the
+ * GIL and meanwhile registers fork handlers (dlopen of such a library, e.g. an import of a
+ * BLAS-backed extension module) — in a program that is not Python itself, only the set-up
+ * does that, and a fork never waits for the set-up.
  *
  * Which python:    $CGRU_PYTHON, else <prefix>/bin/python3.X when libcgru lives in
  *                  <prefix>/lib/python3.X/site-packages/cgru/, else the python that built it.
@@ -59,22 +102,64 @@
     X(Py_IsInitialized) X(Py_GetVersion) X(PyPreConfig_InitPythonConfig) X(Py_PreInitialize)    \
     X(PyConfig_InitPythonConfig)                                                               \
     X(PyConfig_SetBytesString) X(PyConfig_Clear) X(Py_InitializeFromConfig)                     \
-    X(PyStatus_Exception) X(PyEval_SaveThread) X(PyGILState_Ensure) X(PyGILState_Release)       \
-    X(PyImport_ImportModule) X(PyObject_GetAttrString) X(PyObject_CallObject)                   \
-    X(Py_VaBuildValue) X(Py_DecRef) X(PyTuple_Size) X(PyTuple_GetItem) X(PyLong_AsLongLong)     \
-    X(PyUnicode_AsUTF8) X(PyErr_Occurred) X(PyErr_Fetch) X(PyErr_Clear) X(PyObject_Str)         \
-    X(PySys_GetObject) X(PyList_Insert) X(PyList_Append) X(PyUnicode_DecodeFSDefault)           \
-    X(PySequence_Contains) X(PyErr_ExceptionMatches) X(PyExc_MemoryError)
+    X(PyStatus_Exception) X(PyEval_SaveThread) X(PyEval_RestoreThread) X(PyGILState_Ensure)     \
+    X(PyGILState_Release) X(PyGILState_Check) X(PyGILState_GetThisThreadState)                  \
+    X(PyImport_ImportModule) X(PyObject_GetAttrString) X(PyObject_CallObject) X(PyObject_Call)  \
+    X(Py_BuildValue) X(Py_VaBuildValue) X(Py_DecRef) X(PyTuple_Size) X(PyTuple_GetItem)         \
+    X(PyLong_AsLongLong) X(PyUnicode_AsUTF8) X(PyErr_Occurred) X(PyErr_Fetch) X(PyErr_Clear)    \
+    X(PyObject_Str) X(PySys_GetObject) X(PyList_Insert) X(PyList_Append)                        \
+    X(PyUnicode_DecodeFSDefault) X(PySequence_Contains) X(PyErr_ExceptionMatches)               \
+    X(PyExc_MemoryError) X(PyCMethod_New)                                                      \
+    X(PyOS_BeforeFork) X(PyOS_AfterFork_Parent) X(PyOS_AfterFork_Child)
 
 #define PY_DECLARE(name) __typeof__(name) *name;
 static struct { PY_FUNCTIONS(PY_DECLARE) } py;
 #undef PY_DECLARE
 
-static pthread_once_t start_once = PTHREAD_ONCE_INIT;
+/* ---- the runtime's state ------------------------------------------------------------------ */
+/* NONE → STARTING (the first call sets up) → READY or FAILED; READY (or STARTING) → FINALISED
+ * when the interpreter's finalisation begins.  FAILED and FINALISED are final. */
+enum runtime_state {
+    RUNTIME_NONE,
+    RUNTIME_STARTING,
+    RUNTIME_READY,
+    RUNTIME_FAILED,
+    RUNTIME_FINALISED
+};
+
+/* Lock order: the GIL before runtime_lock; nothing waits for the GIL holding runtime_lock. */
+static pthread_mutex_t runtime_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t runtime_changed = PTHREAD_COND_INITIALIZER; /* state, calls_in_flight */
+static enum runtime_state runtime_state = RUNTIME_NONE;
+static pthread_t setup_thread;          /* the thread setting up (RUNTIME_STARTING) */
+static int python_up;                   /* the set-up found or started the interpreter */
+static long calls_in_flight;            /* admitted calls (and forks) not yet finished */
+static int state_handlers_registered;   /* the fork state handlers (at load) */
+
+static _Thread_local long calls_on_this_thread;  /* this thread's share of calls_in_flight */
+static _Thread_local int python_forking;         /* Python's own fork protocol runs here */
+static _Thread_local int fork_took_gil;          /* this thread's fork: the handlers' GIL */
+static _Thread_local PyGILState_STATE fork_gil;
+static _Thread_local int fork_made_thread_state; /* ... and this thread's Python thread state */
+
+/* Written by the set-up thread before the state leaves STARTING (or by a forked child's state
+ * handler), read under runtime_lock after. */
 static cgru_status_t start_status = CGRU_STATUS_SUCCESS;
 static char start_message[1024];
-static int embedded;               /* 1: libcgru initialised the interpreter */
+static int embedded;                  /* 1: libcgru initialised the interpreter */
 static char package_parent[PATH_MAX]; /* the directory holding libcgru's package directory */
+static PyObject *capi_module;         /* cgru.capi, imported by the set-up */
+
+#define FINALISED_MESSAGE                                                                      \
+    "the Python runtime libcgru was using is being finalised or was finalised (Py_Finalize); "  \
+    "libcgru cannot use Python again in this process, even if it is initialised again (NumPy, " \
+    "which cgru needs, cannot be loaded twice in one process): expected every cgru call "       \
+    "before Py_Finalize"
+
+#define FORKED_DURING_SETUP_MESSAGE                                                            \
+    "this process was forked while another thread of its parent was setting up libcgru's "      \
+    "Python runtime (the parent's first cgru call); the child cannot finish that half-started " \
+    "runtime: expected the fork before the parent's first cgru call or after it returned"
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 static void start_fail(cgru_status_t status, const char *format, ...)
@@ -302,7 +387,31 @@ static void initialize_embedded(const char *python)
     py.PyEval_SaveThread();              /* release the GIL; every call takes it again */
 }
 
-static void start(void)
+
+/* ---- the state's lock -------------------------------------------------------------------- */
+static void lock_state(void) { pthread_mutex_lock(&runtime_lock); }
+static void unlock_state(void) { pthread_mutex_unlock(&runtime_lock); }
+
+/* runtime_state = state (with runtime_lock held) and wake the waiters. */
+static void set_state(enum runtime_state state)
+{
+    runtime_state = state;
+    pthread_cond_broadcast(&runtime_changed);
+}
+
+/* A call (or a fork) has finished: one fewer in flight. */
+static void leave(void)
+{
+    lock_state();
+    calls_in_flight--;
+    calls_on_this_thread--;
+    if (calls_in_flight == 0)
+        pthread_cond_broadcast(&runtime_changed);
+    unlock_state();
+}
+
+/* ---- finding or starting the interpreter (the set-up's first part, without the GIL) -------- */
+static cgru_status_t start_interpreter(void)
 {
     char package_dir[PATH_MAX], python[PATH_MAX];
     find_package_dir(package_dir, sizeof package_dir);
@@ -312,24 +421,121 @@ static void start(void)
     void *handle = RTLD_DEFAULT;
     if (dlsym(RTLD_DEFAULT, "Py_IsInitialized") == NULL) {
         if (choose_python(package_dir, python, sizeof python) != CGRU_STATUS_SUCCESS)
-            return;
+            return start_status;
         handle = open_libpython(python);
         if (handle == NULL)
-            return;
+            return start_status;
     }
     if (load_symbols(handle) != CGRU_STATUS_SUCCESS)
-        return;
-    if (py.Py_IsInitialized())
-        return;                          /* join the running interpreter */
-    if (handle == RTLD_DEFAULT && choose_python(package_dir, python, sizeof python) !=
-                                      CGRU_STATUS_SUCCESS)
-        return;
-    initialize_embedded(python);
+        return start_status;
+    if (!py.Py_IsInitialized()) {                /* else: join the running interpreter */
+        if (handle == RTLD_DEFAULT && choose_python(package_dir, python, sizeof python) !=
+                                          CGRU_STATUS_SUCCESS)
+            return start_status;
+        initialize_embedded(python);
+        if (start_status != CGRU_STATUS_SUCCESS)
+            return start_status;
+    }
+    lock_state();
+    python_up = 1;             /* a call waiting with the host's GIL must now let go of it */
+    pthread_cond_broadcast(&runtime_changed);
+    unlock_state();
+    return CGRU_STATUS_SUCCESS;
 }
 
-/* cgru.capi (a new reference, imported if this interpreter has not yet) in *module, or a
- * failure status with the message set; needs the GIL. */
-static cgru_status_t import_capi(PyObject **module)
+/* ---- the hooks registered with the interpreter -------------------------------------------- */
+static PyObject *none(void)
+{
+    return py.Py_BuildValue("");
+}
+
+/* atexit callback (Py_Finalize runs it while the interpreter is whole): from now on calls are
+ * refused; wait, with the GIL released, until every call in flight has returned. */
+static PyObject *on_interpreter_exit(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    lock_state();
+    if (runtime_state == RUNTIME_READY || runtime_state == RUNTIME_STARTING)
+        set_state(RUNTIME_FINALISED);
+    int others_in_flight = calls_in_flight > calls_on_this_thread;
+    unlock_state();
+    if (others_in_flight) {
+        PyThreadState *thread_state = py.PyEval_SaveThread();
+        lock_state();
+        while (calls_in_flight > calls_on_this_thread)
+            pthread_cond_wait(&runtime_changed, &runtime_lock);
+        unlock_state();
+        py.PyEval_RestoreThread(thread_state);
+    }
+    return none();
+}
+
+/* os.register_at_fork callbacks: mark the thread on which Python runs its own fork protocol
+ * (os.fork, PyOS_BeforeFork), which the interpreter fork handlers then leave alone. */
+static PyObject *on_python_fork_before(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    python_forking = 1;
+    return none();
+}
+
+static PyObject *on_python_fork_after(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    python_forking = 0;
+    return none();
+}
+
+static PyMethodDef exit_hook = {"libcgru_at_exit", on_interpreter_exit, METH_NOARGS,
+                                "libcgru: refuse new calls, wait for the calls in flight"};
+static PyMethodDef fork_before_hook = {"libcgru_before_fork", on_python_fork_before,
+                                       METH_NOARGS, "libcgru: Python forks on this thread"};
+static PyMethodDef fork_after_hook = {"libcgru_after_fork", on_python_fork_after, METH_NOARGS,
+                                      "libcgru: Python's fork on this thread is done"};
+
+/* module.name(*args, **kwargs) for its success (args: a tuple, kwargs: a dict or NULL; both
+ * references are taken); needs the GIL. */
+static int call_and_drop(PyObject *module, const char *name, PyObject *args, PyObject *kwargs)
+{
+    PyObject *fn = module && args ? py.PyObject_GetAttrString(module, name) : NULL;
+    PyObject *result = fn ? py.PyObject_Call(fn, args, kwargs) : NULL;
+    if (result) py.Py_DecRef(result);
+    if (fn) py.Py_DecRef(fn);
+    if (args) py.Py_DecRef(args);
+    if (kwargs) py.Py_DecRef(kwargs);
+    return result != NULL;
+}
+
+/* atexit.register(exit hook); os.register_at_fork(before=…, after_in_parent=…,
+ * after_in_child=…).  The function objects live as long as the interpreter. */
+static cgru_status_t register_interpreter_hooks(void)
+{
+    char error[768];
+    PyObject *at_exit = py.PyCMethod_New(&exit_hook, NULL, NULL, NULL);
+    PyObject *before = py.PyCMethod_New(&fork_before_hook, NULL, NULL, NULL);
+    PyObject *after = py.PyCMethod_New(&fork_after_hook, NULL, NULL, NULL);
+    PyObject *atexit_module = py.PyImport_ImportModule("atexit");
+    PyObject *os_module = py.PyImport_ImportModule("os");
+    int ok = at_exit && before && after &&
+             call_and_drop(atexit_module, "register", py.Py_BuildValue("(O)", at_exit), NULL) &&
+             call_and_drop(os_module, "register_at_fork", py.Py_BuildValue("()"),
+                           py.Py_BuildValue("{s:O,s:O,s:O}", "before", before,
+                                            "after_in_parent", after, "after_in_child", after));
+    if (!ok)
+        take_python_error(error, sizeof error);
+    if (os_module) py.Py_DecRef(os_module);
+    if (atexit_module) py.Py_DecRef(atexit_module);
+    if (after) py.Py_DecRef(after);
+    if (before) py.Py_DecRef(before);
+    if (at_exit) py.Py_DecRef(at_exit);
+    if (!ok)
+        start_fail(CGRU_STATUS_RUNTIME_UNAVAILABLE, "cannot register libcgru's exit and fork "
+                   "callbacks with the Python runtime: %s", error);
+    return start_status;
+}
+
+/* ---- importing cgru.capi (the set-up's second part, under the GIL) ------------------------ */
+static cgru_status_t import_capi(void)
 {
     char error[768];
     PyObject *m = py.PyImport_ImportModule(CAPI_MODULE);
@@ -341,15 +547,232 @@ static cgru_status_t import_capi(PyObject **module)
     }
     if (m == NULL) {
         take_python_error(error, sizeof error);
-        return cgru__fail(CGRU_STATUS_RUNTIME_UNAVAILABLE,
-                          "cannot import " CAPI_MODULE " in the %s Python runtime: %s (set "
-                          "CGRU_PYTHON to the python of the environment where cgru is "
-                          "installed)", embedded ? "embedded" : "running", error);
+        start_fail(CGRU_STATUS_RUNTIME_UNAVAILABLE,
+                   "cannot import " CAPI_MODULE " in the %s Python runtime: %s (set "
+                   "CGRU_PYTHON to the python of the environment where cgru is installed)",
+                   embedded ? "embedded" : "running", error);
+        return start_status;
     }
-    *module = m;
+    capi_module = m;
     return CGRU_STATUS_SUCCESS;
 }
 
+/* cgru.capi.<function>(*Py_BuildValue(format, ap)): a new reference, or NULL with a Python
+ * error set; needs the GIL. */
+static PyObject *call_capi(const char *function, const char *format, va_list ap)
+{
+    PyObject *args = py.Py_VaBuildValue(format, ap);
+    PyObject *fn = args ? py.PyObject_GetAttrString(capi_module, function) : NULL;
+    PyObject *result = fn ? py.PyObject_CallObject(fn, args) : NULL;
+    if (fn) py.Py_DecRef(fn);
+    if (args) py.Py_DecRef(args);
+    return result;
+}
+
+static PyObject *call_capi_v(const char *function, const char *format, ...)
+{
+    va_list ap;
+    va_start(ap, format);
+    PyObject *result = call_capi(function, format, ap);
+    va_end(ap);
+    return result;
+}
+
+/* One inference forward of a one-unit float GRU (T = N = I = H = 1, one thread) on libcgru's
+ * own buffers, result unused: what cgru loads on its first computation is loaded now, inside
+ * the set-up (see the file comment).  A failure here is left to the real calls to report. */
+static void warm_up(void)
+{
+    static float x[1], y[1], weights[64];
+    const unsigned long long no = 0;
+#define WARM_DESC 0, 1, 1, 1, 0, 0, 1, 1, 0.0, 0LL, 0LL, (int)CGRU_GRU, 0
+    PyObject *size = call_capi_v("weight_space_size", "((iiiiiiiidLLii))", WARM_DESC);
+    long long nbytes = -1;
+    if (size != NULL && py.PyTuple_Size(size) == 3 &&
+        py.PyLong_AsLongLong(py.PyTuple_GetItem(size, 0)) == CGRU_STATUS_SUCCESS)
+        nbytes = py.PyLong_AsLongLong(py.PyTuple_GetItem(size, 2));
+    if (size) py.Py_DecRef(size);
+    PyObject *result = NULL;
+    if (nbytes > 0 && (size_t)nbytes <= sizeof weights)
+        result = call_capi_v("rnn_forward", "((iiiiiiiidLLii)iiiiKKKKKKKKKKKKK)", WARM_DESC,
+                             0, 0, 1, 1, no, (unsigned long long)(uintptr_t)x,
+                             (unsigned long long)(uintptr_t)y, no, no, no, no,
+                             (unsigned long long)nbytes,
+                             (unsigned long long)(uintptr_t)weights, no, no, no, no);
+#undef WARM_DESC
+    if (result) py.Py_DecRef(result);
+    py.PyErr_Clear();
+}
+
+/* Under the GIL: import cgru.capi, register the interpreter hooks, warm up. */
+static cgru_status_t join_interpreter(void)
+{
+    PyGILState_STATE gil = py.PyGILState_Ensure();
+    cgru_status_t status = import_capi();
+    if (status == CGRU_STATUS_SUCCESS)
+        status = register_interpreter_hooks();
+    if (status == CGRU_STATUS_SUCCESS)
+        warm_up();
+    py.PyGILState_Release(gil);
+    return status;
+}
+
+/* ---- fork handlers ------------------------------------------------------------------------ */
+/* The state handlers: runtime_lock across the fork; the child's own state. */
+static void state_prepare(void) { lock_state(); }
+static void state_parent(void) { unlock_state(); }
+
+static void state_child(void)
+{
+    pthread_mutex_init(&runtime_lock, NULL);          /* held by this thread at the fork */
+    pthread_cond_init(&runtime_changed, NULL);        /* its waiters are not in this process */
+    calls_in_flight = calls_on_this_thread;
+    if (runtime_state == RUNTIME_STARTING && !pthread_equal(setup_thread, pthread_self())) {
+        start_status = CGRU_STATUS_RUNTIME_UNAVAILABLE;
+        snprintf(start_message, sizeof start_message, "%s", FORKED_DURING_SETUP_MESSAGE);
+        runtime_state = RUNTIME_FAILED;
+    }
+}
+
+/* The interpreter handlers: what os.fork does around fork(), unless Python does it itself. */
+static void interpreter_prepare(void)
+{
+    fork_took_gil = 0;
+    if (python_forking)
+        return;
+    lock_state();
+    int usable = runtime_state == RUNTIME_READY;
+    if (usable) {
+        calls_in_flight++;                  /* a finalisation waits until the fork is done */
+        calls_on_this_thread++;
+    }
+    unlock_state();
+    if (!usable)
+        return;
+    fork_made_thread_state = py.PyGILState_GetThisThreadState() == NULL;
+    fork_gil = py.PyGILState_Ensure();
+    py.PyOS_BeforeFork();
+    fork_took_gil = 1;
+}
+
+static void interpreter_parent(void)
+{
+    if (!fork_took_gil)
+        return;
+    fork_took_gil = 0;
+    py.PyOS_AfterFork_Parent();
+    py.PyGILState_Release(fork_gil);
+    leave();
+}
+
+static void interpreter_child(void)
+{
+    if (!fork_took_gil)
+        return;
+    fork_took_gil = 0;
+    py.PyOS_AfterFork_Child();
+    /* PyOS_AfterFork_Child deleted every thread state but this thread's, and CPython needs an
+     * interpreter to keep one: a thread state made for the fork stays (this thread's, like
+     * the one of the thread that starts an embedded interpreter); only the GIL is released. */
+    if (fork_made_thread_state)
+        py.PyEval_SaveThread();
+    else
+        py.PyGILState_Release(fork_gil);
+    leave();                                /* the state handler kept this thread's count */
+}
+
+__attribute__((constructor)) static void register_state_handlers(void)
+{
+    state_handlers_registered = pthread_atfork(state_prepare, state_parent, state_child) == 0;
+}
+
+/* ---- the set-up ---------------------------------------------------------------------------- */
+/* The first call's work (runtime_lock not held): the interpreter, cgru.capi, the hooks, the
+ * interpreter fork handlers; then READY or FAILED (unless finalisation began meanwhile). */
+static void set_up(void)
+{
+    cgru_status_t status = CGRU_STATUS_SUCCESS;
+    if (!state_handlers_registered && !(state_handlers_registered =
+            pthread_atfork(state_prepare, state_parent, state_child) == 0)) {
+        start_fail(CGRU_STATUS_RUNTIME_UNAVAILABLE,
+                   "cannot register libcgru's fork handlers (pthread_atfork failed)");
+        status = start_status;
+    }
+    if (status == CGRU_STATUS_SUCCESS)
+        status = start_interpreter();
+    if (status == CGRU_STATUS_SUCCESS)
+        status = join_interpreter();
+    if (status == CGRU_STATUS_SUCCESS &&
+        pthread_atfork(interpreter_prepare, interpreter_parent, interpreter_child) != 0) {
+        start_fail(CGRU_STATUS_RUNTIME_UNAVAILABLE,
+                   "cannot register libcgru's fork handlers (pthread_atfork failed)");
+        status = start_status;
+    }
+    lock_state();
+    if (runtime_state == RUNTIME_STARTING)
+        set_state(status == CGRU_STATUS_SUCCESS ? RUNTIME_READY : RUNTIME_FAILED);
+    unlock_state();
+}
+
+/* Wait (runtime_lock held) until another thread's set-up is done.  A thread holding the host
+ * interpreter's GIL lets go of it meanwhile: the set-up needs it. */
+static void wait_for_set_up(void)
+{
+    while (runtime_state == RUNTIME_STARTING) {
+        if (python_up && py.PyGILState_GetThisThreadState() != NULL && py.PyGILState_Check()) {
+            unlock_state();
+            PyThreadState *thread_state = py.PyEval_SaveThread();
+            lock_state();
+            while (runtime_state == RUNTIME_STARTING)
+                pthread_cond_wait(&runtime_changed, &runtime_lock);
+            unlock_state();
+            py.PyEval_RestoreThread(thread_state);
+            lock_state();
+        } else {
+            pthread_cond_wait(&runtime_changed, &runtime_lock);
+        }
+    }
+}
+
+/* Admit a call: CGRU_STATUS_SUCCESS with the call counted in flight (the caller then calls
+ * leave()), or the status to return (the message set).  Sets the runtime up on first use. */
+static cgru_status_t admit(void)
+{
+    lock_state();
+    for (;;) {
+        switch (runtime_state) {
+        case RUNTIME_NONE:
+            runtime_state = RUNTIME_STARTING;
+            setup_thread = pthread_self();
+            unlock_state();
+            set_up();
+            lock_state();
+            break;
+        case RUNTIME_STARTING:
+            if (pthread_equal(setup_thread, pthread_self())) {
+                unlock_state();
+                return cgru__fail(CGRU_STATUS_INTERNAL_ERROR, "libcgru was called from inside "
+                                  "its own set-up (please report)");
+            }
+            wait_for_set_up();
+            break;
+        case RUNTIME_FINALISED:
+            unlock_state();
+            return cgru__fail(CGRU_STATUS_RUNTIME_UNAVAILABLE, "%s", FINALISED_MESSAGE);
+        case RUNTIME_READY:
+            calls_in_flight++;
+            calls_on_this_thread++;
+            unlock_state();
+            return CGRU_STATUS_SUCCESS;
+        case RUNTIME_FAILED:
+        default: {
+            cgru_status_t status = start_status;
+            unlock_state();
+            return cgru__fail(status, "%s", start_message);
+        }
+        }
+    }
+}
 /* ---- calling ---------------------------------------------------------------------------- */
 static cgru_status_t unpack_result(const char *function, PyObject *result, long long *values,
                                    int nvalues)
@@ -379,43 +802,34 @@ bad:
                       ", %d values)) %s", function, nvalues, error);
 }
 
+
 cgru_status_t cgru__py_call(const char *function, long long *values, int nvalues,
                             const char *format, ...)
 {
     char error[768];
-    pthread_once(&start_once, start);
-    if (start_status != CGRU_STATUS_SUCCESS)
-        return cgru__fail(start_status, "%s", start_message);
-    /* the host may have finalised the interpreter since: taking the GIL would crash */
-    if (!py.Py_IsInitialized())
-        return cgru__fail(CGRU_STATUS_RUNTIME_UNAVAILABLE,
-                          "the Python runtime was finalised (Py_Finalize) after libcgru started "
-                          "using it; expected a running interpreter: call cgru before "
-                          "Py_Finalize, or initialise Python again first");
-
-    PyGILState_STATE gil = py.PyGILState_Ensure();
-    PyObject *module = NULL, *args = NULL, *fn = NULL, *result = NULL;
-    cgru_status_t status = import_capi(&module);
-    if (status == CGRU_STATUS_SUCCESS) {
-        va_list ap;
-        va_start(ap, format);
-        args = py.Py_VaBuildValue(format, ap);
-        va_end(ap);
-        fn = args ? py.PyObject_GetAttrString(module, function) : NULL;
-        result = fn ? py.PyObject_CallObject(fn, args) : NULL;
-        if (result != NULL) {
-            status = unpack_result(function, result, values, nvalues);
-        } else {
-            int oom = py.PyErr_ExceptionMatches(*py.PyExc_MemoryError);
-            take_python_error(error, sizeof error);
-            status = cgru__fail(oom ? CGRU_STATUS_ALLOC_FAILED : CGRU_STATUS_INTERNAL_ERROR,
-                                "calling " CAPI_MODULE ".%s failed: %s", function, error);
-        }
+    cgru_status_t status = admit();
+    if (status != CGRU_STATUS_SUCCESS)
+        return status;
+    /* a finalisation that skipped the atexit callbacks: taking the GIL would crash */
+    if (!py.Py_IsInitialized()) {
+        leave();
+        return cgru__fail(CGRU_STATUS_RUNTIME_UNAVAILABLE, "%s", FINALISED_MESSAGE);
     }
-    if (result) py.Py_DecRef(result);
-    if (fn) py.Py_DecRef(fn);
-    if (args) py.Py_DecRef(args);
-    if (module) py.Py_DecRef(module);
+    PyGILState_STATE gil = py.PyGILState_Ensure();
+    va_list ap;
+    va_start(ap, format);
+    PyObject *result = call_capi(function, format, ap);
+    va_end(ap);
+    if (result != NULL) {
+        status = unpack_result(function, result, values, nvalues);
+        py.Py_DecRef(result);
+    } else {
+        int oom = py.PyErr_ExceptionMatches(*py.PyExc_MemoryError);
+        take_python_error(error, sizeof error);
+        status = cgru__fail(oom ? CGRU_STATUS_ALLOC_FAILED : CGRU_STATUS_INTERNAL_ERROR,
+                            "calling " CAPI_MODULE ".%s failed: %s", function, error);
+    }
     py.PyGILState_Release(gil);
+    leave();
     return status;
 }

@@ -20,7 +20,8 @@
 /* Calls cgru.capi.<function>(*args), args built by Py_BuildValue(format, ...) (format must make
  * a tuple: "(...)").  The Python function returns (status, message, *values); the message becomes
  * the calling thread's last error message, and on success the nvalues values (ints) are stored in
- * values[].  Starts or joins the runtime on first use.  Safe from any thread. */
+ * values[].  Sets the runtime up on first use (runtime.c: SET-UP); safe from any thread, across
+ * fork() and while the host finalises Python (runtime.c: FORK, FINALISATION). */
 CGRU_INTERNAL cgru_status_t cgru__py_call(const char *function, long long *values, int nvalues,
                                           const char *format, ...);
 

@@ -3,8 +3,10 @@
  * interpreter with the python of cgru's environment as its program name), makes a cgru call
  * (libcgru joins that interpreter), then finalises the interpreter and calls cgru again: the
  * second call must return CGRU_STATUS_RUNTIME_UNAVAILABLE, not crash.  Then the interpreter is
- * initialised again and cgru is called once more (libcgru must not use anything cached from
- * the first interpreter).  Prints one line per call: "name<TAB>status<TAB>message"; exits 0.
+ * initialised again and cgru is called once more: that call must return
+ * CGRU_STATUS_RUNTIME_UNAVAILABLE as well (NumPy cannot be loaded a second time in one process,
+ * so libcgru never uses a second interpreter).  Prints one line per call:
+ * "name<TAB>status<TAB>message"; exits 0.
  *
  *   cc -std=c99 gru_after_finalize.c -o gru_after_finalize $(python -m cgru --cflags --libs) \
  *      $(python3-config --embed --cflags --ldflags)
