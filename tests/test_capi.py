@@ -1610,3 +1610,38 @@ def test_programs_built_against_the_0_1_header_still_run(tmp_path):
     assert results["0.1"].keys() == results["now"].keys()
     for name in results["now"]:
         np.testing.assert_array_equal(results["0.1"][name], results["now"][name], err_msg=name)
+
+
+def test_repeated_calls_on_one_weight_space_pack_once_and_see_changes(lib, monkeypatch):
+    """The weight space at one address is wrapped by the same view on every call, so cgru's
+    kept copy of the weights (and its packs) is found again; weights changed in place between
+    calls are seen by the next one (the kept copy is proven by its bytes)."""
+    from cgru.core import plan, weights as kept_weights
+    packs = []
+    real = kept_weights.pack_rhs
+    monkeypatch.setattr(kept_weights, "pack_rhs", lambda B, fwd: packs.append(1) or real(B, fwd))
+    plan.release_memory()
+    topo = cgru.Topology(3, 4)
+    params = cgru.Network.random(topo, np.float64, seed=2)
+    desc = _Desc()
+    _call(lib, "cgru_rnn_desc_init", ctypes.byref(desc))
+    desc.data_type, desc.input_size, desc.hidden_size, desc.num_layers = 1, 3, 4, 1
+    weights = params.flat()
+    x = np.random.default_rng(3).standard_normal((5, 2, 3))
+    y = np.empty((5, 2, 4))
+
+    def forward():
+        _call(lib, "cgru_rnn_forward", ctypes.byref(desc), 0, 0, 5, 2, None, _ptr(x), _ptr(y),
+              None, None, ctypes.c_size_t(weights.nbytes), _ptr(weights), ctypes.c_size_t(0),
+              None, ctypes.c_size_t(0), None)
+        return y.copy()
+    first = forward()
+    made = len(packs)
+    for _ in range(3):
+        np.testing.assert_array_equal(forward(), first)
+    assert len(packs) == made == 1
+    weights[-20] += 0.5                       # a bias, in place in the weight space
+    changed = forward()
+    want = cgru.forward(cgru.Network.from_flat(topo, weights), x).y
+    np.testing.assert_allclose(changed, want, rtol=1e-12, atol=1e-13)
+    assert not np.allclose(changed, first)

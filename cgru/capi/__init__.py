@@ -32,11 +32,13 @@ T·N and G·H within the kernels' 32-bit BLAS ints, L·D pseudo-layers within in
 indices), every buffer below 2^62 bytes.  Sizes and offsets are closed forms (no loop over the
 layers), so a query on any descriptor answers at once.
 """
+import collections
 from collections import namedtuple
 import ctypes
 import functools
 import math
 import struct
+import threading
 
 import numpy as np
 
@@ -318,6 +320,31 @@ def _space(size, addr, need, what, size_name, query):
     return _bytes_at(addr, need)
 
 
+_WEIGHT_SPACES = collections.OrderedDict()     # (address, bytes) -> ctypes view, newest last
+_WEIGHT_SPACES_KEPT = 8
+_weight_spaces_lock = threading.Lock()
+
+
+def _weight_space(size, addr, need):
+    """The weight space as uint8, over the same ctypes view object for the same address and
+    size on every call (the last few kept), so that the kept copies of the weights — found by
+    the owner of their memory — are found again from call to call.  A view never outlives the
+    call's use of it: a later call at the same address reads that call's memory."""
+    _check_space(size, addr, need, "weight_space", "weight_space_size",
+                 "cgru_get_weight_space_size")
+    key = (addr, need)
+    with _weight_spaces_lock:
+        view = _WEIGHT_SPACES.get(key)
+        if view is None:
+            view = (ctypes.c_char * need).from_address(addr)
+            _WEIGHT_SPACES[key] = view
+            while len(_WEIGHT_SPACES) > _WEIGHT_SPACES_KEPT:
+                _WEIGHT_SPACES.popitem(last=False)
+        else:
+            _WEIGHT_SPACES.move_to_end(key)
+    return np.frombuffer(view, np.uint8)
+
+
 def _refuse_overlaps(buffers):
     """BAD_PARAM when a buffer the call writes overlaps any other buffer of the call.
 
@@ -567,8 +594,7 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, cx, cy,
     training = _enum(fwd_mode, _FWD_MODES, "fwd_mode",
                      "CGRU_FWD_MODE_INFERENCE (0) or CGRU_FWD_MODE_TRAINING (1)")
     m, batch_major, T, N, lengths = _common(desc, layout, T, N, seq_lengths)
-    params = _params_view(m, _space(ws_size, ws, _weight_bytes(m), "weight_space",
-                                    "weight_space_size", "cgru_get_weight_space_size"), False)
+    params = _params_view(m, _weight_space(ws_size, ws, _weight_bytes(m)), False)
     plan = _plan(m, T, N) if training else None
     space = None
     if training:
@@ -612,8 +638,7 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, cx, cy,
 def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, dcy, dcx, ws_size, ws,
                       work_size, work, reserve_size, reserve):
     m, batch_major, T, N, lengths = _common(desc, layout, T, N, seq_lengths)
-    params = _params_view(m, _space(ws_size, ws, _weight_bytes(m), "weight_space",
-                                    "weight_space_size", "cgru_get_weight_space_size"), False)
+    params = _params_view(m, _weight_space(ws_size, ws, _weight_bytes(m)), False)
     plan, space, head = _open_reserve(m, batch_major, T, N, lengths, reserve_size, reserve,
                                       _STATE_FORWARD, "cgru_rnn_backward_data")
     xs, ys, hs, cs = _seq_shapes(m, batch_major, T, N)
