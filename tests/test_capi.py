@@ -1645,3 +1645,42 @@ def test_repeated_calls_on_one_weight_space_pack_once_and_see_changes(lib, monke
     want = cgru.forward(cgru.Network.from_flat(topo, weights), x).y
     np.testing.assert_allclose(changed, want, rtol=1e-12, atol=1e-13)
     assert not np.allclose(changed, first)
+
+
+@pytest.mark.parametrize("tamper", ["state", "dw", "a recorded argument"])
+def test_a_changed_reserve_space_is_refused(lib, tamper):
+    """The C reserve space's header is sealed (a keyed MAC) and so is the weight gradient that
+    backward_data leaves in it: a state flipped to "backward_data done", a changed dw or a
+    changed recorded argument is refused instead of handing out wrong weight gradients."""
+    topo = cgru.Topology(3, 4)
+    params = cgru.Network.random(topo, np.float64, seed=4)
+    desc = _Desc()
+    _call(lib, "cgru_rnn_desc_init", ctypes.byref(desc))
+    desc.data_type, desc.input_size, desc.hidden_size, desc.num_layers = 1, 3, 4, 1
+    weights = params.flat()
+    x = np.random.default_rng(5).standard_normal((5, 2, 3))
+    y, dx = np.empty((5, 2, 4)), np.empty_like(x)
+    dy = np.ones_like(y)
+    wbytes, work, rbytes = ctypes.c_size_t(weights.nbytes), ctypes.c_size_t(), ctypes.c_size_t()
+    _call(lib, "cgru_get_temp_space_sizes", ctypes.byref(desc), 1, 5, 2, ctypes.byref(work),
+          ctypes.byref(rbytes))
+    reserve = np.zeros(rbytes.value // 8, np.int64)
+    dweights = np.zeros_like(weights)
+    args = (wbytes, _ptr(weights), work, None, rbytes, _ptr(reserve))
+    _call(lib, "cgru_rnn_forward", ctypes.byref(desc), 1, 0, 5, 2, None, _ptr(x), _ptr(y),
+          None, None, *args)
+    if tamper == "state":
+        reserve[2] = 2                       # "backward_data has run": dw would be garbage
+    else:
+        _call(lib, "cgru_rnn_backward_data", ctypes.byref(desc), 0, 5, 2, None, _ptr(dy),
+              _ptr(dx), None, None, *args)
+        if tamper == "dw":
+            reserve[reserve[6] // 8] += 1         # the first word of dw (slot 6: its offset)
+        else:
+            reserve[8 + 7] ^= 1                  # desc->dropout's bits, as recorded
+    status = lib.cgru_rnn_backward_weights(ctypes.byref(desc), 1, 0, 5, 2, None, wbytes,
+                                           _ptr(dweights), work, None, rbytes, _ptr(reserve))
+    message = lib.cgru_get_last_error_message().decode()
+    assert status == 1, (status, message)
+    assert "reserve_space:" in message and ("does not verify" in message or
+                                            "were changed since" in message), message

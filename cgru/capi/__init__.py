@@ -15,7 +15,10 @@ The C ABI reserve space (training), carved by ``_plan`` (regions 64-byte aligned
                          3 zero, 4…7 region offsets (engine, x, dw, total),
                          8…23 the forward's arguments the backward calls must repeat
                          (``_RECORDED``: the descriptor but desc->num_threads, layout, T, N and
-                         a MAC of seq_lengths), so that a mismatch is named
+                         a MAC of seq_lengths), so that a mismatch is named;
+                         30 the MAC of dw (once backward_data has written it), 31 the MAC of
+                         slots 0…30 — a header changed after the call that wrote it (its state,
+                         say, or dw) is refused (the engine's reserve binds the rest)
     engine   uint8[E]    the engine's reserve (E = cgru.reserve_nbytes)
     x        [T·N·I]     a copy of the forward's x, as given (either layout)
     dw       [weights]   the weight gradients backward_data computed (weight-space layout)
@@ -69,14 +72,14 @@ _CELL_MODES = {0: "rnn_relu", 1: "rnn_tanh", 2: "lstm", 3: "gru"}
 _CELL_MODE_NAMES = ("CGRU_RNN_RELU (0), CGRU_RNN_TANH (1), CGRU_LSTM (2) or CGRU_GRU (3)")
 
 _MAGIC = 0x49424143_75726763  # "cgruCABI"
-_VERSION = 3                  # 3: the header records the forward's arguments (slots 8…23),
-                              # cell mode and projection size among them
+_VERSION = 4                  # 4: slots 30, 31 seal dw and the header (keyed MACs)
 _ALIGN = 64
 _HEADER_SLOTS = 32
 _HEADER_BYTES = 8 * _HEADER_SLOTS
 _RECORD_SLOT = 8
 _STATE_FORWARD = 1
 _STATE_BACKWARD_DATA = 2
+_DW_MAC_SLOT, _SEAL_SLOT = 30, 31
 _MAX_BYTES = 2 ** 62
 _INT_MAX = 2 ** 31 - 1        # the kernels' BLAS ints, the C ABI's int32 indices
 
@@ -528,6 +531,15 @@ def _reserve_header(space):
     return space[:_HEADER_BYTES].view(np.int64)
 
 
+def _seal(head):
+    """The keyed MAC of header slots 0…30 (process-keyed, as the engine reserve's)."""
+    return _reserve.mac(b"capi-reserve", head[:_SEAL_SLOT].tobytes())
+
+
+def _dw_mac(space, plan, dtype):
+    return _reserve.data_mac(b"capi-dw", space[plan.dw:plan.dw + plan.dw_bytes].view(dtype))
+
+
 _RESERVE_QUERY = "cgru_get_temp_space_sizes with CGRU_FWD_MODE_TRAINING"
 
 
@@ -558,6 +570,11 @@ def _open_reserve(m, batch_major, T, N, lengths, size, addr, need_state, caller)
         raise _Fail(BAD_PARAM, f"reserve_space: written by a training forward of another cgru "
                                f"version (reserve format version {head[1]}, expected "
                                f"{_VERSION}); run the forward with this libcgru")
+    if head[_SEAL_SLOT] != _seal(head):
+        raise _Fail(BAD_PARAM, "reserve_space: its header does not verify: changed after the "
+                               "call that wrote it, or written in another process (a reserve "
+                               "space is valid in the process that made it and its forked "
+                               "children); pass the reserve space of this sequence's forward")
     record = _record(m, batch_major, T, N, lengths)
     stored = [int(v) for v in head[_RECORD_SLOT:_RECORD_SLOT + len(record)]]
     if stored != record:
@@ -629,6 +646,7 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, cx, cy,
         head[:_RECORD_SLOT] = [_MAGIC, _VERSION, _STATE_FORWARD, 0, plan.engine, plan.x,
                                plan.dw, plan.total]
         head[_RECORD_SLOT:_RECORD_SLOT + len(record)] = record
+        head[_SEAL_SLOT] = _seal(head)
         space[plan.engine:plan.engine + plan.engine_bytes] = f.reserve
         space[plan.x:plan.x + plan.x_bytes] = xa.reshape(-1).view(np.uint8)
     return ()
@@ -659,6 +677,8 @@ def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, dcy, dc
     engine_reserve = space[plan.engine:plan.engine + plan.engine_bytes]
     dparams = _params_view(m, space[plan.dw:plan.dw + plan.dw_bytes], True)
     head[2] = _STATE_FORWARD  # dw is being rewritten: not valid until this call succeeds
+    head[_DW_MAC_SLOT] = 0
+    head[_SEAL_SLOT] = _seal(head)
     g = backward(params, x_saved, engine_reserve, dya, dhya, dcy=dcya, batch_major=batch_major,
                  dparams=dparams, accumulate=False, num_threads=m.num_threads)
     dxa[...] = g.dx
@@ -667,6 +687,8 @@ def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, dcy, dc
     if dcxa is not None:
         dcxa[...] = g.dc0
     head[2] = _STATE_BACKWARD_DATA
+    head[_DW_MAC_SLOT] = _dw_mac(space, plan, m.dtype)
+    head[_SEAL_SLOT] = _seal(head)
     return ()
 
 
@@ -679,8 +701,12 @@ def rnn_backward_weights(desc, wgrad_mode, layout, T, N, seq_lengths, dws_size, 
     nbytes = _weight_bytes(m)
     dw_out = _space(dws_size, dws, nbytes, "dweight_space", "weight_space_size",
                     "cgru_get_weight_space_size").view(m.dtype)
-    plan, space, _ = _open_reserve(m, batch_major, T, N, lengths, reserve_size, reserve,
-                                   _STATE_BACKWARD_DATA, "cgru_rnn_backward_weights")
+    plan, space, head = _open_reserve(m, batch_major, T, N, lengths, reserve_size, reserve,
+                                      _STATE_BACKWARD_DATA, "cgru_rnn_backward_weights")
+    if head[_DW_MAC_SLOT] != _dw_mac(space, plan, m.dtype):
+        raise _Fail(BAD_PARAM, "reserve_space: the weight gradients cgru_rnn_backward_data "
+                               "left in it were changed since; run cgru_rnn_backward_data "
+                               "again")
     _refuse_overlaps([("seq_lengths", seq_lengths, 4 * N, False),
                       ("dweight_space", dws, nbytes, True),
                       ("reserve_space", reserve, plan.total, False)])
