@@ -244,7 +244,8 @@ def params_size(num_layers, num_units, input_size, *, dtype=np.float32, rnn_mode
     dt = validate.as_dtype(dtype, "dtype")
     attrs = _attrs(rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj)
     n = _topology(num_layers, num_units, input_size, attrs).flat_size(attrs.cell.gates)
-    validate.nbytes_limit(n * dt.itemsize, "params_size")
+    validate.nbytes_limit(n * dt.itemsize, f"num_layers={num_layers}, num_units={num_units}, "
+                          f"input_size={input_size}", f"the params buffer ({n} {dt.name})")
     return n
 
 

@@ -132,6 +132,7 @@ def test_size_queries_are_closed_form(size_queries):
 def test_size_queries_apply_the_calls_bounds(size_queries):
     kind, msg = size_queries["params_size_2**70"]
     assert kind == "ValueError" and "2^62" in msg, (kind, msg)
+    assert msg.startswith(f"num_layers={2 ** 70}, num_units=6, input_size=5: the params"), msg
     kind, msg = size_queries["reserve_nbytes_rows"]
     assert kind == "ValueError" and msg.startswith("reserve_nbytes: T·N") and str(INT_MAX) in msg
     kind, msg = size_queries["reserve_nbytes_3H"]

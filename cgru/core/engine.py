@@ -208,7 +208,7 @@ def reserve_nbytes(topology, T, N, *, cell=None, dtype=np.float32):
     T, N = validate.positive_int(T, "T"), validate.positive_int(N, "N")
     validate.call_sizes(topology, cell.gates, T, N, "reserve_nbytes")
     nbytes = reserve_mod.Layout(topology, cell, T, N, validate.as_dtype(dtype)).nbytes
-    return validate.nbytes_limit(nbytes, "reserve_nbytes")
+    return validate.nbytes_limit(nbytes, f"T={T}, N={N} (with {topology})", "the reserve")
 
 
 # --- forward -------------------------------------------------------------------------------
@@ -355,7 +355,7 @@ def forward(params, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major
     rv, lds, xin = None, None, None
     if training:
         layout = reserve_mod.Layout(topo, cell, T, N, dtype)
-        validate.nbytes_limit(layout.nbytes, "reserve")
+        validate.nbytes_limit(layout.nbytes, f"x (T={T}, N={N}, with {topo})", "the reserve")
         rv, (_, _, lds, xin) = reserve_mod.create(
             layout, lengths=lengths, dropout=p, seed=s1, seed2=s2, batch_major=batch_major,
             x=reserve_mod.data_mac(b"x", x_tm), weights=reserve_mod.weights_mac(frozen),

@@ -171,10 +171,12 @@ def call_sizes(topo, gates, T, N, what):
             raise ValueError(f"{what}: {label} = {v} exceeds the 32-bit BLAS limit {INT_MAX}")
 
 
-def nbytes_limit(nbytes, what):
-    """``nbytes`` if it is at most ``MAX_BYTES``, else a ``ValueError`` naming ``what``."""
+def nbytes_limit(nbytes, what, buffer="the buffer"):
+    """``nbytes`` if it is at most ``MAX_BYTES``, else a ``ValueError`` naming ``what`` (the
+    arguments that size it, with their values) and ``buffer`` (what would be that large)."""
     if nbytes > MAX_BYTES:
-        raise ValueError(f"{what}: {nbytes} bytes exceeds what cgru supports (2^62 bytes)")
+        raise ValueError(f"{what}: {buffer} would take {nbytes} bytes, more than cgru supports "
+                         f"(2^62 bytes)")
     return nbytes
 
 
