@@ -1,10 +1,21 @@
 """Build cgru's Cython extensions and libcgru (the C ABI).
 
-The kernels run on cgru's own pthread pool (``cgru/_pool.h``), so no OpenMP runtime is needed.
+The kernels' parallel regions are OpenMP (``cgru/_kernels/parallel.h``).  The build first
+checks that the compiler can compile, link and run a small OpenMP program (as scikit-learn's
+``check_openmp_support`` does); if it cannot — Apple's clang without libomp, say — it warns and
+builds the kernels serially (``cgru.parallel_enabled()`` is then False).  The flags are
+``-fopenmp`` (macOS: ``-Xpreprocessor -fopenmp`` and ``-lomp``); ``CGRU_OPENMP_CFLAGS`` and
+``CGRU_OPENMP_LDFLAGS`` replace them (e.g. to build against LLVM's libomp with GCC:
+``CGRU_OPENMP_LDFLAGS="-L/usr/lib/llvm-14/lib -lomp"``), ``CGRU_OPENMP=0`` builds serially.
 ``CGRU_DEBUG=1`` in the environment turns on Cython's bounds and wraparound checks and, where
 the compiler supports them, the address and undefined-behaviour sanitizers.
 """
 import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import textwrap
 
 import numpy as np
 from Cython.Build import cythonize
@@ -40,11 +51,86 @@ extensions = [
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
-        depends=[f"{KERNELS}/{h}" for h in ("simd.h", "hash.h", "pool.h", "team.h", "threads.pxd",
-                                            "blas.pxd", "loops.pxd", "entry.pxi")],
+        depends=[f"{KERNELS}/{h}" for h in ("simd.h", "hash.h", "team.h", "threads.pxd",
+                                            "blas.pxd", "loops.pxd", "entry.pxi")
+                 + (("parallel.h",) if name == "threads" else ())],
     )
     for name in ("threads", "blas", "loops", "gru", "lstm", "rnn")
 ]
+
+
+OPENMP_PROBE = textwrap.dedent("""
+    #include <omp.h>
+    #include <stdio.h>
+    int main(void) {
+        int members = 0;
+        #pragma omp parallel num_threads(2)
+        {
+            #pragma omp atomic
+            members++;
+        }
+        printf("%d %d\\n", members, omp_get_max_threads() >= 1);
+        return 0;
+    }
+""")
+
+
+def openmp_flags():
+    """``(compile flags, link flags)`` of the compiler's OpenMP: the defaults, or the
+    ``CGRU_OPENMP_CFLAGS`` / ``CGRU_OPENMP_LDFLAGS`` the environment gives."""
+    if sys.platform == "darwin":
+        cflags, ldflags = ["-Xpreprocessor", "-fopenmp"], ["-lomp"]
+    else:
+        cflags, ldflags = ["-fopenmp"], ["-fopenmp"]
+    if "CGRU_OPENMP_CFLAGS" in os.environ:
+        cflags = shlex.split(os.environ["CGRU_OPENMP_CFLAGS"])
+    if "CGRU_OPENMP_LDFLAGS" in os.environ:
+        ldflags = shlex.split(os.environ["CGRU_OPENMP_LDFLAGS"])
+    return cflags, ldflags
+
+
+def openmp_works(compiler, cflags, ldflags):
+    """``(True, "")`` when ``compiler`` compiles, links and runs OPENMP_PROBE with the flags
+    (a team of 2 threads ran), else ``(False, why)``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "cgru_openmp_probe.c")
+        with open(src, "w") as f:
+            f.write(OPENMP_PROBE)
+        try:
+            objects = compiler.compile([src], output_dir=tmp, extra_postargs=cflags)
+            exe = os.path.join(tmp, "cgru_openmp_probe")
+            compiler.link_executable(objects, exe, extra_postargs=ldflags)
+            out = subprocess.run([exe], capture_output=True, text=True, timeout=60,
+                                 env=dict(os.environ, OMP_NUM_THREADS="2"))
+        except Exception as e:  # noqa: BLE001 - CompileError, LinkError, OSError: all say "no"
+            return False, f"{type(e).__name__}: {e}"
+        if out.returncode != 0 or out.stdout.split() != ["2", "1"]:
+            return False, f"the probe ran with exit {out.returncode}, output {out.stdout!r}"
+        return True, ""
+
+
+def build_ext_openmp(base):
+    """``base`` that first probes the compiler's OpenMP and adds its flags to the kernels (or
+    warns and builds them serially)."""
+    class build_ext_with_openmp(base):
+        def build_extensions(self):
+            kernels = [e for e in self.extensions if e.name.startswith("cgru._kernels.")]
+            if os.environ.get("CGRU_OPENMP", "1") == "0":
+                self.warn("CGRU_OPENMP=0: cgru's kernels are built without OpenMP (serial)")
+            elif kernels:
+                cflags, ldflags = openmp_flags()
+                ok, why = openmp_works(self.compiler, cflags, ldflags)
+                if ok:
+                    for ext in kernels:
+                        ext.extra_compile_args = list(ext.extra_compile_args) + cflags
+                        ext.extra_link_args = list(ext.extra_link_args) + ldflags
+                else:
+                    self.warn(f"the compiler cannot build OpenMP programs with {cflags} / "
+                              f"{ldflags} ({why}): cgru's kernels are built without OpenMP and "
+                              f"run serially; set CGRU_OPENMP_CFLAGS / CGRU_OPENMP_LDFLAGS (e.g. "
+                              f"for a libomp install) to enable threads")
+            super().build_extensions()
+    return build_ext_with_openmp
 
 
 def _load_capi_build():
@@ -62,5 +148,5 @@ _capi = _load_capi_build()
 
 setup(
     ext_modules=cythonize(extensions, compiler_directives=directives) + _capi.extensions(),
-    cmdclass={"build_ext": _capi.build_ext_class(build_ext)},
+    cmdclass={"build_ext": _capi.build_ext_class(build_ext_openmp(build_ext))},
 )

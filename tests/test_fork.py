@@ -1,13 +1,15 @@
 """Forked children: a child process of a parent that has used cgru's threads works.
 
 Fork is how ``multiprocessing`` (Linux default before Python 3.14), ``ProcessPoolExecutor``,
-PyTorch's DataLoader workers, joblib and Dask start workers.  An OpenMP runtime's thread pool
-does not survive a fork (a child entering a parallel region hangs forever); cgru's own pool
-registers fork handlers, so the child starts with no workers and makes fresh ones.
+PyTorch's DataLoader workers, joblib and Dask start workers.  GNU libgomp's thread pool does
+not survive a fork: a child whose forking thread had started an OpenMP team waits forever in
+its next team.  cgru's fork handlers end the forking thread's pool before the fork (the child
+then runs teams at full width) or, where that cannot be done, make the child run serially
+(cgru/_kernels/parallel.h); LLVM's libomp re-initialises itself in a child.
 
 Each scenario runs in a separate Python process under a timeout, so that a regression fails
 (with the scenario's output) instead of hanging the test run.  The child's results must be
-bitwise the parent's.
+bitwise the parent's; each scenario also says whether the child ran teams.
 """
 import os
 import subprocess
@@ -42,8 +44,14 @@ PRELUDE = textwrap.dedent("""
     def same(a, b):
         return all(np.array_equal(u, v) for u, v in zip(a, b))
 
-    want = call()                           # the parent uses 2 threads: a live pool
-    assert threads.pool_size() >= 1, threads.pool_size()
+    def teams():
+        return threads._counters()["teams"]
+
+    want = call()                           # the parent uses 2 threads: a live thread pool
+    assert teams() >= 1, threads._counters()
+    info = threads.parallel_info()
+    # the runtimes whose children run teams (see parallel.h); others run serially
+    CHILD_TEAMS = info["runtime"] in ("libgomp", "libomp")
 """)
 
 
@@ -64,12 +72,68 @@ def test_os_fork_child_computes_the_parents_bits():
     _run("""
         pid = os.fork()
         if pid == 0:
-            fresh = threads.pool_size()            # the parent's workers do not exist here
-            got = call()                           # parallel again: a fresh pool
-            os._exit(0 if fresh == 0 and threads.pool_size() >= 1 and same(got, want) else 3)
+            before = teams()
+            got = call()                           # teams again, on a fresh thread pool
+            ran_teams = teams() > before
+            ok = same(got, want) and ran_teams == CHILD_TEAMS and \
+                threads.parallel_info()["serial"] == (not CHILD_TEAMS)
+            os._exit(0 if ok else 3)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0, status
-        assert same(call(), want)                  # the parent's pool still works
+        before = teams()
+        assert same(call(), want)                  # the parent's teams still work
+        assert teams() > before
+        print("OK")
+    """)
+
+
+def test_children_and_grandchildren_of_forks_run_teams():
+    """A child that ran teams forks again: the grandchild too computes the parent's bits (with
+    teams where the runtime allows), three generations deep."""
+    _run("""
+        def generation(depth):
+            before = teams()
+            if not same(call(), want) or (teams() > before) != CHILD_TEAMS:
+                return 3
+            if depth == 0:
+                return 0
+            pid = os.fork()
+            if pid == 0:
+                os._exit(generation(depth - 1))
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+        pid = os.fork()
+        if pid == 0:
+            os._exit(generation(2))
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        print("OK")
+    """)
+
+
+def test_a_child_whose_runtime_could_not_be_paused_runs_serially():
+    """Where the forking thread's OpenMP pool cannot be ended before the fork (a fork inside
+    an OpenMP region, a runtime without omp_pause_resource_all; forced here), the child marks
+    itself serial: it never enters the runtime's stale pool, computes the parent's bits on one
+    thread, and so do its own children.  The parent keeps its teams."""
+    _run("""
+        if info["runtime"] != "libgomp":
+            print("OK (the pause is libgomp's)")
+            sys.exit(0)
+        threads._fork_pause(False)
+        pid = os.fork()
+        if pid == 0:
+            before = teams()
+            ok = same(call(), want) and teams() == before and threads.parallel_info()["serial"]
+            ok = ok and not cgru.parallel_enabled() and cgru.openmp_enabled()
+            pid2 = os.fork()                      # its child: serial as well
+            if pid2 == 0:
+                os._exit(0 if same(call(), want) and teams() == before else 4)
+            ok = ok and os.waitstatus_to_exitcode(os.waitpid(pid2, 0)[1]) == 0
+            os._exit(0 if ok else 3)
+        threads._fork_pause(True)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        before = teams()
+        assert same(call(), want) and teams() > before and cgru.parallel_enabled()
         print("OK")
     """)
 

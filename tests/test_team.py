@@ -137,12 +137,12 @@ def test_ctrl_c_stops_a_teamed_loop_at_the_next_step(teams, fn):
     finally:
         loops.set_probe(-1)
         signal.signal(signal.SIGINT, old)
-    again = cgru.forward(net, x, num_threads=2)           # the pool and the team still work
+    again = cgru.forward(net, x, num_threads=2)           # the teams still work
     np.testing.assert_array_equal(again.y, cgru.forward(net, x, num_threads=1).y)
 
 
 def test_concurrent_teamed_calls_from_threads(teams):
-    """Several calling threads, each with a one-loop layer and spare pool threads: every call
+    """Several calling threads, each with a one-loop layer and spare threads: every call
     gets the result it gets alone (a helper serves one team at a time)."""
     nets = [Network.random(Topology(5, 64, 1), np.float32, seed=s, cell=c)
             for s, c in enumerate([GRUCell(), LSTMCell(), RNNCell("tanh")])]

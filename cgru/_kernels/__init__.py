@@ -1,8 +1,9 @@
 """cgru's compiled kernels.
 
-* ``threads``  the thread pool (``pool.h``), the thread-count rule, BLAS held at one thread
+* ``threads``  OpenMP parallel regions (``parallel.h``), the thread-count rule, fork handling,
+               BLAS held at one thread
 * ``blas``     the row-major fused-type BLAS shim over ``scipy.linalg.cython_blas`` and the
-               whole-sequence GEMMs as blocks on the pool
+               whole-sequence GEMMs as blocks on an OpenMP team
 * ``loops``    what every cell kind's time loops share: signal polling, test probes, weight
                packing for the packed GEMM (``simd.h``), vector math, ``fingerprint``
 * ``gru``      the GRU's fused forward/backward time loops

@@ -121,7 +121,7 @@ def gemm_rm(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
              &C[0, 0], ldc)
 
 
-# --- whole-sequence GEMMs as blocks on cgru's threads ---------------------------------------
+# --- whole-sequence GEMMs as blocks on an OpenMP team ---------------------------------------
 # Each block runs as sub-chunks of at most about CHUNK_FLOPS flops (one BLAS call each), so that
 # a signal handler (Ctrl-C) is run and stops the product within one sub-chunk: the calling
 # thread runs Python's signal handlers between its sub-chunks (main-thread calls only) and
@@ -289,7 +289,7 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
                 const floating[:, :] B, double beta, floating[:, :] C, int n_blocks,
                 int num_threads):
     """``gemm_rm`` as ``n_blocks`` blocks of single-threaded BLAS calls spread over
-    ``num_threads`` of cgru's pool threads.
+    a team of up to ``num_threads`` OpenMP threads (``threads.parallel_for``).
 
     Without ``trans_a`` the rows of C are split (each block re-packs only B, the weights).
     With ``trans_a`` — ``C[m, n] = Aᵀ·op(B)`` with a long inner dimension k, the weight
@@ -300,7 +300,7 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     within a sub-chunk (``KeyboardInterrupt``, C left partly written).  The split depends on
     ``n_blocks`` and the shapes only (never on the thread count), so the result does not
     depend on ``num_threads``; BLAS's own thread pool stays idle, so it cannot fight with the
-    pool threads of the time loops.  BLAS must be held at one thread around this call
+    team threads of the time loops.  BLAS must be held at one thread around this call
     (``cgru._kernels.threads.blas_single_threaded``; ``cgru.core.plan.gemm`` does it).
     """
     cdef GemmJob J

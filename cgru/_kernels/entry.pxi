@@ -1,6 +1,6 @@
 # The Python entry points of one cell kind's time loops, shared word for word by gru.pyx,
 # lstm.pyx and rnn.pyx (each includes this file after defining its CellSpec, Layer,
-# make_cell, make_layer, forward_item and backward_item): the pool's per-item trampolines for
+# make_cell, make_layer, forward_item and backward_item): the per-item trampolines (threads.parallel_for) for
 # float32 and float64, and forward_layer / backward_layer.
 
 cdef void forward_item_f(void *ctx, int item) noexcept nogil:

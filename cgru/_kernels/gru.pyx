@@ -32,7 +32,7 @@ Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
     dgh_nᵀ·(r ⊙ h ⊙ m), which the backward writes into ws_rhm), db_W = Σ dgx, db_R = Σ dgh,
     dX = dgx·W.
 
-Parallelism: the work items (direction, batch chunk) run on cgru's thread pool (threads.pyx);
+Parallelism: the work items (direction, batch chunk) run on an OpenMP team (threads.pyx);
 each item runs the whole time loop for its rows.  A layer with one item (one direction, a
 small batch) shares its per-step products with the spare threads instead (a team, team.h:
 ``loop_gemm``).  The chunking depends on N only and a product's bits not on who computes

@@ -208,7 +208,7 @@ cdef void item_rows(const Loop *L, int item, int *d, int *b0, int *b1) noexcept 
 cdef bint loop_step(const Loop *L, double *next_poll, int item, int s) noexcept nogil
 # The first poll time of a loop.
 cdef double first_poll() noexcept nogil
-# For the pool: poll signals while the caller waits for the workers.
+# For parallel_for: poll signals while the caller waits for the team's other threads.
 cdef void poll_while_waiting(void *ctx) noexcept nogil
 # Set (atomically) *flag = 1.
 cdef void set_flag(int *flag) noexcept nogil
@@ -220,13 +220,14 @@ cdef void *ptr(object a)
 
 
 cdef struct Job:
-    # one layer's time loops as pool work items (direction-major, chunks of the batch)
+    # one layer's time loops as work items of a team (direction-major, chunks of the batch)
     void *layer                # the cell kind's Layer struct (it starts with a Loop)
     const void *cell           # the cell kind's CellSpec
     Loop *loop                 # &layer.loop
     bint training
     int failed                 # set (atomically) when a work item ran out of memory
 
-# Run fn(job, item) for every work item of J's layer on up to num_threads pool threads;
-# raise the signal handler's exception, or MemoryError, afterwards.
+# Run fn(job, item) for every work item of J's layer on a team of up to num_threads threads
+# (or its one loop with a thread team, team.h); raise the signal handler's exception, or
+# MemoryError, afterwards.
 cdef run_job(item_fn fn, Job *J, int num_threads, list errors, str what)

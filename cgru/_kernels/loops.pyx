@@ -1,7 +1,7 @@
 """The time loops' shared machinery: signal polling, the test probes, packing, fingerprints.
 
 Every cell kind's kernels (``gru.pyx``, …) run their time loops as independent work items
-(direction, batch chunk) on cgru's thread pool.  A loop calls ``loop_step`` at the start of
+(direction, batch chunk) on an OpenMP team (``threads.pyx``).  A loop calls ``loop_step`` at the start of
 every step: it stops all items once a signal handler has raised (Ctrl-C), runs Python's signal
 handlers on the caller's thread every ``POLL_SECONDS`` (main-thread calls only), and fires the
 test probe.  Also here: packing of the recurrent weights for the kernels' GEMM, the vector
@@ -19,7 +19,7 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport PyObject
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
-from cgru._kernels.threads cimport is_worker, item_fn, parallel_for, wtime
+from cgru._kernels.threads cimport is_worker, item_fn, parallel_for, parallel_region, wtime
 
 cnp.import_array()
 
@@ -33,7 +33,7 @@ cdef int _team_jobs = 0
 
 
 def team_jobs():
-    """How many time loops ran with a thread team so far (for tests)."""
+    """How many time loops ran with a thread team of two or more so far (for tests)."""
     return cgru_load(&_team_jobs)
 
 
@@ -99,19 +99,20 @@ cdef struct TeamJob:
     item_fn fn                 # the kind's work item
     Job *job
     cgru_team *team
-    int started                # the loop has been started (atomic)
 
 
-cdef void team_item(void *ctx, int item) noexcept nogil:
-    # The calling thread runs the layer's one time loop (work item 0: it polls for signals and
-    # fires the test probes, as without a team), then ends the team; pool workers help until
-    # then.  The caller takes part in every parallel_for, so the loop always runs, helpers or
-    # not; an item the caller takes after the loop returns at once.
+cdef void team_member(void *ctx, int tid, int size) noexcept nogil:
+    # The team's first thread — the caller — runs the layer's one time loop (work item 0: it
+    # polls for signals and fires the test probes, as without a team), then ends the team; the
+    # others help until then.  A team of one runs the loop without a team.
     cdef TeamJob *TJ = <TeamJob *>ctx
-    if not is_worker():
-        if cgru_add(&TJ.started, 1) == 1:
-            TJ.fn(TJ.job, 0)
-            cgru_team_quit(TJ.team)
+    if tid == 0:
+        if size == 1:
+            TJ.job.loop.team = NULL
+        else:
+            cgru_add(&_team_jobs, 1)
+        TJ.fn(TJ.job, 0)
+        cgru_team_quit(TJ.team)
     else:
         cgru_team_help(TJ.team)
 
@@ -121,15 +122,13 @@ cdef run_job(item_fn fn, Job *J, int num_threads, list errors, str what):
     cdef TeamJob TJ
     if n_items == 1 and num_threads > 1 and J.loop.use_team and not is_worker():
         # one loop and spare threads: they share its per-step products (team.h)
-        TJ.fn, TJ.job, TJ.team, TJ.started = fn, J, cgru_team_new(), 0
+        TJ.fn, TJ.job, TJ.team = fn, J, cgru_team_new()
         if TJ.team == NULL:
             raise MemoryError("cgru: out of memory for a thread team")
         J.loop.team = TJ.team
-        cgru_add(&_team_jobs, 1)
         try:
             with nogil:
-                parallel_for(num_threads, num_threads, team_item, &TJ, poll_while_waiting,
-                             J.loop)
+                parallel_region(num_threads, team_member, &TJ)
         finally:
             J.loop.team = NULL
             cgru_team_free(TJ.team)
@@ -161,7 +160,7 @@ cdef void check_signals(const Loop *L) noexcept nogil:
 
 
 cdef void poll_while_waiting(void *ctx) noexcept nogil:
-    # the pool calls this on the caller's thread while it waits for the workers
+    # parallel_for calls this on the caller's thread while it waits for the others
     cdef const Loop *L = <const Loop *>ctx
     if L.poll and not cgru_load(L.abort):
         check_signals(L)

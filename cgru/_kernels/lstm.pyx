@@ -39,7 +39,7 @@ Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
     After the loop (engine): dW = daᵀ·X, dR = daᵀ·(h ⊙ m), db_W = db_R = Σ da,
     dW_p = dhpᵀ·hf, dX = da·W, dP = Σ (da_i ⊙ c, da_f ⊙ c, da_o ⊙ c') ("ifgo": Σ da ⊙ c).
 
-Parallelism: the work items (direction, batch chunk) run on cgru's thread pool; each item
+Parallelism: the work items (direction, batch chunk) run on an OpenMP team; each item
 runs the whole time loop for its rows, or, when a layer has one item, shares its per-step
 products with the spare threads (team.h).  Results are bitwise identical for every thread
 count.

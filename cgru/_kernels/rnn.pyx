@@ -19,7 +19,7 @@ Backward (steps in reverse processing order)::
     dh += dy_t;  da = dh ⊙ act'(…) (⊙ clip') → dgx;  dh_prev = m ⊙ (da·R)
     After the loop (engine): dW = daᵀ·X, dR = daᵀ·(h ⊙ m), db_W = db_R = Σ da, dX = da·W.
 
-Parallelism as for the other kinds: (direction, batch chunk) work items on cgru's pool, or
+Parallelism as for the other kinds: (direction, batch chunk) work items on an OpenMP team, or
 one item whose per-step products a thread team shares (team.h).
 """
 from cython cimport floating

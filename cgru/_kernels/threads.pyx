@@ -1,13 +1,19 @@
-"""How cgru uses threads: its thread pool, the thread-count rule, and BLAS held at one thread.
+"""How cgru uses threads: OpenMP teams, the thread-count rule, fork, and BLAS held at one thread.
 
-* **The pool** (``pool.h``): the time loops and the whole-sequence GEMM blocks run as
-  independent work items on cgru's own pthread pool, the calling thread among them.  It
-  survives ``fork()``: a forked child (``multiprocessing``, process pools, DataLoader workers)
-  starts with no workers and makes fresh ones on its first call.  Results never depend on how
-  many threads run the items.
-* **The thread count** of a call: ``resolve_num_threads``.
+* **OpenMP** (``parallel.h``): the time loops' work items, the thread teams that share one
+  loop's per-step products (``team.h``) and the whole-sequence GEMM blocks all run as OpenMP
+  parallel regions of the compiler's runtime (GNU libgomp with GCC, LLVM's libomp with clang),
+  the calling thread as the team's first thread; a build without OpenMP runs them serially
+  (``parallel_enabled()`` is then False).  The runtime is the process's shared one, so
+  ``threadpoolctl`` lists it and ``threadpool_limits`` limits it.  Results never depend on how
+  many threads run: the work split is a function of the shapes only.
+* **The thread count** of a call: ``resolve_num_threads``; and while several threads call
+  cgru at once, each call's team takes only the cores the others leave (``parallel.h``).
+* **fork()**: libgomp's thread pools do not survive a fork; cgru's fork handlers end the forking
+  thread's pool first, so a child runs at full width — or, where that is not possible, mark
+  the child serial (``parallel_info()["serial"]``).  See ``parallel.h``.
 * **BLAS at one thread**: cgru's whole-sequence GEMMs run as blocks of single-threaded BLAS
-  calls on the pool's threads, so that BLAS's own threads neither fight the pool for the cores
+  calls on the team's threads, so that BLAS's own threads neither fight the team for the cores
   nor split a product differently from one call to the next (which changes the last bits).
   ``blas_single_threaded()`` holds the BLAS that ``scipy.linalg.cython_blas`` calls at one
   thread while any of cgru's GEMM blocks run (not during the time loops, which use cgru's own
@@ -25,13 +31,26 @@ import threading
 from scipy.linalg import cython_blas as _cython_blas
 from cpython.pycapsule cimport PyCapsule_GetName, PyCapsule_GetPointer
 
-cdef extern from "pool.h" nogil:
+cdef extern from "parallel.h" nogil:
     ctypedef void (*cgru_item_fn)(void *ctx, int item)
     ctypedef void (*cgru_poll_fn)(void *ctx)
-    int cgru_parallel_for(int n_items, int n_threads, cgru_item_fn fn, void *ctx,
-                          cgru_poll_fn poll, void *poll_ctx)
-    int cgru_pool_is_worker()
-    int cgru_pool_size()
+    ctypedef void (*cgru_member_fn)(void *ctx, int tid, int size)
+    void cgru_parallel_for(int n_items, int n_threads, cgru_item_fn fn, void *ctx,
+                           cgru_poll_fn poll, void *poll_ctx)
+    void cgru_region(int n_threads, cgru_member_fn fn, void *ctx)
+    int cgru_is_worker()
+    int cgru_parallel_init(int cores)
+    int cgru_omp_max_threads()
+    int CGRU_RT_NONE, CGRU_RT_GNU, CGRU_RT_LLVM
+    int cgru_rt
+    char cgru_rt_path[4096]
+    int cgru_cores
+    int cgru_busy
+    int cgru_busy_peak
+    int cgru_teams
+    int cgru_serial
+    int cgru_pauses
+    int cgru_fork_pause_enabled
 
 cdef extern from *:
     """
@@ -139,36 +158,93 @@ cdef extern from *:
     char cgru_blas_path[4096]
 
 
-# --- the pool --------------------------------------------------------------------------------
+# --- OpenMP regions ----------------------------------------------------------------------------
 cdef void parallel_for(int n_items, int n_threads, item_fn fn, void *ctx, poll_fn poll,
                        void *poll_ctx) noexcept nogil:
     cgru_parallel_for(n_items, n_threads, <cgru_item_fn>fn, ctx, <cgru_poll_fn>poll, poll_ctx)
 
 
+cdef void parallel_region(int n_threads, member_fn fn, void *ctx) noexcept nogil:
+    cgru_region(n_threads, <cgru_member_fn>fn, ctx)
+
+
 cdef bint is_worker() noexcept nogil:
-    return cgru_pool_is_worker() != 0
+    return cgru_is_worker() != 0
 
 
 cdef double wtime() noexcept nogil:
     return cgru_wtime()
 
 
-def parallel_enabled():
-    """True: cgru runs its loops on several threads (its own pthread pool)."""
-    return True
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    #define CGRU_BUILT_WITH_OPENMP 1
+    #else
+    #define CGRU_BUILT_WITH_OPENMP 0
+    #endif
+    """
+    int CGRU_BUILT_WITH_OPENMP
 
 
 def openmp_enabled():
-    """Deprecated (cgru no longer uses OpenMP): ``parallel_enabled()``."""
-    import warnings
-    warnings.warn("cgru.openmp_enabled() is deprecated: cgru runs on its own thread pool; use "
-                  "cgru.parallel_enabled()", DeprecationWarning, stacklevel=2)
-    return True
+    """True when cgru was built with OpenMP (the compiler's runtime runs its parallel
+    regions); False for a serial build."""
+    return bool(CGRU_BUILT_WITH_OPENMP)
 
 
-def pool_size():
-    """How many pool worker threads exist in this process now (0 in a fresh fork child)."""
-    return cgru_pool_size()
+def parallel_enabled():
+    """True when cgru's calls can run on several threads in this process: built with OpenMP,
+    and not a forked child that runs serially (see ``parallel_info``)."""
+    return bool(CGRU_BUILT_WITH_OPENMP) and not cgru_serial
+
+
+def _runtime_name():
+    if cgru_rt == CGRU_RT_GNU:
+        return "libgomp"
+    if cgru_rt == CGRU_RT_LLVM:
+        return "libomp"
+    if cgru_rt == CGRU_RT_NONE:
+        return None
+    return "other"
+
+
+def parallel_info():
+    """How cgru's parallel regions run in this process, as a dict:
+
+    ``openmp`` built with OpenMP; ``runtime`` ``"libgomp"`` (GNU), ``"libomp"`` (LLVM or
+    Intel), ``"other"`` or None (serial build); ``path`` the runtime's library; ``serial``
+    True in a forked child whose runtime could not be made safe for teams (every call then
+    runs on its caller alone); ``max_threads`` the calling thread's OpenMP thread count
+    (``OMP_NUM_THREADS``, ``omp_set_num_threads``, ``threadpool_limits``), which caps
+    ``num_threads=None``; ``cores`` the budget of threads all concurrent calls share.
+    """
+    return {"openmp": bool(CGRU_BUILT_WITH_OPENMP), "runtime": _runtime_name(),
+            "path": cgru_rt_path.decode(errors="replace"), "serial": bool(cgru_serial),
+            "max_threads": cgru_omp_max_threads(), "cores": cgru_cores}
+
+
+def _counters():
+    """For tests: ``{"teams", "busy", "busy_peak", "pauses"}`` — regions run with more than
+    one thread, threads inside cgru's regions now and at most so far, pauses of the runtime
+    before a fork."""
+    return {"teams": cgru_teams, "busy": cgru_busy, "busy_peak": cgru_busy_peak,
+            "pauses": cgru_pauses}
+
+
+def _reset_busy_peak():
+    """For tests: start counting ``busy_peak`` afresh."""
+    global cgru_busy_peak
+    cgru_busy_peak = 0
+
+
+def _fork_pause(bint enabled):
+    """For tests: False makes the next forks act as if the runtime could not be paused (the
+    child then runs serially); returns the previous setting."""
+    global cgru_fork_pause_enabled
+    old = bool(cgru_fork_pause_enabled)
+    cgru_fork_pause_enabled = enabled
+    return old
 
 
 # --- the thread-count rule -------------------------------------------------------------------
@@ -184,41 +260,36 @@ def _usable_cores():
         return os.cpu_count() or 1
 
 
-def _omp_num_threads():
-    """The first entry of ``OMP_NUM_THREADS`` as a positive int, or None."""
-    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    try:
-        n = int(value)
-    except ValueError:
-        return None
-    return n if n >= 1 else None
-
-
 def resolve_num_threads(num_threads=None):
     """The thread count a call uses.
 
-    ``None`` means every usable core (the process's CPU affinity), capped by
-    ``OMP_NUM_THREADS`` when it is set; a positive int asks for that many threads (at most
-    ``MAX_THREADS``) and gets at most the usable cores (more would only take turns on them);
-    a negative int ``-k`` means "all usable cores but k-1" (as in scikit-learn).  ``0`` is an
-    error.  The count changes only which threads do the work, never the results.
+    ``None`` means every usable core (the process's CPU affinity), capped by the calling
+    thread's OpenMP thread count (``omp_get_max_threads``: ``OMP_NUM_THREADS``, or what
+    ``threadpoolctl.threadpool_limits`` / ``omp_set_num_threads`` set on this thread); a
+    positive int asks for that many threads (at most ``MAX_THREADS``; like an OpenMP
+    ``num_threads`` clause, it is not capped by those limits) and gets at most the usable cores
+    (more would only take turns on them); a negative int ``-k`` means "all usable cores but
+    k-1" (as in scikit-learn).  ``0`` is an error.  A build without OpenMP uses 1.  Concurrent
+    calls share the cores (``parallel.h``).  The count changes only which threads do the work,
+    never the results.
     """
+    global cgru_cores
+    cores = _usable_cores()
+    cgru_cores = cores
     if num_threads is None:
-        n = _usable_cores()
-        cap = _omp_num_threads()
-        return max(1, min(n, cap) if cap else n)
-    if isinstance(num_threads, bool) or not hasattr(num_threads, "__index__"):
-        raise TypeError(f"num_threads: expected an int or None, got "
-                        f"{type(num_threads).__name__} ({num_threads!r})")
-    n = num_threads.__index__()
-    if n == 0:
-        raise ValueError("num_threads: expected a non-zero int or None, got 0")
-    if n > MAX_THREADS or n < -MAX_THREADS:
-        raise ValueError(f"num_threads: expected at most {MAX_THREADS} threads (or -k for all "
-                         f"usable cores but k-1), got {n}")
-    if n < 0:
-        return max(1, _usable_cores() + 1 + n)
-    return min(n, _usable_cores())
+        n = min(cores, cgru_omp_max_threads())
+    else:
+        if isinstance(num_threads, bool) or not hasattr(num_threads, "__index__"):
+            raise TypeError(f"num_threads: expected an int or None, got "
+                            f"{type(num_threads).__name__} ({num_threads!r})")
+        n = num_threads.__index__()
+        if n == 0:
+            raise ValueError("num_threads: expected a non-zero int or None, got 0")
+        if n > MAX_THREADS or n < -MAX_THREADS:
+            raise ValueError(f"num_threads: expected at most {MAX_THREADS} threads (or -k for "
+                             f"all usable cores but k-1), got {n}")
+        n = cores + 1 + n if n < 0 else min(n, cores)
+    return max(1, n) if CGRU_BUILT_WITH_OPENMP else 1
 
 
 # --- BLAS at one thread ----------------------------------------------------------------------
@@ -263,6 +334,11 @@ def _fresh_bind_lock():
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_bind_lock)
 _bind_openblas()
+# the runtime, and its fork handlers: at import, before any call can start a team
+if cgru_parallel_init(_usable_cores()) != 0:
+    import warnings
+    warnings.warn("cgru: could not register its fork handlers; cgru runs serially",
+                  RuntimeWarning, stacklevel=2)
 
 
 class blas_single_threaded:

@@ -1,0 +1,324 @@
+/* The C half of threads.pyx: cgru's parallel regions on the compiler's OpenMP runtime.
+ *
+ *   void cgru_region(int n_threads, cgru_member_fn fn, void *ctx);
+ *       fn(ctx, tid, size) on every thread of a team of `size` threads (tid 0 is the caller);
+ *   void cgru_parallel_for(int n_items, int n_threads, cgru_item_fn fn, void *ctx,
+ *                          cgru_poll_fn poll, void *poll_ctx);
+ *       fn(ctx, i) once for every i in [0, n_items), the items handed out in increasing order
+ *       to whichever team thread asks next; the caller runs poll(poll_ctx) about every
+ *       CGRU_POLL_WAIT_NS while it waits for the others' last items (poll may be NULL).
+ *
+ * Which thread runs which item varies, so callers write items that are independent (disjoint
+ * outputs, per-item scratch): results never depend on the thread count.
+ *
+ * Built without OpenMP (_OPENMP undefined) every region is the caller alone.
+ *
+ * The thread budget.  Several threads (Python or C) may call cgru at once.  A call's team
+ * takes only the cores that no other cgru call is using: cgru_busy counts the threads inside
+ * cgru's regions — every caller, serial or not, and its team's other threads — and a caller
+ * gets at most cgru_cores − (the others' threads) threads, itself included (always itself).
+ * Eight calling threads on two cores then run eight threads, not sixteen.  The team size
+ * changes only who computes what, never a result.  Nested regions are never made: a call
+ * from inside an OpenMP region (cgru's own or the host's) runs serially.
+ *
+ * fork().  GNU libgomp keeps a pool of threads for every thread that started a team; a fork
+ * copies the forking thread with its pool's bookkeeping but none of the pool's threads, so a
+ * child whose forking thread had started a team waits forever for them in its next team.
+ * cgru's fork handlers (registered when threads.pyx is imported, before any cgru call):
+ *   - before the fork, under libgomp: omp_pause_resource_all(omp_pause_soft) on the forking
+ *     thread, which ends that thread's pool (the parent makes a fresh one on its next team)
+ *     — the child then starts with none and runs its teams at full width;
+ *   - when that is not possible (the fork happens inside an OpenMP region, the runtime lacks
+ *     the OpenMP 5.0 call, or the runtime is an unknown one), the child handler marks the
+ *     child serial: every region runs on the caller alone, without entering the runtime
+ *     (a 1-thread region never needs the pool, so results are the same bits);
+ *   - LLVM's libomp (and Intel's) re-initialise themselves in a forked child: nothing to do;
+ *   - in the child, the budget restarts at zero (the parent's other threads are not there).
+ * multiprocessing's "spawn" and "forkserver" start methods start fresh runtimes anyway.
+ *
+ * Spinning.  OpenMP threads wait for the next team by spinning for a while, then sleeping.
+ * libgomp's default without OMP_WAIT_POLICY is a short spin (GOMP_SPINCOUNT 300,000 pause
+ * iterations: GCC estimates 3 ms; about 0.3 ms on the project's machine); cgru leaves
+ * libgomp's settings alone (docs/decisions.md says why).  LLVM's libomp spins for
+ * KMP_BLOCKTIME, 200 ms by default: unless KMP_BLOCKTIME or OMP_WAIT_POLICY is set, a thread
+ * about to start cgru's first team sets its blocktime to CGRU_LLVM_BLOCKTIME_MS
+ * (kmp_set_blocktime, the thread's own setting).
+ */
+#ifndef CGRU_PARALLEL_H
+#define CGRU_PARALLEL_H
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define CGRU_POLL_WAIT_NS 10000000L    /* 10 ms between the waiting caller's polls */
+#define CGRU_WAIT_SPIN_NS 50000L       /* the waiting caller spins this long, then sleeps */
+#define CGRU_LLVM_BLOCKTIME_MS 1
+
+typedef void (*cgru_item_fn)(void *ctx, int item);
+typedef void (*cgru_poll_fn)(void *ctx);
+typedef void (*cgru_member_fn)(void *ctx, int tid, int size);
+
+/* ---- the runtime ---------------------------------------------------------------------- */
+enum { CGRU_RT_NONE = 0, CGRU_RT_GNU = 1, CGRU_RT_LLVM = 2, CGRU_RT_OTHER = 3 };
+static int cgru_rt = CGRU_RT_NONE;
+static char cgru_rt_path[4096];
+typedef int (*cgru_pause_fn)(int kind);
+typedef void (*cgru_blocktime_fn)(int ms);
+static cgru_pause_fn cgru_rt_pause;          /* omp_pause_resource_all, or NULL */
+static cgru_blocktime_fn cgru_rt_blocktime;  /* kmp_set_blocktime (LLVM), or NULL */
+
+static int cgru_cores = 1;           /* the budget: the process's usable cores */
+static int cgru_busy;                /* threads inside cgru's regions now           (atomic) */
+static int cgru_busy_peak;           /* the most cgru_busy has been (tests)        (atomic) */
+static int cgru_teams;               /* regions run with more than one thread (tests) (atomic) */
+static int cgru_serial;              /* 1: every region runs on its caller alone  (a forked
+                                        child whose runtime could not be made safe) */
+static int cgru_fork_unsafe;         /* the fork under way could not be made safe */
+static int cgru_fork_pause_enabled = 1;  /* 0 (tests): act as if the pause had failed */
+static int cgru_pauses;              /* successful pauses before a fork (tests)     (atomic) */
+static _Thread_local int cgru_worker;        /* 1 on a team's threads other than the caller */
+static _Thread_local int cgru_blocktime_set;
+
+static inline int cgru_is_worker(void) { return cgru_worker; }
+
+static int cgru_omp_max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static int cgru_in_omp_region(void)
+{
+#ifdef _OPENMP
+    return omp_in_parallel();
+#else
+    return 0;
+#endif
+}
+
+/* fork handlers (see the header comment) */
+static void cgru_fork_prepare(void)
+{
+    cgru_fork_unsafe = 0;
+    if (cgru_rt == CGRU_RT_NONE || cgru_rt == CGRU_RT_LLVM)
+        return;
+    if (cgru_rt == CGRU_RT_GNU && cgru_rt_pause != NULL && cgru_fork_pause_enabled
+            && cgru_rt_pause(1 /* omp_pause_soft */) == 0) {
+        __atomic_add_fetch(&cgru_pauses, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    cgru_fork_unsafe = 1;
+}
+
+static void cgru_fork_parent(void) { cgru_fork_unsafe = 0; }
+
+static void cgru_fork_child(void)
+{
+    if (cgru_fork_unsafe)
+        cgru_serial = 1;
+    cgru_fork_unsafe = 0;
+    cgru_busy = 0;
+}
+
+/* Once, at import (under the GIL, before any cgru call): which runtime, its optional entry
+ * points, the fork handlers.  Returns 0, or -1 when the fork handlers could not be
+ * registered (then every region runs serially: no fork can strand a team). */
+static int cgru_parallel_init(int cores)
+{
+    cgru_cores = cores > 0 ? cores : 1;
+#ifdef _OPENMP
+    Dl_info info;
+    const char *name = "";
+    cgru_rt = CGRU_RT_OTHER;
+    if (dladdr((void *)&omp_get_max_threads, &info) != 0 && info.dli_fname != NULL) {
+        snprintf(cgru_rt_path, sizeof cgru_rt_path, "%s", info.dli_fname);
+        const char *slash = strrchr(info.dli_fname, '/');
+        name = slash ? slash + 1 : info.dli_fname;
+    }
+    void *h = cgru_rt_path[0] ? dlopen(cgru_rt_path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (h == NULL)
+        h = RTLD_DEFAULT;
+    if (strstr(name, "gomp") != NULL)
+        cgru_rt = CGRU_RT_GNU;
+    else if (strstr(name, "libomp") != NULL || strstr(name, "iomp") != NULL
+             || dlsym(h, "kmp_set_blocktime") != NULL)
+        cgru_rt = CGRU_RT_LLVM;
+    cgru_rt_pause = (cgru_pause_fn)dlsym(h, "omp_pause_resource_all");
+    if (cgru_rt == CGRU_RT_LLVM && getenv("KMP_BLOCKTIME") == NULL
+            && getenv("OMP_WAIT_POLICY") == NULL)
+        cgru_rt_blocktime = (cgru_blocktime_fn)dlsym(h, "kmp_set_blocktime");
+    if (pthread_atfork(cgru_fork_prepare, cgru_fork_parent, cgru_fork_child) != 0) {
+        cgru_serial = 1;
+        return -1;
+    }
+#endif
+    return 0;
+}
+
+/* ---- the budget ----------------------------------------------------------------------- */
+/* Threads for a caller that asks for `want` (≥ 1): itself, plus as many others as the budget
+ * has room for.  Counted in cgru_busy until cgru_release. */
+static int cgru_claim(int want)
+{
+    int cur = __atomic_load_n(&cgru_busy, __ATOMIC_RELAXED);
+    for (;;) {
+        int extra = want - 1;
+        int room = cgru_cores - cur - 1;
+        if (extra > room) extra = room;
+        if (extra < 0) extra = 0;
+        if (__atomic_compare_exchange_n(&cgru_busy, &cur, cur + 1 + extra, 1, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED)) {
+            int now = cur + 1 + extra;
+            int peak = __atomic_load_n(&cgru_busy_peak, __ATOMIC_RELAXED);
+            while (now > peak && !__atomic_compare_exchange_n(&cgru_busy_peak, &peak, now, 1,
+                                                               __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                ;
+            return 1 + extra;
+        }
+    }
+}
+
+static void cgru_release(int n) { __atomic_sub_fetch(&cgru_busy, n, __ATOMIC_ACQ_REL); }
+
+/* ---- a region --------------------------------------------------------------------------- */
+/* fn(ctx, tid, size) on a team of up to n_threads threads, the caller as tid 0 (its team
+ * claimed from the budget).  A caller that is itself inside an OpenMP region, or in a serial
+ * process, runs fn(ctx, 0, 1). */
+static void cgru_region(int n_threads, cgru_member_fn fn, void *ctx)
+{
+    if (cgru_worker || cgru_in_omp_region()) {    /* never nested: no claim, no team */
+        fn(ctx, 0, 1);
+        return;
+    }
+    int n = cgru_claim(n_threads > 1 && !cgru_serial ? n_threads : 1);
+#ifdef _OPENMP
+    if (n > 1) {
+        if (cgru_rt_blocktime != NULL && !cgru_blocktime_set) {
+            cgru_rt_blocktime(CGRU_LLVM_BLOCKTIME_MS);
+            cgru_blocktime_set = 1;
+        }
+        __atomic_add_fetch(&cgru_teams, 1, __ATOMIC_RELAXED);
+        #pragma omp parallel num_threads(n)
+        {
+            int tid = omp_get_thread_num();
+            if (tid != 0)
+                cgru_worker = 1;
+            fn(ctx, tid, omp_get_num_threads());
+            if (tid != 0)
+                cgru_worker = 0;
+        }
+        cgru_release(n);
+        return;
+    }
+#endif
+    fn(ctx, 0, 1);
+    cgru_release(n);
+}
+
+/* ---- a parallel for ----------------------------------------------------------------------- */
+typedef struct {
+    cgru_item_fn fn;
+    void *ctx;
+    int n_items;
+    int next;                   /* the next item to hand out                          (atomic) */
+    int done;                   /* items finished                                     (atomic) */
+    cgru_poll_fn poll;
+    void *poll_ctx;
+    pthread_mutex_t lock;       /* the caller sleeps on `finished` while the others end */
+    pthread_cond_t finished;
+} cgru_for;
+
+static void cgru_deadline(struct timespec *ts, long ns)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_nsec += ns;
+    while (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec += 1;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static double cgru_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The caller, its own items done: wait for the others' last items, polling. */
+static void cgru_for_wait(cgru_for *F)
+{
+    double spin_until = cgru_now() + 1e-9 * CGRU_WAIT_SPIN_NS;
+    while (__atomic_load_n(&F->done, __ATOMIC_ACQUIRE) < F->n_items) {
+        if (cgru_now() > spin_until)
+            break;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    pthread_mutex_lock(&F->lock);
+    while (__atomic_load_n(&F->done, __ATOMIC_ACQUIRE) < F->n_items) {
+        struct timespec ts;
+        cgru_deadline(&ts, CGRU_POLL_WAIT_NS);
+        int rc = pthread_cond_timedwait(&F->finished, &F->lock, &ts);
+        if (rc == ETIMEDOUT && __atomic_load_n(&F->done, __ATOMIC_ACQUIRE) < F->n_items) {
+            pthread_mutex_unlock(&F->lock);
+            F->poll(F->poll_ctx);
+            pthread_mutex_lock(&F->lock);
+        }
+    }
+    pthread_mutex_unlock(&F->lock);
+}
+
+static void cgru_for_member(void *ctx, int tid, int size)
+{
+    cgru_for *F = (cgru_for *)ctx;
+    (void)size;
+    for (;;) {
+        int i = __atomic_fetch_add(&F->next, 1, __ATOMIC_RELAXED);
+        if (i >= F->n_items)
+            break;
+        F->fn(F->ctx, i);
+        if (__atomic_add_fetch(&F->done, 1, __ATOMIC_ACQ_REL) == F->n_items && tid != 0
+                && F->poll != NULL) {
+            pthread_mutex_lock(&F->lock);          /* the last item: wake the caller */
+            pthread_cond_signal(&F->finished);
+            pthread_mutex_unlock(&F->lock);
+        }
+    }
+    if (tid == 0 && F->poll != NULL && size > 1)
+        cgru_for_wait(F);
+}
+
+static void cgru_parallel_for(int n_items, int n_threads, cgru_item_fn fn, void *ctx,
+                              cgru_poll_fn poll, void *poll_ctx)
+{
+    if (n_items <= 0)
+        return;
+    cgru_for F;
+    F.fn = fn;
+    F.ctx = ctx;
+    F.n_items = n_items;
+    F.next = 0;
+    F.done = 0;
+    F.poll = poll;
+    F.poll_ctx = poll_ctx;
+    pthread_mutex_init(&F.lock, NULL);
+    pthread_cond_init(&F.finished, NULL);
+    cgru_region(n_threads < n_items ? n_threads : n_items, cgru_for_member, &F);
+    pthread_cond_destroy(&F.finished);
+    pthread_mutex_destroy(&F.lock);
+}
+
+#endif /* CGRU_PARALLEL_H */
