@@ -599,12 +599,21 @@ class CanonicalToParamsOp : public OpKernel {
 };
 
 // ---- digests (the reserve's record of the call) ----------------------------------------------
-// A 64-bit digest of n bytes: four independent multiply-rotate lanes over 8-byte words, then the
-// tail and the length.  It tells one call's arrays from another's; it is no cryptographic hash.
+// A 64-bit digest of n bytes: four independent multiply-rotate lanes over 32-byte blocks, then
+// the remaining 8-byte words, the last bytes and the length.  Every byte reaches the result
+// through a bijective mix of its own word, so arrays differing anywhere differ in their digest
+// but for a 2^-64 chance; it tells one call's arrays from another's, and is no cryptographic
+// hash.
 inline uint64_t Rotl(uint64_t v, int r) { return (v << r) | (v >> (64 - r)); }
 
 inline uint64_t MixWord(uint64_t lane, uint64_t word) {
   return Rotl(lane ^ (word * 0x9E3779B97F4A7C15ull), 29) * 0xBF58476D1CE4E5B9ull;
+}
+
+inline uint64_t Word(const unsigned char* p) {
+  uint64_t w;
+  std::memcpy(&w, p, 8);
+  return w;
 }
 
 uint64_t Digest(const void* data, size_t n) {
@@ -613,17 +622,14 @@ uint64_t Digest(const void* data, size_t n) {
                        0x082EFA98EC4E6C89ull};
   size_t i = 0;
   for (; i + 32 <= n; i += 32)
-    for (int l = 0; l < 4; ++l) {
-      uint64_t w;
-      std::memcpy(&w, p + i + 8 * l, 8);
-      lanes[l] = MixWord(lanes[l], w);
-    }
+    for (int l = 0; l < 4; ++l) lanes[l] = MixWord(lanes[l], Word(p + i + 8 * l));
+  uint64_t h = lanes[0] ^ Rotl(lanes[1], 17) ^ Rotl(lanes[2], 31) ^ Rotl(lanes[3], 47);
+  for (; i + 8 <= n; i += 8) h = MixWord(h, Word(p + i));
   uint64_t tail = 0;
-  for (size_t j = 0; i + j < n; ++j) tail |= static_cast<uint64_t>(p[i + j]) << (8 * (j % 8));
-  uint64_t h = MixWord(lanes[0] ^ Rotl(lanes[1], 17) ^ Rotl(lanes[2], 31) ^ Rotl(lanes[3], 47),
-                       tail ^ n);
+  for (size_t j = 0; i + j < n; ++j) tail |= static_cast<uint64_t>(p[i + j]) << (8 * j);
+  h = MixWord(MixWord(h, tail), n);
   h ^= h >> 31;
-  return h * 0x94D049BB133111EBull ^ (h >> 29);
+  return (h * 0x94D049BB133111EBull) ^ (h >> 29);
 }
 
 uint64_t DigestOf(const Tensor* t) {
