@@ -27,9 +27,12 @@
  *     reserve_space in inference, host_reserved) keep TF's shapes and hold zeros.
  */
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -316,6 +319,64 @@ absl::Status ParamsElements(const cgru_rnn_desc_t& desc, int64_t item, int64_t* 
   *count = static_cast<int64_t>(bytes) / item;
   return absl::OkStatus();
 }
+
+// The C ABI's size queries for one kernel, remembered: with the kernel's attributes fixed they
+// are functions of input_size, num_units, num_layers, T and N only, so a steady stream of calls
+// asks the C ABI (one Python round trip each) for the compute alone.  Thread-safe.
+class SizeQueries {
+ public:
+  absl::Status ParamsElements(const cgru_rnn_desc_t& desc, int64_t item, int64_t* count) {
+    std::pair<uint64_t, uint64_t> v;
+    TF_RETURN_IF_ERROR(Lookup(desc, -1, 0, 0, &v));
+    *count = static_cast<int64_t>(v.first) / item;
+    return absl::OkStatus();
+  }
+
+  absl::Status TempSizes(const cgru_rnn_desc_t& desc, cgru_fwd_mode_t mode, int64_t T, int64_t N,
+                         size_t* work_bytes, size_t* reserve_bytes) {
+    std::pair<uint64_t, uint64_t> v;
+    TF_RETURN_IF_ERROR(Lookup(desc, mode, T, N, &v));
+    *work_bytes = v.first;
+    *reserve_bytes = v.second;
+    return absl::OkStatus();
+  }
+
+ private:
+  using Key = std::array<int64_t, 6>;  // input_size, hidden_size, num_layers, query, T, N
+  static constexpr size_t kMaxEntries = 256;
+
+  // query -1: the weight space's bytes (first); else the temp sizes of that fwd_mode
+  absl::Status Lookup(const cgru_rnn_desc_t& desc, int64_t query, int64_t T, int64_t N,
+                      std::pair<uint64_t, uint64_t>* value) {
+    Key key{desc.input_size, desc.hidden_size, desc.num_layers, query, T, N};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = known_.find(key);
+      if (it != known_.end()) {
+        *value = it->second;
+        return absl::OkStatus();
+      }
+    }
+    size_t a = 0, b = 0;
+    if (query < 0) {
+      TF_RETURN_IF_ERROR(FromCgru(cgru_get_weight_space_size(&desc, &a),
+                                  "cgru_get_weight_space_size"));
+    } else {
+      TF_RETURN_IF_ERROR(FromCgru(
+          cgru_get_temp_space_sizes(&desc, static_cast<cgru_fwd_mode_t>(query),
+                                    static_cast<int32_t>(T), static_cast<int32_t>(N), &a, &b),
+          "cgru_get_temp_space_sizes"));
+    }
+    *value = {a, b};
+    std::lock_guard<std::mutex> lock(mu_);
+    if (known_.size() >= kMaxEntries) known_.clear();
+    known_[key] = *value;
+    return absl::OkStatus();
+  }
+
+  std::mutex mu_;
+  std::map<Key, std::pair<uint64_t, uint64_t>> known_;
+};
 
 // ---- the size inputs of the params ops -------------------------------------------------------
 absl::Status ScalarInput(OpKernelContext* ctx, const char* name, int64_t* value) {
@@ -761,7 +822,7 @@ absl::Status CheckLengths(const Tensor& lengths, const Call& call) {
 // Reads and checks the forward inputs (every forward and backprop op starts here).
 template <typename T>
 absl::Status PrepareCall(OpKernelContext* ctx, const RnnAttrs& a, const OpVersion& v,
-                         bool time_major, Call* call) {
+                         bool time_major, SizeQueries* sizes, Call* call) {
   using C = ComputeT<T>;
   call->time_major = time_major;
   TF_RETURN_IF_ERROR(ctx->input("input", &call->input));
@@ -779,7 +840,7 @@ absl::Status PrepareCall(OpKernelContext* ctx, const RnnAttrs& a, const OpVersio
   const Topology& t = call->topo;
   TF_RETURN_IF_ERROR(MakeDesc(a, t, CgruDataType<C>(), IntraOpThreads(ctx), &call->desc));
   int64_t n = 0;
-  TF_RETURN_IF_ERROR(ParamsElements(call->desc, sizeof(C), &n));
+  TF_RETURN_IF_ERROR(sizes->ParamsElements(call->desc, sizeof(C), &n));
   const Tensor& params = *call->params;
   if (params.dims() != 1 || params.NumElements() != n)
     return absl::InvalidArgumentError(absl::StrCat(
@@ -984,7 +1045,7 @@ class ForwardOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     Call call;
-    OP_REQUIRES_OK(ctx, PrepareCall<T>(ctx, attrs_, version_, time_major_, &call));
+    OP_REQUIRES_OK(ctx, PrepareCall<T>(ctx, attrs_, version_, time_major_, &sizes_, &call));
     const bool lstm = attrs_.has_cell_state();
     const bool swap = call.swap_states();
     Tensor x_stage, h_stage, c_stage, p_stage;
@@ -1008,9 +1069,7 @@ class ForwardOp : public OpKernel {
 
     const cgru_fwd_mode_t mode = is_training_ ? CGRU_FWD_MODE_TRAINING : CGRU_FWD_MODE_INFERENCE;
     size_t work_bytes = 0, abi_bytes = 0;
-    OP_REQUIRES_OK(ctx, FromCgru(cgru_get_temp_space_sizes(&call.desc, mode, call.T, call.N,
-                                                           &work_bytes, &abi_bytes),
-                                 "cgru_get_temp_space_sizes"));
+    OP_REQUIRES_OK(ctx, sizes_.TempSizes(call.desc, mode, call.T, call.N, &work_bytes, &abi_bytes));
     Tensor work;
     void* work_data = nullptr;
     if (work_bytes) {
@@ -1056,6 +1115,7 @@ class ForwardOp : public OpKernel {
   RnnAttrs attrs_;
   bool is_training_ = true;
   bool time_major_ = true;
+  SizeQueries sizes_;
 };
 
 template <typename T, int kVersion>
@@ -1087,7 +1147,7 @@ class BackpropOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     Call call;
-    OP_REQUIRES_OK(ctx, PrepareCall<T>(ctx, attrs_, version_, time_major_, &call));
+    OP_REQUIRES_OK(ctx, PrepareCall<T>(ctx, attrs_, version_, time_major_, &sizes_, &call));
     const bool lstm = attrs_.has_cell_state();
     const bool swap = call.swap_states();
     const Tensor *output, *output_h, *output_c, *dy_t, *dhy_t, *dcy_t = nullptr;
@@ -1102,9 +1162,8 @@ class BackpropOp : public OpKernel {
 
     // the forward recorded its seeds; without dropout they do not matter (as in cgru.tf)
     size_t work_bytes = 0, abi_bytes = 0;
-    OP_REQUIRES_OK(ctx, FromCgru(cgru_get_temp_space_sizes(&call.desc, CGRU_FWD_MODE_TRAINING,
-                                                           call.T, call.N, &work_bytes, &abi_bytes),
-                                 "cgru_get_temp_space_sizes"));
+    OP_REQUIRES_OK(ctx, sizes_.TempSizes(call.desc, CGRU_FWD_MODE_TRAINING, call.T, call.N,
+                                         &work_bytes, &abi_bytes));
     const Tensor* reserve_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->input("reserve_space", &reserve_t));
     ReserveHeader recorded;
@@ -1167,6 +1226,7 @@ class BackpropOp : public OpKernel {
   OpVersion version_;
   RnnAttrs attrs_;
   bool time_major_ = true;
+  SizeQueries sizes_;
 };
 
 template <typename T, int kVersion>
