@@ -20,6 +20,8 @@
 7. The loader: the cache key, one build under concurrent processes (file lock), no partial
    library after a failed build, the missing-compiler / missing-headers errors, idempotence,
    ``python -m cgru --tf-kernels``, and ``import cgru.tf`` not importing TensorFlow.
+8. TensorFlow's C API in a C program without Python: TF_LoadLibrary, then CudnnRNN (libcgru
+   starts the Python runtime itself).
 
 Torch ↔ canonical mapping (written out here, independent of cgru): torch's
 ``weight_ih_l{l}[_reverse]`` ``[G·H, in]`` holds the row blocks of cuDNN linLayerIDs 0…G−1 (GRU
@@ -1028,3 +1030,121 @@ def test_import_cgru_tf_does_not_import_tensorflow_and_says_what_to_install():
     proc = _run_script("import sys; sys.modules['tensorflow'] = None\n"
                        "import cgru.tf\ncgru.tf.load_kernels()", check=False)
     assert proc.returncode == 1 and 'pip install "cgru[tf]"' in proc.stderr
+
+
+# --- TensorFlow's C API in a program without Python --------------------------------------------
+C_HOST = r"""/* TensorFlow's C API in a program without Python: load cgru's CudnnRNN CPU kernels with
+ * TF_LoadLibrary and run a GRU forward (CudnnRNN) eagerly; print the output. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensorflow/c/c_api.h"
+#include "tensorflow/c/eager/c_api.h"
+
+enum { T = 3, N = 2, I = 4, H = 5, P = 3 * (H * I + H * H + 2 * H) };
+
+static void check(TF_Status *s, const char *what)
+{
+    if (TF_GetCode(s) != TF_OK) {
+        fprintf(stderr, "%s: %s\n", what, TF_Message(s));
+        exit(1);
+    }
+}
+
+static TFE_TensorHandle *tensor(const float *data, const int64_t *dims, int rank, TF_Status *s)
+{
+    size_t n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= (size_t)dims[i];
+    TF_Tensor *t = TF_AllocateTensor(TF_FLOAT, dims, rank, n * sizeof(float));
+    memcpy(TF_TensorData(t), data, n * sizeof(float));
+    TFE_TensorHandle *h = TFE_NewTensorHandle(t, s);
+    TF_DeleteTensor(t);
+    check(s, "TFE_NewTensorHandle");
+    return h;
+}
+
+int main(int argc, char **argv)
+{
+    TF_Status *s = TF_NewStatus();
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s libcgru_tf_kernels.so\n", argv[0]);
+        return 2;
+    }
+    TF_LoadLibrary(argv[1], s);
+    check(s, "TF_LoadLibrary");
+    TFE_ContextOptions *options = TFE_NewContextOptions();
+    TFE_Context *ctx = TFE_NewContext(options, s);
+    check(s, "TFE_NewContext");
+
+    static float x[T * N * I], h[N * H], params[P], zero[1];
+    for (int i = 0; i < T * N * I; i++)
+        x[i] = 0.1f * (float)(i % 7) - 0.3f;
+    for (int i = 0; i < P; i++)
+        params[i] = 0.05f * (float)(i % 11) - 0.25f;
+    const int64_t x_dims[] = {T, N, I}, h_dims[] = {1, N, H}, p_dims[] = {P};
+    TFE_TensorHandle *inputs[] = {tensor(x, x_dims, 3, s), tensor(h, h_dims, 3, s),
+                                  tensor(zero, NULL, 0, s), tensor(params, p_dims, 1, s)};
+
+    TFE_Op *op = TFE_NewOp(ctx, "CudnnRNN", s);
+    check(s, "TFE_NewOp");
+    for (int i = 0; i < 4; i++) {
+        TFE_OpAddInput(op, inputs[i], s);
+        check(s, "TFE_OpAddInput");
+    }
+    TFE_OpSetAttrType(op, "T", TF_FLOAT);
+    TFE_OpSetAttrString(op, "rnn_mode", "gru", 3);
+    TFE_OpSetAttrBool(op, "is_training", 0);
+    TFE_TensorHandle *outputs[4];
+    int num_outputs = 4;
+    TFE_Execute(op, outputs, &num_outputs, s);
+    check(s, "TFE_Execute CudnnRNN");
+
+    TF_Tensor *y = TFE_TensorHandleResolve(outputs[0], s);
+    check(s, "TFE_TensorHandleResolve");
+    const float *v = TF_TensorData(y);
+    for (int i = 0; i < T * N * H; i++)
+        printf("%.9g\n", (double)v[i]);
+    TF_DeleteTensor(y);
+    return 0;
+}
+"""
+
+
+def test_tf_c_api_in_a_program_without_python_runs_the_kernels(kernels, tmp_path):
+    """A C program on TensorFlow's C API (the pip wheel's libtensorflow_cc) loads the library
+    with TF_LoadLibrary and runs CudnnRNN eagerly; libcgru starts the Python runtime itself.
+    The output equals cgru.tf's bitwise.  The program links the system libcrypto ahead of
+    TensorFlow's libraries: libtensorflow_framework exports BoringSSL's symbols, which would
+    otherwise capture the calls of the OpenSSL that Python's hashlib loads (docs/tf_kernels.md)."""
+    import ctypes.util
+    import shutil
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    tf_dir = os.path.dirname(tf.sysconfig.get_lib() + "/")
+    if not os.path.isfile(os.path.join(tf_dir, "libtensorflow_cc.so.2")):
+        pytest.skip("this TensorFlow has no libtensorflow_cc.so.2 (its C API)")
+    crypto = ctypes.util.find_library("crypto")
+    source, program = tmp_path / "run_cudnn_rnn.c", tmp_path / "run_cudnn_rnn"
+    source.write_text(C_HOST)
+    command = ([cc, "-std=c99", "-Wall", "-Wextra", "-Werror",
+                f"-I{tf.sysconfig.get_include()}", str(source), "-o", str(program),
+                "-Wl,--no-as-needed"] + ([f"-l:{crypto}"] if crypto else [])
+               + [f"-L{tf_dir}", "-l:libtensorflow_cc.so.2", "-l:libtensorflow_framework.so.2",
+                  f"-Wl,-rpath,{tf_dir}"])
+    subprocess.run(command, check=True, capture_output=True, timeout=TIMEOUT)
+    proc = subprocess.run([str(program), kernels], capture_output=True, text=True,
+                          timeout=TIMEOUT, env={"PATH": "/usr/local/bin:/usr/bin:/bin",
+                                                "LC_ALL": "C.UTF-8", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    T, N, I, H = 3, 2, 4, 5
+    f32 = np.float32            # the program's inputs, in its float32 arithmetic
+    x = (f32(0.1) * (np.arange(T * N * I) % 7).astype(f32) - f32(0.3)).reshape(T, N, I)
+    n = 3 * (H * I + H * H + 2 * H)
+    params = f32(0.05) * (np.arange(n) % 11).astype(f32) - f32(0.25)
+    want = ctf.cudnn_rnn(x, np.zeros((1, N, H), np.float32), None, params, rnn_mode="gru",
+                         is_training=False).output
+    got = np.array([float(v) for v in proc.stdout.split()], np.float32).reshape(T, N, H)
+    np.testing.assert_array_equal(got, want)
