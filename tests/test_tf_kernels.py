@@ -261,6 +261,10 @@ def test_every_op_matches_torch_and_cgru_tf(version, mode, proj, L, bidirectiona
             loss += tf.reduce_sum(out[2] * dc_tf)
     dx, dh, dc, dparams = [g.numpy() for g in tape.gradient(loss, inputs)]
     dweights, dbiases = _to_canonical(v2, L, H_, I_, dparams, K, B, **attrs)
+    inference = _forward(version, *inputs, lengths, time_major=time_major, is_training=False,
+                         **attrs)
+    for a, b in zip(inference[:3 if lstm else 2], out):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
 
     want = _torch_run(p["module"], p["x"], p["h0"], p["c0"], lengths, not time_major, p["dy"],
                       p["dhy"], p["dcy"])
@@ -1015,13 +1019,23 @@ def test_load_kernels_is_idempotent(kernels, monkeypatch):
     assert loads == [kernels]
 
 
-def test_cli_prints_the_library_path(kernels):
-    proc = _run_script("import sys; from cgru.__main__ import main; sys.exit(main())",
-                       "--tf-kernels")
-    assert proc.stdout.strip() == kernels
+def test_cli_prints_the_library_path(kernels, monkeypatch, capsys):
     proc = subprocess.run([sys.executable, "-m", "cgru", "--tf-kernels"], capture_output=True,
-                          text=True, timeout=TIMEOUT, env=_env(CXX="/nonexistent/c++"), cwd=ROOT)
-    assert proc.returncode == 1 and "install a C++17 compiler" in proc.stderr
+                          text=True, timeout=TIMEOUT, env=_env(), cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == kernels, proc.stderr[-3000:]
+    from cgru.__main__ import main
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    assert main(["--tf-kernels"]) == 1
+    assert "install a C++17 compiler" in capsys.readouterr().err
+
+
+def test_an_unwritable_cache_says_so(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("CGRU_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(tf_kernels.BuildError, match=r"cannot create the cache directory .* set "
+                                                    r"CGRU_CACHE_DIR to a writable directory"):
+        tf_kernels.library_path()
 
 
 def test_import_cgru_tf_does_not_import_tensorflow_and_says_what_to_install():

@@ -24,7 +24,6 @@ and where libcgru lives — and cached in ``$CGRU_CACHE_DIR``, else ``$XDG_CACHE
 processes build it once; the compiler writes a temporary file that is renamed into place, so a
 library in the cache is always complete.  ``$CXX`` picks the compiler (default ``c++``).
 """
-import fcntl
 import hashlib
 import json
 import os
@@ -161,6 +160,11 @@ def _command(config, output):
 @contextmanager
 def _file_lock(path):
     """An exclusive ``fcntl`` lock on ``path`` (created if needed) for the ``with`` body."""
+    try:
+        import fcntl
+    except ImportError as e:          # Windows: neither fcntl nor libcgru
+        raise BuildError("TensorFlow's CudnnRNN kernels are built on Linux and macOS only "
+                         "(the cache lock needs fcntl, the kernels need libcgru)") from e
     with open(path, "a+") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
@@ -206,7 +210,11 @@ def library_path():
     directory = os.path.join(cache_dir(), "tf_kernels", _key(config))
     target = os.path.join(directory, LIBRARY)
     if not os.path.isfile(target):
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            raise BuildError(f"cannot create the cache directory {directory} ({e}); set "
+                             f"CGRU_CACHE_DIR to a writable directory") from e
         with _file_lock(os.path.join(directory, "build.lock")):
             if not os.path.isfile(target):      # another process may have built it meanwhile
                 _compile(config, directory, target)
