@@ -609,6 +609,7 @@ import cgru.tf
 from tf_keras.src.saving.legacy.hdf5_format import _convert_rnn_weights   # Keras's converter
 
 cgru.tf.load_kernels()
+tf.keras.utils.set_random_seed(0)           # the layers' initializers (tf_keras)
 layers = tf.compat.v1.keras.layers          # TF_USE_LEGACY_KERAS=1: tf_keras
 assert type(layers.CuDNNGRU).__module__.startswith("tf_keras") or \\
     layers.CuDNNGRU.__module__.startswith("tf_keras"), layers.CuDNNGRU.__module__
