@@ -60,6 +60,7 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 
 constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();  // cgru's 32-bit BLAS ints
+constexpr int kMaxThreads = 256;  // desc->num_threads' range (1…256, 0: all usable cores)
 
 // ---- element types ---------------------------------------------------------------------------
 // The type cgru computes a T in: float16 and bfloat16 are computed in float32 (inputs widened
@@ -296,7 +297,7 @@ absl::Status MakeDesc(const RnnAttrs& a, const Topology& t, int32_t data_type, i
   desc->direction = a.bidirectional ? CGRU_BIDIRECTIONAL : CGRU_UNIDIRECTIONAL;
   desc->input_mode = t.skip ? CGRU_SKIP_INPUT : CGRU_LINEAR_INPUT;
   desc->reset_after = 1;
-  desc->num_threads = std::max(num_threads, 0);
+  desc->num_threads = std::clamp(num_threads, 0, kMaxThreads);
   desc->dropout = a.dropout;
   desc->seed = a.seed;
   desc->seed2 = a.seed2;
