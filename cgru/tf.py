@@ -651,3 +651,15 @@ def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, out
     return _backprop(input, input_h, input_c, params, sequence_lengths, output, output_h,
                      output_c, output_backprop, output_h_backprop, output_c_backprop,
                      reserve_space, attrs, time_major, num_threads)
+
+
+# --- the ops themselves in TensorFlow ------------------------------------------------------
+def load_kernels():
+    """Register CPU kernels for TensorFlow's own eleven ``CudnnRNN`` ops, computed by cgru
+    (built on first use, cached; returns the library's path).  See ``cgru.tf_kernels`` and
+    docs/tf_kernels.md.  Imported lazily: ``import cgru.tf`` never imports TensorFlow."""
+    from cgru.tf_kernels import load_kernels as load
+    return load()
+
+
+__all__ += ["load_kernels"]
