@@ -132,7 +132,6 @@ class ForwardCall:
         batch_major = validate.flag(batch_major, "batch_major")
         training = validate.flag(training, "training")
         T, N = check_x(x, topo, dtype, batch_major, cell.gates)
-        validate.cell_for_dtype(cell, dtype)
         h0 = check_h(h0, "h0", topo, dtype, N)
         c0 = check_c(c0, "c0", net, dtype, N)
         lengths = validate.lengths(lengths, T, N)
@@ -145,11 +144,15 @@ class ForwardCall:
     @classmethod
     def of(cls, net, cell, x, h0, c0, lengths, mask, dropout, seed, seed2, training,
            batch_major, num_threads):
-        """The call of arguments the caller has checked (a frontend, in its own words): takes
-        the kept copies of the weights, nothing else."""
+        """The call of arguments the caller has checked (a frontend, in its own words; ``x``
+        time-major C-contiguous, ``lengths`` int64 ``[N]`` or None for all ``T``): takes the
+        kept copies of the weights, nothing else."""
+        validate.cell_for_dtype(cell, net.dtype)
         self = cls()
         self.net, self.cell, self.kind = net, cell, kinds.of(cell)
         self.x, self.T, self.N = x, x.shape[0], x.shape[1]
+        if lengths is None:
+            lengths = np.full(self.N, self.T, np.int64)
         self.h0, self.c0, self.lengths, self.mask = h0, c0, lengths, mask
         self.dropout, self.seed, self.seed2 = dropout, seed, seed2
         self.training, self.batch_major, self.num_threads = training, batch_major, num_threads

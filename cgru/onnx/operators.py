@@ -8,10 +8,11 @@ import numbers
 
 import numpy as np
 
-from cgru.core import engine, validate
+from cgru.core import calls, engine, validate
 from cgru.core.network import Network, Topology
 from cgru.systems import _rules, onnx as onnx_system
 from cgru.systems.onnx import ACTIVATIONS as ONNX_ACTIVATIONS
+from cgru._kernels.threads import resolve_num_threads
 
 __all__ = ["gru", "lstm", "rnn", "UnsupportedNodeError", "ONNX_ACTIVATIONS", "INPUTS",
            "OUTPUTS", "ATTRIBUTES", "OPERATORS"]
@@ -209,10 +210,13 @@ def _operator(op_type, X, W, R, B, sequence_lens, initial_h, initial_c, P, **att
     Y = np.empty((N, T, D, H) if layout else (T, D, N, H), dtype)
     Y_h = np.empty((D, N, H), dtype)
     Y_c = np.empty((D, N, H), dtype) if lstm else None
+    x = calls.time_major(X, bool(layout))          # checked in ONNX's words: one core call each
+    nt = resolve_num_threads(None)
     for net, ds in node.runs:
         part = lambda s: None if s is None else np.ascontiguousarray(s[ds])    # noqa: E731
-        f = engine.forward(net, X, part(node.h0), c0=part(node.c0), lengths=lengths,
-                           batch_major=bool(layout))
+        f = engine.run_forward(calls.ForwardCall.of(
+            net, net.cell, x, part(node.h0), part(node.c0), lengths, None, 0.0, 0, 0, False,
+            bool(layout), nt))
         nd = ds.stop - ds.start
         if layout:   # y [N, T, nd·H] → Y[:, :, ds] [N, T, nd, H]
             Y[:, :, ds] = f.y.reshape(N, T, nd, H)
