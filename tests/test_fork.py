@@ -69,6 +69,10 @@ def _run(body):
 
 
 def test_os_fork_child_computes_the_parents_bits():
+    """A fork from the main thread, then one from a Python thread that has run teams (its own
+    OpenMP pool) while the main thread has one too: each child, whose only thread is the
+    forking one, computes the parent's bits, with teams where the runtime allows; the parent's
+    threads go on with their teams."""
     _run("""
         pid = os.fork()
         if pid == 0:
@@ -83,6 +87,24 @@ def test_os_fork_child_computes_the_parents_bits():
         before = teams()
         assert same(call(), want)                  # the parent's teams still work
         assert teams() > before
+
+        import threading
+        codes = []
+
+        def fork_here():
+            call()                                 # this thread's own pool
+            pid = os.fork()
+            if pid == 0:
+                before = teams()
+                ok = same(call(), want) and (teams() > before) == CHILD_TEAMS
+                os._exit(0 if ok else 3)
+            codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+            codes.append(0 if same(call(), want) else 4)
+        t = threading.Thread(target=fork_here)
+        t.start()
+        t.join()
+        assert codes == [0, 0], codes
+        assert same(call(), want)
         print("OK")
     """)
 
