@@ -15,17 +15,21 @@ def info():
     """Version, build, BLAS and threads."""
     from threadpoolctl import threadpool_info
     from cgru._kernels.loops import simd_isa
-    from cgru._kernels.threads import blas_control, resolve_num_threads
+    from cgru._kernels.threads import blas_control, parallel_info, resolve_num_threads
     print(f"cgru {cgru.__version__}  (python {platform.python_version()}, numpy {np.__version__})")
     how, path, _ = blas_control()
-    print(f"threads: cgru's own pool (fork-safe), {resolve_num_threads(None)} used by default; "
-          f"BLAS held at one thread inside cgru's calls "
+    par = parallel_info()
+    runtime = f"OpenMP ({par['runtime']}, fork-safe)" if par["openmp"] else \
+        "serial (built without OpenMP)"
+    print(f"threads: {runtime}, {resolve_num_threads(None)} used by default; "
+          f"BLAS held at one thread inside cgru's GEMM blocks "
           f"{'directly (OpenBLAS)' if how == 'openblas' else 'through threadpoolctl (best effort)'}")
     print(f"time-loop kernels: {simd_isa()} (packed-weight GEMM, vectorised sigmoid/tanh)")
     import scipy.linalg.cython_blas  # noqa: F401  (load SciPy's BLAS so threadpoolctl sees it)
     for lib in threadpool_info():
-        mark = "  <- cgru's BLAS" if path and os.path.realpath(lib["filepath"]) == \
-            os.path.realpath(path) else ""
+        real = os.path.realpath(lib["filepath"])
+        mark = "  <- cgru's BLAS" if path and real == os.path.realpath(path) else \
+            "  <- cgru's threads" if par["path"] and real == os.path.realpath(par["path"]) else ""
         print(f"{lib['user_api']:>7}: {lib['internal_api']} {lib.get('version') or ''} "
               f"({lib.get('architecture') or '?'}), {lib['num_threads']} threads — "
               f"{lib['filepath']}{mark}")
