@@ -754,6 +754,25 @@ def test_ops_from_several_threads_at_once_are_bitwise_equal(threads_process):
     assert verdict == {"threads": True, "graph": True}
 
 
+def test_a_reserve_from_another_process_is_refused(threads_process):
+    """The seal's key is drawn once per process: a reserve_space written elsewhere (same inputs,
+    same library; THREADS' process) is refused, as the C ABI's reserve spaces are; this
+    process's own forward of the same call is accepted.  (Beside the test above, so that
+    pytest-xdist's load scheduling tends to give both, and the one subprocess, to one worker.)"""
+    f = np.load(threads_process[1])
+    attrs = json.loads(str(f["attrs"]))
+    call = dict(input=f["x"], input_h=f["h"], input_c=f["c"], params=f["params"],
+                sequence_lengths=f["lengths"], **attrs)
+    args = dict(call, output=f["y"], output_h=f["hy"], output_c=f["cy"], output_backprop=f["y"],
+                output_h_backprop=f["hy"], output_c_backprop=f["cy"], host_reserved=f["host"])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=_NOT_VERIFIED + r".* or written in another process"):
+        tf.raw_ops.CudnnRNNBackpropV3(**args, reserve_space=f["reserve"])
+    here = tf.raw_ops.CudnnRNNV3(**call)
+    np.testing.assert_array_equal(here[0].numpy(), f["y"])
+    tf.raw_ops.CudnnRNNBackpropV3(**args, reserve_space=here[3])
+
+
 # --- 6. errors --------------------------------------------------------------------------------
 @pytest.fixture
 def small():
@@ -1089,24 +1108,6 @@ def test_backprop_refuses_a_mix_of_v3_and_v2_reserves():
                        match=r"reserve_space: the forward ran without sequence_lengths"):
         tf.raw_ops.CudnnRNNBackpropV3(**common, sequence_lengths=full, reserve_space=v2[3],
                                       host_reserved=v2[4])
-
-
-def test_a_reserve_from_another_process_is_refused(threads_process):
-    """The seal's key is drawn once per process: a reserve_space written elsewhere (same inputs,
-    same library; THREADS' process) is refused, as the C ABI's reserve spaces are; this
-    process's own forward of the same call is accepted."""
-    f = np.load(threads_process[1])
-    attrs = json.loads(str(f["attrs"]))
-    call = dict(input=f["x"], input_h=f["h"], input_c=f["c"], params=f["params"],
-                sequence_lengths=f["lengths"], **attrs)
-    args = dict(call, output=f["y"], output_h=f["hy"], output_c=f["cy"], output_backprop=f["y"],
-                output_h_backprop=f["hy"], output_c_backprop=f["cy"], host_reserved=f["host"])
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=_NOT_VERIFIED + r".* or written in another process"):
-        tf.raw_ops.CudnnRNNBackpropV3(**args, reserve_space=f["reserve"])
-    here = tf.raw_ops.CudnnRNNV3(**call)
-    np.testing.assert_array_equal(here[0].numpy(), f["y"])
-    tf.raw_ops.CudnnRNNBackpropV3(**args, reserve_space=here[3])
 
 
 def test_bad_params_op_inputs_are_tf_errors_naming_them():
