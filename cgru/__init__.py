@@ -13,7 +13,7 @@ _COMPILED = {
     "Forward": "cgru.core.engine", "Gradients": "cgru.core.engine",
     "forward": "cgru.core.engine", "backward": "cgru.core.engine",
     "reserve_nbytes": "cgru.core.engine", "dropout_masks": "cgru.core.engine",
-    "Stream": "cgru.core.stream", "release_memory": "cgru.core.plan",
+    "Stream": "cgru.core.stream", "release_memory": "cgru.core.backend",
     "parallel_enabled": "cgru._kernels.threads", "openmp_enabled": "cgru._kernels.threads",
     "get_include": "cgru.capi.info",
 }

@@ -1,4 +1,5 @@
-"""``python -m cgru info | demo | bench``, ``--version`` and ``--cflags --libs`` (the C ABI)."""
+"""``python -m cgru info | demo | bench``, ``--version``, ``--cflags --libs`` (the C ABI) and
+``--tf-kernels`` (the path of TensorFlow's CudnnRNN CPU kernels, built first if needed)."""
 import argparse
 import os
 import platform
@@ -104,6 +105,18 @@ def bench(argv):
     return bench_main(argv)
 
 
+def tf_kernels():
+    """Print the path of the TensorFlow kernel library (``cgru.tf_kernels``), building it first
+    if the cache does not hold it: for TF's C API (``TF_LoadLibrary``) or TF Serving."""
+    from cgru.tf_kernels import BuildError, library_path
+    try:
+        print(library_path())
+    except (BuildError, ImportError) as e:
+        print(f"python -m cgru --tf-kernels: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # the bench parses its own options (and its own --help)
@@ -111,6 +124,8 @@ def main(argv=None):
     if argv and argv[0] in ("--cflags", "--libs"):
         from cgru.capi.info import main as flags_main
         return flags_main(argv)
+    if argv == ["--tf-kernels"]:
+        return tf_kernels()
     parser = argparse.ArgumentParser(prog="python -m cgru", description=__doc__)
     parser.add_argument("--version", action="version", version=f"cgru {cgru.__version__}")
     parser.add_argument("command", choices=["info", "demo", "bench"],

@@ -43,7 +43,7 @@ to r, z, n).  Gradients come back through ``cgru.systems.mps`` too.
 gates in cgru's canonical order ``[r, z, n]`` (not the descriptor's order), ``z_state[t]``
 being the gates of the step that produces ``output[t]`` (original time, for either direction).
 With ``output_fwd`` it is all ``gru_gradients`` needs: the core's reserve is rebuilt from it
-(``cgru.core.engine.reserve_from_gates``) without re-running the forward time loop.
+(``cgru.core.rebuild.reserve_from_gates``) without re-running the forward time loop.
 
 LSTM
 ----
@@ -83,14 +83,14 @@ Decisions for these two (Apple's text is self-contradictory or beyond the core):
   included (Apple's formula: ONNX's output gate reads the new cell state instead).
 * The gradient ops, as MPSGraph's, differentiate the forward their training state records:
   the core's reserve is rebuilt from ``z_state`` (and the LSTM's ``cell_output_fwd``) with
-  whole-sequence GEMMs (``cgru.core.engine.reserve_from_saved``), without re-running the
+  whole-sequence GEMMs (``cgru.core.rebuild.reserve_from_saved``), without re-running the
   time loop.
 """
 from dataclasses import dataclass
 
 import numpy as np
 
-from cgru.core import engine, validate
+from cgru.core import calls, engine, rebuild, validate
 from cgru.systems import _rules, mps as mps_system
 from cgru.systems.mps import (ACTIVATIONS as MPS_ACTIVATIONS, FLAGS, LSTM_ACTIVATION_FIELDS,
                               LSTM_FLAGS, RNN_FLAGS)
@@ -279,7 +279,7 @@ def gru(source, recurrent_weight, input_weight=None, bias=None, init_state=None,
                          training=training)
     if not training:
         return [fwd.y]
-    gates = engine.reserve_gates(fwd.reserve, plan.net, plan.x)
+    gates = rebuild.reserve_gates(fwd.reserve, plan.net, plan.x)
     z_state = np.concatenate(gates, axis=-1)
     return [fwd.y, z_state]
 
@@ -321,7 +321,7 @@ def gru_gradients(source, recurrent_weight, source_gradient, z_state, output_fwd
         dhy = np.ascontiguousarray(state_gradient.reshape(N, D, H).transpose(1, 0, 2))
 
     gates = [np.ascontiguousarray(z_state[..., d * 3 * H:(d + 1) * 3 * H]) for d in range(D)]
-    reserve = engine.reserve_from_gates(plan.net, plan.x, gates,
+    reserve = rebuild.reserve_from_gates(plan.net, plan.x, gates,
                                         np.ascontiguousarray(output_fwd), plan.h0,
                                         state_mask=plan.state_mask)
     dx, dh0, dparams = engine.backward(
@@ -519,7 +519,7 @@ class _OpPlan:
         """``(c after every step, c before every step)`` ``[T, N, D·H]`` (original time, every
         direction) from a training forward's reserve."""
         net = self.net
-        opened = engine.open_reserve(reserve, net, self.x, cell=net.cell, data=False)
+        opened = calls.open_reserve(reserve, net, net.cell, self.T, self.N, False)
         T, after, before = self.T, [], []
         for d in range(self.D):
             cs = opened.lds[d]["cstates"]       # [T+1, N, H]: c0 and c after every step
@@ -612,7 +612,7 @@ def lstm(source, recurrent_weight, input_weight=None, bias=None, init_state=None
     cell, _ = plan.cell_states(fwd.reserve)
     if not desc.training:
         return [fwd.y, cell]
-    z_state = np.concatenate(engine.reserve_gates(fwd.reserve, plan.net, plan.x), axis=-1)
+    z_state = np.concatenate(rebuild.reserve_gates(fwd.reserve, plan.net, plan.x), axis=-1)
     return [fwd.y, cell, z_state]
 
 
@@ -631,7 +631,7 @@ def lstm_gradients(source, recurrent_weight, source_gradient, z_state, cell_outp
 
     As in MPSGraph, the gradients are those of the forward that ``z_state`` and
     ``cell_output_fwd`` record (``h = o ⊙ g(c)`` from them): cgru rebuilds its reserve from
-    them (``cgru.core.engine.reserve_from_saved``) instead of re-running the forward.
+    them (``cgru.core.rebuild.reserve_from_saved``) instead of re-running the forward.
 
     Returns the list of gradients in MPSGraph's order — source, recurrent_weight,
     input_weight, bias, peephole, init_state, init_cell — with an entry only for the inputs
@@ -653,7 +653,7 @@ def lstm_gradients(source, recurrent_weight, source_gradient, z_state, cell_outp
                        for d in range(D)],
              "cells": [np.ascontiguousarray(cell_output_fwd[..., d * H:(d + 1) * H])
                        for d in range(D)]}
-    reserve = engine.reserve_from_saved(plan.net, plan.x, saved, h0=plan.h0, c0=plan.c0,
+    reserve = rebuild.reserve_from_saved(plan.net, plan.x, saved, h0=plan.h0, c0=plan.c0,
                                         state_mask=plan.state_mask)
     g = engine.backward(plan.net, plan.x, reserve, dy, dhy, dcy=dcy,
                         state_mask=plan.state_mask)
@@ -717,7 +717,7 @@ def single_gate_rnn_gradients(source, recurrent_weight, source_gradient, z_state
     ``[T, N, D·H]`` (``None``: zeros) and, optionally, with respect to the final state as
     ``state_gradient`` ``[N, D·H]`` = ``[fwd | bwd]``.  As in MPSGraph, the gradients are those
     of the forward that ``z_state`` records (its states are ``activation(z)``): cgru rebuilds
-    its reserve from it (``cgru.core.engine.reserve_from_saved``) instead of re-running the
+    its reserve from it (``cgru.core.rebuild.reserve_from_saved``) instead of re-running the
     forward.
 
     Returns the gradients in MPSGraph's order — source, recurrent_weight, input_weight, bias,
@@ -729,7 +729,7 @@ def single_gate_rnn_gradients(source, recurrent_weight, source_gradient, z_state
     # the forward's reserve, rebuilt from its z_state (no time loop)
     H, D = plan.H, plan.D
     saved = {"pre": [np.ascontiguousarray(z_state[..., d * H:(d + 1) * H]) for d in range(D)]}
-    reserve = engine.reserve_from_saved(plan.net, plan.x, saved, h0=plan.h0,
+    reserve = rebuild.reserve_from_saved(plan.net, plan.x, saved, h0=plan.h0,
                                         state_mask=plan.state_mask)
     g = engine.backward(plan.net, plan.x, reserve, dy, dhy, state_mask=plan.state_mask)
     grad = mps_system.op_gradient_tensors(g.dparams, plan.order)

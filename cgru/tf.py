@@ -136,10 +136,11 @@ from collections import namedtuple
 
 import numpy as np
 
-from cgru.core import engine, reserve as reserve_mod, validate
+from cgru.core import calls, engine, reserve as reserve_mod, validate
 from cgru.core.network import Network, Topology
 from cgru.systems import _rules, tf as tf_system
 from cgru.systems.tf import tf_shape
+from cgru._kernels.threads import resolve_num_threads
 
 __all__ = ["params_size", "params_to_canonical", "params_to_canonical_v2",
            "canonical_to_params", "canonical_to_params_v2", "cudnn_rnn", "cudnn_rnn_v2",
@@ -249,8 +250,9 @@ def params_size(num_layers, num_units, input_size, *, dtype=np.float32, rnn_mode
     return n
 
 
-def _network(topo, attrs, params, dtype=None):
-    """The ``cgru.Network`` of the opaque buffer (a copy), with TF-like size/dtype errors."""
+def _network(topo, attrs, params, dtype=None, copy=True):
+    """The ``cgru.Network`` of the opaque buffer — a copy, or (``copy=False``) views of it
+    when it is C-contiguous — with TF-like size/dtype errors."""
     validate.plain_array(params, "params", "[params_size]")
     if dtype is None:
         validate.as_dtype(params.dtype, "params.dtype")
@@ -262,7 +264,8 @@ def _network(topo, attrs, params, dtype=None):
         raise ValueError(f"Invalid params size: expected a 1-D array of {n} elements "
                          f"(params_size for {_describe(topo, attrs)}), got shape "
                          f"{tf_shape(params.shape)}")
-    return Network.from_flat(topo, params, cell=attrs.cell)
+    return Network.from_flat(topo, params, cell=attrs.cell,
+                             copy=copy or not params.flags.c_contiguous)
 
 
 def _counts(topo, attrs):
@@ -439,11 +442,17 @@ def _check_call(input, input_h, input_c, params, sequence_lengths, attrs, time_m
                          f"{proj})")
     H = _check_input_c(input_c, input_h, attrs, dtype, time_major) if lstm else S
     topo = _topology(L, H, input.shape[2], attrs)
-    net = _network(topo, attrs, params, dtype)
+    net = _network(topo, attrs, params, dtype, copy=False)   # views: the call keeps a copy
     lengths = validate.lengths(sequence_lengths, T, N, "sequence_lengths", "max_seq_length")
-    h0 = input_h if time_major else input_h.transpose(1, 0, 2)
-    c0 = None if not lstm else input_c if time_major else input_c.transpose(1, 0, 2)
-    return _Call(topo, dtype, T, N, net, input, h0, c0, lengths)
+    h0 = _core_layout(input_h, time_major)
+    c0 = _core_layout(input_c, time_major) if lstm else None
+    return _Call(topo, dtype, T, N, net, calls.time_major(input, not time_major), h0, c0,
+                 lengths)
+
+
+def _core_layout(a, time_major):
+    """An op's state as the core's ``[L·D, N, ·]``, C-contiguous (a copy only when needed)."""
+    return np.ascontiguousarray(a if time_major else a.transpose(1, 0, 2))
 
 
 def _tf_layout(a, time_major):
@@ -456,10 +465,10 @@ def _forward(input, input_h, input_c, params, sequence_lengths, attrs, is_traini
              time_major, num_threads):
     is_training = validate.flag(is_training, "is_training")
     call = _check_call(input, input_h, input_c, params, sequence_lengths, attrs, time_major)
-    fwd = engine.forward(call.net, input, call.h0, c0=call.c0, lengths=call.lengths,
-                         batch_major=not time_major, training=is_training,
-                         dropout=attrs.dropout, seed=(attrs.seed, attrs.seed2),
-                         num_threads=num_threads)
+    fwd = engine.run_forward(calls.ForwardCall.of(
+        call.net, attrs.cell, call.x, call.h0, call.c0, call.lengths, None,
+        attrs.dropout if is_training else 0.0, attrs.seed, attrs.seed2, is_training,
+        not time_major, resolve_num_threads(num_threads)))
     output_c = np.empty(0, call.dtype) if fwd.cy is None else _tf_layout(fwd.cy, time_major)
     reserve = fwd.reserve if is_training else np.empty(0, np.uint8)
     return fwd.y, _tf_layout(fwd.hy, time_major), output_c, reserve
@@ -512,29 +521,26 @@ def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, *, rnn_
 
 # --- the reserve space ---------------------------------------------------------------------
 def _check_reserve(reserve_space, call, attrs, time_major):
-    """Refuse a ``reserve_space`` that is not the core reserve of a training forward with this
-    call's ``input``, ``input_h``, ``input_c``, ``params``, ``sequence_lengths`` and
-    attributes."""
-    def open_reserve(**data):
-        return engine.open_reserve(reserve_space, call.net, call.x, cell=call.net.cell,
-                                   batch_major=not time_major, what="reserve_space",
-                                   inference_hint=_INFERENCE_RESERVE, **data)
+    """Refuse a ``reserve_space`` whose header says it is not a training forward's of this
+    call's shapes, layout and attributes (in TF's words; the core then checks the data)."""
     if not (isinstance(reserve_space, np.ndarray) and reserve_space.dtype == np.uint8
             and reserve_space.ndim == 1 and reserve_space.size):
-        open_reserve(data=False)        # not a byte vector, or empty: the core refuses it
+        # not a byte vector, or empty: the core refuses it
+        calls.open_reserve(reserve_space, call.net, attrs.cell, call.T, call.N, not time_major,
+                           "reserve_space", _INFERENCE_RESERVE)
     if reserve_space.size < reserve_mod.HEADER * 8:
         raise ValueError(f"reserve_space: {reserve_space.size} bytes is too small for a cgru.tf "
                          f"reserve space (from a different call?)")
     if not reserve_mod.is_reserve(reserve_space):
         raise ValueError("reserve_space: not a cgru.tf reserve space (bad header); pass the "
                          "reserve_space of the matching training forward")
-    nbytes = engine.reserve_nbytes(call.net, call.T, call.N)
+    nbytes = reserve_mod.Layout(call.topo, attrs.cell, call.T, call.N, call.dtype).nbytes
     if reserve_space.size != nbytes:
         raise ValueError(f"reserve_space: expected {nbytes} bytes for this call "
                          f"({_describe(call.topo, attrs)}, max_seq_length={call.T}, "
                          f"batch_size={call.N}, {call.dtype}), got {reserve_space.size} "
                          f"(truncated or padded, or from a different call?)")
-    recorded = reserve_mod.read_header(reserve_space)
+    recorded = reserve_mod.read_header(reserve_space, "reserve_space")
     if recorded["batch_major"] == time_major:
         raise ValueError(f"reserve_space: the forward ran with a different layout (time_major="
                          f"{not recorded['batch_major']}) than this backprop call (time_major="
@@ -546,10 +552,6 @@ def _check_reserve(reserve_space, call, attrs, time_major):
         if recorded[name] != value:
             raise ValueError(f"reserve_space: the forward ran with a different {name} than "
                              f"this backprop call ({recorded[name]} vs {value})")
-    try:
-        open_reserve(h0=call.h0, c0=call.c0, lengths=call.lengths)
-    except ValueError as e:     # the model, input, params, states or sequence_lengths differ
-        raise ValueError(_OTHER_CALL) from e
 
 
 # --- backprop ops --------------------------------------------------------------------------
@@ -582,12 +584,19 @@ def _backprop(input, input_h, input_c, params, sequence_lengths, output, output_
         _check_like(output_c, "output_c", dtype, c_shape, optional=True)
         dcy = _check_like(output_c_backprop, "output_c_backprop", dtype, c_shape,
                           optional=True)
-    if not time_major:
-        dhy = None if dhy is None else _tf_layout(dhy, False)
-        dcy = None if dcy is None else _tf_layout(dcy, False)
+    dhy = None if dhy is None else _core_layout(dhy, time_major)
+    dcy = None if dcy is None else _core_layout(dcy, time_major)
     _check_reserve(reserve_space, call, attrs, time_major)
-    g = engine.backward(call.net, input, reserve_space, dy, dhy, dcy=dcy,
-                        batch_major=not time_major, num_threads=num_threads)
+    nt = resolve_num_threads(num_threads)
+    try:                        # the model, input, params, states or sequence_lengths differ
+        bcall = calls.BackwardCall.of(
+            call.net, attrs.cell, call.x, reserve_space,
+            None if dy is None else calls.time_major(dy, not time_major), dhy, dcy, None,
+            not time_major, None, False, nt, h0=call.h0, c0=call.c0, lengths=call.lengths,
+            what="reserve_space", inference_hint=_INFERENCE_RESERVE)
+    except ValueError as e:
+        raise ValueError(_OTHER_CALL) from e
+    g = engine.run_backward(bcall)
     dc0 = np.empty(0, dtype) if g.dc0 is None else _tf_layout(g.dc0, time_major)
     return CudnnRNNBackprop(g.dx, _tf_layout(g.dh0, time_major), dc0, g.dparams.flat())
 
@@ -642,3 +651,15 @@ def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, out
     return _backprop(input, input_h, input_c, params, sequence_lengths, output, output_h,
                      output_c, output_backprop, output_h_backprop, output_c_backprop,
                      reserve_space, attrs, time_major, num_threads)
+
+
+# --- the ops themselves in TensorFlow ------------------------------------------------------
+def load_kernels():
+    """Register CPU kernels for TensorFlow's own eleven ``CudnnRNN`` ops, computed by cgru
+    (built on first use, cached; returns the library's path).  See ``cgru.tf_kernels`` and
+    docs/tf_kernels.md.  Imported lazily: ``import cgru.tf`` never imports TensorFlow."""
+    from cgru.tf_kernels import load_kernels as load
+    return load()
+
+
+__all__ += ["load_kernels"]

@@ -1620,7 +1620,7 @@ def test_repeated_calls_on_one_weight_space_pack_once_and_see_changes(lib, monke
     packs = []
     real = kept_weights.pack_rhs
     monkeypatch.setattr(kept_weights, "pack_rhs", lambda B, fwd: packs.append(1) or real(B, fwd))
-    plan.release_memory()
+    cgru.release_memory()
     topo = cgru.Topology(3, 4)
     params = cgru.Network.random(topo, np.float64, seed=2)
     desc = _Desc()

@@ -7,7 +7,7 @@ caller owns is exactly as it was before the call: the inputs, the reserve, and `
 loop that catches the exception and carries on must not double-count a layer), and the
 process state the engine touches (the BLAS thread count) is restored.  A later call then
 gives bitwise the results of an undisturbed one.  Faults are injected deterministically at
-the second layer of a multi-layer call by wrapping ``engine._KERNELS["gru"]`` (or the per-layer
+the second layer of a multi-layer call by wrapping the GRU kind's kernels (or the per-layer
 gradient step); the real-signal tests raise SIGINT from inside a time loop at a chosen step
 (the kernels' test probe) and count steps and kernel calls — nothing here depends on the
 machine's speed.
@@ -27,6 +27,8 @@ import pytest
 import cgru
 from cgru import Cell, Params, Topology
 from cgru.core import engine, plan
+from cgru.core.backend import BACKEND
+from cgru.core.kinds.gru import KIND as GRU_KIND
 
 threadpoolctl = pytest.importorskip("threadpoolctl")
 
@@ -56,7 +58,7 @@ def _problem(cell=Cell(), mask=False):
 
 
 class _Faulty:
-    """Stands in for ``engine._KERNELS["gru"]``: the ``n``-th call of ``name`` raises ``exc``."""
+    """Stands in for the GRU kind's kernels: the ``n``-th call of ``name`` raises ``exc``."""
 
     def __init__(self, real, name, n, exc):
         self.real, self.name, self.n, self.exc, self.calls = real, name, n, exc, 0
@@ -98,14 +100,14 @@ def test_forward_fault_leaves_no_trace(monkeypatch, blas_three, exc, cell):
     want = cgru.forward(params, x, h0, **fkw)
     inputs = [x, h0] + [a for lp in params for a in lp.arrays().values()]
     before = [_digest(a) for a in inputs]
-    faulty = _Faulty(engine._KERNELS["gru"], "forward_layer", 2, exc)
-    monkeypatch.setitem(engine._KERNELS, "gru", faulty)
+    faulty = _Faulty(BACKEND.kernels(GRU_KIND), "forward_layer", 2, exc)
+    monkeypatch.setitem(BACKEND._kernels, "gru", faulty)
     with pytest.raises(exc, match="injected fault"):
         cgru.forward(params, x, h0, **fkw, num_threads=1)
     assert faulty.calls == 2
     assert _blas_counts() == blas_three
     assert [_digest(a) for a in inputs] == before
-    monkeypatch.setitem(engine._KERNELS, "gru", faulty.real)
+    monkeypatch.setitem(BACKEND._kernels, "gru", faulty.real)
     got = cgru.forward(params, x, h0, **fkw, num_threads=1)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
@@ -115,8 +117,8 @@ def _backward_fault(monkeypatch, where, exc):
     """Make the second layer of a backward raise ``exc``: in its time loop
     (``_kernels.backward_layer``) or after it, in its weight-gradient step."""
     if where == "time_loop":
-        faulty = _Faulty(engine._KERNELS["gru"], "backward_layer", 2, exc)
-        monkeypatch.setitem(engine._KERNELS, "gru", faulty)
+        faulty = _Faulty(BACKEND.kernels(GRU_KIND), "backward_layer", 2, exc)
+        monkeypatch.setitem(BACKEND._kernels, "gru", faulty)
         return faulty
     real = engine._layer_gradients
     calls = []
@@ -194,7 +196,7 @@ def test_backward_with_accumulate_adds_exactly_once_without_faults():
 # The kernels' test probe (cgru._kernels.loops.set_probe) raises a real SIGINT from inside the
 # time loop at a given step, so these tests count steps and kernel calls instead of timing.
 class _Counter:
-    """Stands in for ``engine._KERNELS["gru"]``: counts the calls of each time-loop kernel."""
+    """Stands in for the GRU kind's kernels: counts the calls of each time-loop kernel."""
 
     def __init__(self, real):
         self.real, self.calls = real, []
@@ -246,8 +248,8 @@ def test_interrupt_between_kernel_calls(monkeypatch, blas_three, interrupt_at):
     small = Params.random(Topology(3, 2), np.float64, seed=5)
     xs = np.random.default_rng(6).standard_normal((4, 2, 3))
     want = cgru.forward(small, xs, training=True)
-    counter = _Counter(engine._KERNELS["gru"])
-    monkeypatch.setitem(engine._KERNELS, "gru", counter)
+    counter = _Counter(BACKEND.kernels(GRU_KIND))
+    monkeypatch.setitem(BACKEND._kernels, "gru", counter)
     interrupt_at(10)
     with pytest.raises(KeyboardInterrupt):
         cgru.forward(params, x, num_threads=1)

@@ -24,7 +24,7 @@ import pytest
 
 import cgru
 from cgru import Cell, Params, Topology
-from cgru.core import engine
+from cgru.core import calls, engine
 
 INT_MAX = 2 ** 31 - 1
 # T·N just above the limit: 32769 · 65536 = 2³¹ + 2¹⁶.
@@ -68,7 +68,7 @@ def test_rows_at_int32_max_pass_the_check():
     """The boundary itself is allowed (2³¹ − 1 is prime: T = 1, N = 2³¹ − 1)."""
     topo = Topology(2, 3)
     x = np.broadcast_to(np.zeros((1, 1, 2), np.float32), (1, INT_MAX, 2))
-    assert engine._check_x(x, topo, np.dtype(np.float32), False) == (1, INT_MAX)
+    assert calls.check_x(x, topo, np.dtype(np.float32), False) == (1, INT_MAX)
 
 
 @pytest.mark.parametrize("what,topo,width", [
@@ -81,7 +81,7 @@ def test_widths_beyond_int32_are_refused(what, topo, width):
     the public API for the input width)."""
     x = np.broadcast_to(np.zeros((1, 1, 1), np.float32), (2, 2, width))
     with pytest.raises(ValueError, match=f"^x: {what} = \\d+ exceeds the 32-bit BLAS limit"):
-        engine._check_x(x, topo, np.dtype(np.float32), False)
+        calls.check_x(x, topo, np.dtype(np.float32), False)
 
 
 # --- size queries: closed form, the same bounds as the calls --------------------------------------

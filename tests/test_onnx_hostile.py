@@ -32,10 +32,11 @@ import textwrap
 import numpy as np
 import pytest
 
+import cgru
 import cgru.onnx as connx
 
 onnx = pytest.importorskip("onnx")
-from cgru import _onnx_graph  # noqa: E402
+from cgru.onnx import graph as _onnx_graph  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 T, N, I, H = 3, 2, 3, 2
@@ -226,7 +227,7 @@ def _run_in_subprocess(code, timeout=120):
     """Run ``code`` (which prints a last line) in a fresh interpreter with this cgru; its
     output, or a failure when it does not finish in ``timeout`` seconds."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(connx.__file__))] +
+        [os.path.dirname(os.path.dirname(cgru.__file__))] +
         [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=timeout, env=env)

@@ -12,9 +12,9 @@ from cgru.core import plan
 
 @pytest.fixture(autouse=True)
 def fresh_pool():
-    plan.release_memory()
+    cgru.release_memory()
     yield
-    plan.release_memory()
+    cgru.release_memory()
 
 
 def _net_and_x():
@@ -71,7 +71,7 @@ def test_the_pool_is_bounded_and_can_be_emptied(monkeypatch):
     assert nbytes <= 1 << 20 and n == 4                       # the oldest left beyond the bound
     plan.recycled(300_000)                                     # above POOL_BYTES / 4: unpooled
     assert plan.pool_state() == (n, nbytes)
-    plan.release_memory()
+    cgru.release_memory()
     assert plan.pool_state() == (0, 0)
 
 

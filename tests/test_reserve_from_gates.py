@@ -1,9 +1,9 @@
-"""engine.reserve_from_gates: a reserve rebuilt from gates and outputs gives the same backward."""
+"""rebuild.reserve_from_gates (and reserve_from_saved): a reserve rebuilt from gates and outputs gives the same backward."""
 import numpy as np
 import pytest
 
 import cgru
-from cgru.core import engine
+from cgru.core import calls, rebuild
 from cgru.core.cells import Cell
 from cgru.core.network import Params, Topology
 
@@ -16,7 +16,7 @@ CELLS = {
 
 
 def _saved_gates(reserve, params, x, cell):
-    return engine.reserve_gates(reserve, params, x, cell=cell)
+    return rebuild.reserve_gates(reserve, params, x, cell=cell)
 
 
 def test_reserve_gates_are_the_reference_gates():
@@ -30,7 +30,7 @@ def test_reserve_gates_are_the_reference_gates():
     sig = lambda v: 1 / (1 + np.exp(-v))
     r, z = sig(gx[:, :2] + lp.b_R[:2]), sig(gx[:, 2:4] + lp.b_R[2:4])
     n = np.tanh(gx[:, 4:] + r * lp.b_R[4:])
-    got = engine.reserve_gates(f.reserve, params, x)
+    got = rebuild.reserve_gates(f.reserve, params, x)
     np.testing.assert_allclose(got[0][0], np.concatenate([r, z, n], axis=1), rtol=1e-12)
 
 
@@ -52,7 +52,7 @@ def test_rebuilt_reserve_gives_the_same_gradients(dtype, direction, cell, masked
     if scale and cell.f_r.name == "hard_sigmoid":   # the saturated case really occurs
         r = _saved_gates(f.reserve, params, x, cell)[0][:, :, :H]
         assert (r == 0).any() or (r == 1).any()
-    rebuilt = engine.reserve_from_gates(params, x, _saved_gates(f.reserve, params, x, cell), f.y,
+    rebuilt = rebuild.reserve_from_gates(params, x, _saved_gates(f.reserve, params, x, cell), f.y,
                                         h0, cell=cell, state_mask=mask)
     dy = rng.standard_normal(f.y.shape).astype(dtype)
     dhy = rng.standard_normal(f.hy.shape).astype(dtype)
@@ -74,15 +74,15 @@ def test_refuses_what_it_cannot_rebuild():
     x = np.zeros((2, 1, 3))
     gates, y = [np.zeros((2, 1, 12))], np.zeros((2, 1, 4))
     with pytest.raises(ValueError, match="clip"):
-        engine.reserve_from_gates(params, x, gates, y, cell=Cell(clip=1.0))
+        rebuild.reserve_from_gates(params, x, gates, y, cell=Cell(clip=1.0))
     with pytest.raises(ValueError, match="cell.g.*softsign"):
-        engine.reserve_from_gates(params, x, gates, y, cell=Cell(g="softsign"))
+        rebuild.reserve_from_gates(params, x, gates, y, cell=Cell(g="softsign"))
     with pytest.raises(ValueError, match="num_layers=2"):
-        engine.reserve_from_gates(Params.random(Topology(3, 4, 2), np.float64), x, gates, y)
+        rebuild.reserve_from_gates(Params.random(Topology(3, 4, 2), np.float64), x, gates, y)
     with pytest.raises(ValueError, match=r"gates\[0\].*\[2, 1, 12\]"):
-        engine.reserve_from_gates(params, x, [np.zeros((2, 1, 11))], y)
+        rebuild.reserve_from_gates(params, x, [np.zeros((2, 1, 11))], y)
     with pytest.raises(ValueError, match="gates: expected a list of D=1"):
-        engine.reserve_from_gates(params, x, gates * 2, y)
+        rebuild.reserve_from_gates(params, x, gates * 2, y)
 
 
 # --- LSTM and vanilla RNN: reserve_from_saved --------------------------------------------------
@@ -101,7 +101,7 @@ SAVED_CELLS = {
 
 def _saved(net, x, h0, c0, mask, f):
     """What an outside system keeps: LSTM gates and cells after every step, RNN z."""
-    opened = engine.open_reserve(f.reserve, net, x, cell=net.cell, data=False)
+    opened = calls.open_reserve(f.reserve, net, net.cell, x.shape[0], x.shape[1], False)
     topo, T = net.topology, x.shape[0]
     if net.cell.kind == "lstm":
         cells = []
@@ -143,7 +143,7 @@ def test_reserve_from_saved_gives_the_backward_of_the_forward(kind, masked, dire
     dhy = rng.standard_normal(f.hy.shape).astype(dtype)
     dcy = None if c0 is None else rng.standard_normal(f.cy.shape).astype(dtype)
     want = cgru.backward(net, x, f.reserve, dy, dhy, dcy=dcy, state_mask=mask)
-    rv = engine.reserve_from_saved(net, x, _saved(net, x, h0, c0, mask, f), h0=h0, c0=c0,
+    rv = rebuild.reserve_from_saved(net, x, _saved(net, x, h0, c0, mask, f), h0=h0, c0=c0,
                                    state_mask=mask)
     got = cgru.backward(net, x, rv, dy, dhy, dcy=dcy, state_mask=mask)
     tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-4, atol=2e-5)
@@ -158,13 +158,13 @@ def test_reserve_from_saved_refuses_what_it_cannot_rebuild():
     gru = Params.random(Topology(3, 2), np.float64)
     x = np.zeros((2, 1, 3))
     with pytest.raises(ValueError, match="reserve_from_gates"):
-        engine.reserve_from_saved(gru, x, {})
+        rebuild.reserve_from_saved(gru, x, {})
     lstm = Network.random(Topology(3, 2, 2), np.float64, cell=LSTMCell())
     with pytest.raises(ValueError, match="one layer"):
-        engine.reserve_from_saved(lstm, x, {})
+        rebuild.reserve_from_saved(lstm, x, {})
     lstm = Network.random(Topology(3, 2), np.float64, cell=LSTMCell())
     with pytest.raises(ValueError, match=r"saved: expected a dict with \['cells', 'gates'\]"):
-        engine.reserve_from_saved(lstm, x, {"gates": [np.zeros((2, 1, 8))]})
+        rebuild.reserve_from_saved(lstm, x, {"gates": [np.zeros((2, 1, 8))]})
     with pytest.raises(ValueError, match=r"saved\['cells'\]\[0\]"):
-        engine.reserve_from_saved(lstm, x, {"gates": [np.zeros((2, 1, 8))],
+        rebuild.reserve_from_saved(lstm, x, {"gates": [np.zeros((2, 1, 8))],
                                             "cells": [np.zeros((2, 1, 3))]})

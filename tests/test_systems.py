@@ -58,10 +58,18 @@ def test_convert_only_delegates_to_the_systems():
     assert not [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
 
 
+def _package_imports(module):
+    """``_imports`` of a module, or of every file of a package."""
+    files = [module.__file__]
+    if hasattr(module, "__path__"):
+        files = sorted(str(p) for p in pathlib.Path(module.__path__[0]).glob("*.py"))
+    return set().union(*(_imports(f) for f in files))
+
+
 @pytest.mark.parametrize("frontend", ["cgru.tf", "cgru.mps", "cgru.onnx", "cgru.arraymancer"])
 def test_frontends_map_weights_through_their_systems_module(frontend):
     module = importlib.import_module(frontend)
-    names = _imports(module.__file__)
+    names = _package_imports(module)
     system = "cgru.systems." + frontend.split(".")[1]
     assert any(n == system or n.startswith(system + ".") for n in names)
     assert "cgru.convert" not in names and not any(n.startswith("cgru.convert.") for n in names)

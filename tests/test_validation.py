@@ -555,7 +555,7 @@ def test_dparams_bad(what):
         parts = ("dparams:", "float64", "float32")
     elif what == "type":
         kw, exc = dict(dparams=params.flat()), TypeError
-        parts = ("dparams:", "cgru.Params", "ndarray")
+        parts = ("dparams:", "cgru.Network", "ndarray")
     elif what == "accumulate":
         kw, exc = dict(accumulate=True), ValueError
         parts = ("dparams:", "accumulate=True")
@@ -578,7 +578,7 @@ def test_cell_of_the_wrong_type(fn, value):
 @BOTH
 def test_params_of_the_wrong_type(fn):
     params, x, reserve = _f64()
-    with _raises(TypeError, "params:", "cgru.Params", "list"):
+    with _raises(TypeError, "net:", "cgru.Network", "list"):
         if fn == "forward":
             forward(list(params), x)
         else:

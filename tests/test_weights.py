@@ -22,9 +22,9 @@ CELLS = [cgru.GRUCell(), cgru.GRUCell(reset_after=False), cgru.LSTMCell(),
 
 @pytest.fixture(autouse=True)
 def empty_cache():
-    plan.release_memory()
+    cgru.release_memory()
     yield
-    plan.release_memory()
+    cgru.release_memory()
 
 
 def _all_bits(f, g):
@@ -68,7 +68,7 @@ def test_unchanged_weights_are_packed_once(monkeypatch, cell):
         cgru.forward(net, x)
         cgru.forward(copy, x)
     assert len(calls) == n + n // 2         # every later call found its packs
-    plan.release_memory()
+    cgru.release_memory()
     cgru.forward(net, x)
     assert len(calls) > n + n // 2          # emptied: packed again
 
@@ -90,7 +90,7 @@ def test_weights_changed_in_place_are_never_served_a_stale_pack(cell):
         a.reshape(-1)[-1] -= 0.25                     # (a GRU's r/z and n blocks both)
         got = _step(net, x, dy)
         fresh = net.copy()
-        plan.release_memory()
+        cgru.release_memory()
         want = _step(fresh, x, dy)
         assert not np.array_equal(got[0], before), name
         assert _same(got, want), name
@@ -132,7 +132,7 @@ def _race(monkeypatch, which):
     x = np.random.default_rng(11).standard_normal((6, 3, 4))
     dy = np.random.default_rng(12).standard_normal((6, 3, 8))
     want_old = _step(old, x, dy)               # what a fresh process computes
-    plan.release_memory()
+    cgru.release_memory()
     f = cgru.forward(net, x, training=True) if which == "backward" else None
 
     def update():
@@ -210,7 +210,7 @@ def test_threads_sharing_the_cache_get_their_own_weights_bits():
             for s, cell in enumerate([cgru.GRUCell(), cgru.LSTMCell(), cgru.RNNCell()] * 2)]
     dy = np.ones((7, 3, 6))
     want = [_step(net, x, dy) for net in nets]
-    plan.release_memory()
+    cgru.release_memory()
     got, errors = [None] * len(nets), []
 
     def worker(i):

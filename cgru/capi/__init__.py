@@ -374,24 +374,9 @@ def _params_view(m, space, writable):
     ``R`` [G·H, S], the projection ``W_p`` [P, H], ``b_W`` [G·H] and ``b_R`` [G·H] of each
     pseudo-layer are contiguous blocks.
     """
-    topo, G = m.topo, m.cell.gates
     flat = space[:_weight_bytes(m)].view(m.dtype)
     flat.flags.writeable = writable
-    GH = G * topo.hidden_size
-    layers, pos = [], 0
-    for i in range(topo.num_layer_directions):
-        shapes = topo.shapes(i, G)
-        arrays = {}
-        for name in ("W", "R", "W_p"):
-            if name in shapes:
-                rows, cols = shapes[name]
-                arrays[name] = flat[pos:pos + rows * cols].reshape(rows, cols)
-                pos += rows * cols
-        layers.append(arrays)
-    for arrays in layers:
-        arrays["b_W"], arrays["b_R"] = flat[pos:pos + GH], flat[pos + GH:pos + 2 * GH]
-        pos += 2 * GH
-    return Network(topo, [LayerParams(**a) for a in layers], m.cell)
+    return Network.from_flat(m.topo, flat, cell=m.cell, copy=False)
 
 
 def _lengths(addr, T, N):

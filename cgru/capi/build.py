@@ -26,7 +26,7 @@ from setuptools import Extension
 NAME = "cgru.libcgru"
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-SOURCES = ["cgru/capi/capi.c", "cgru/capi/runtime.c"]
+SOURCES = ["cgru/capi/capi.c", "cgru/capi/messages.c", "cgru/capi/runtime.c"]
 HEADER = os.path.join("include", "cgru.h")
 
 
@@ -84,7 +84,7 @@ def extensions():
         extra_compile_args=optimise + ["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra"],
         extra_link_args=link,
         libraries=["dl", "pthread"] if sys.platform.startswith("linux") else [],
-        depends=["include/cgru.h", "cgru/capi/runtime.h"],
+        depends=["include/cgru.h", "cgru/capi/runtime.h", "cgru/capi/messages.h"],
     )]
 
 

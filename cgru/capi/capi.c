@@ -4,8 +4,8 @@
  * Thin by design: each function checks only what it dereferences itself (the descriptor, the
  * out-parameters it writes), passes every other argument to cgru/capi.py (pointers as integers,
  * 0 for NULL), which validates them, wraps the buffers as NumPy arrays and runs the engine, and
- * copies the values it returns into the out-parameters.  Status strings and the thread-local
- * last error message live here too.
+ * copies the values it returns into the out-parameters.  Status strings live here too; the
+ * thread-local last error message in messages.c.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,29 +13,8 @@
 #include <stdio.h>
 
 #include "cgru.h"
+#include "messages.h"
 #include "runtime.h"
-
-/* ---- messages ----------------------------------------------------------------------------- */
-static _Thread_local char last_message[1024];
-
-cgru_status_t cgru__fail(cgru_status_t status, const char *format, ...)
-{
-    va_list ap;
-    va_start(ap, format);
-    vsnprintf(last_message, sizeof last_message, format, ap);
-    va_end(ap);
-    return status;
-}
-
-void cgru__clear_message(void)
-{
-    last_message[0] = '\0';
-}
-
-CGRU_API const char *cgru_get_last_error_message(void)
-{
-    return last_message;
-}
 
 CGRU_API const char *cgru_get_error_string(cgru_status_t status)
 {

@@ -10,12 +10,7 @@
 #define CGRU_CAPI_RUNTIME_H
 
 #include "cgru.h"
-
-#if defined(__GNUC__) && __GNUC__ >= 4
-#  define CGRU_INTERNAL __attribute__((visibility("hidden")))
-#else
-#  define CGRU_INTERNAL
-#endif
+#include "messages.h"
 
 /* Calls cgru.capi.<function>(*args), args built by Py_BuildValue(format, ...) (format must make
  * a tuple: "(...)").  The Python function returns (status, message, *values); the message becomes
@@ -24,15 +19,5 @@
  * fork() and while the host finalises Python (runtime.c: FORK, FINALISATION). */
 CGRU_INTERNAL cgru_status_t cgru__py_call(const char *function, long long *values, int nvalues,
                                           const char *format, ...);
-
-/* Sets the calling thread's last error message (printf-style) and returns status. */
-CGRU_INTERNAL cgru_status_t cgru__fail(cgru_status_t status, const char *format, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-
-/* Sets the calling thread's last error message to "". */
-CGRU_INTERNAL void cgru__clear_message(void);
 
 #endif /* CGRU_CAPI_RUNTIME_H */

@@ -26,11 +26,12 @@ computes with the new values; a gradient ``Network`` that ``backward`` fills is 
 place too.  Arrays of any memory layout are accepted.
 """
 from dataclasses import dataclass
+import math
 import warnings
 
 import numpy as np
 
-from cgru.core import validate
+from cgru.core import kinds, validate
 from cgru.core.cells import GRUCell, is_cell
 
 __all__ = ["Topology", "LayerParams", "Network", "Params", "DIRECTIONS", "INPUT_MODES", "DTYPES", "as_dtype"]
@@ -197,7 +198,7 @@ class Network:
                              f"D={topology.num_directions}), got {len(layers)}")
         self._cell_given = cell is not None
         self.cell = _DEFAULT_CELL if cell is None else cell
-        if topology.proj_size and self.cell.kind != "lstm":
+        if topology.proj_size and not kinds.of(self.cell).has_projection:
             raise ValueError(f"proj_size: a recurrent projection exists for LSTM cells only, got "
                              f"proj_size={topology.proj_size} with a {self.cell.kind} cell")
         if topology.input_mode == "projected" and \
@@ -368,22 +369,46 @@ class Network:
         return np.concatenate([p.ravel() for p in self._pieces()])
 
     @classmethod
-    def from_flat(cls, topology, flat, *, cell=None):
-        """Inverse of ``flat()``: copies out of a 1-D array of ``flat_size()`` elements."""
+    def from_flat(cls, topology, flat, *, cell=None, copy=True):
+        """Inverse of ``flat()``: a network of a 1-D array of ``flat_size()`` elements — copied
+        out of it, or with ``copy=False`` (``flat`` C-contiguous) made of views of it: in the
+        opaque layout the gate matrices of one kind are adjacent, so every ``W``, ``R``,
+        ``W_p``, ``b_W``, ``b_R`` and ``P`` of a layer-direction is one contiguous block."""
         if not isinstance(topology, Topology):
             raise TypeError(f"topology: expected a cgru.Topology, got {type(topology).__name__}")
         validate.plain_array(flat, "flat")
         dt = as_dtype(flat.dtype, "flat.dtype")
-        n = _flat_size(topology, cell or _DEFAULT_CELL)
+        c = cell or _DEFAULT_CELL
+        n = _flat_size(topology, c)
         if flat.ndim != 1 or flat.size != n:
             raise ValueError(f"flat: expected a 1-D array of {n} elements, got shape "
                              f"{flat.shape}")
-        out = cls.zeros(topology, dt, cell=cell)
-        pos = 0
-        for piece in out._pieces():
-            piece[...] = flat[pos:pos + piece.size].reshape(piece.shape)
-            pos += piece.size
-        return out
+        if copy:
+            out = cls.zeros(topology, dt, cell=cell)
+            pos = 0
+            for piece in out._pieces():
+                piece[...] = flat[pos:pos + piece.size].reshape(piece.shape)
+                pos += piece.size
+            return out
+        if not flat.flags.c_contiguous:
+            raise ValueError("flat: copy=False needs a C-contiguous array")
+        layers, pos = [], 0
+        shapes = [_shapes(topology, c, i) for i in range(topology.num_layer_directions)]
+
+        def take(shape):
+            nonlocal pos
+            size = math.prod(shape)
+            view = flat[pos:pos + size].reshape(shape)
+            pos += size
+            return view
+        for shp in shapes:                              # the matrices, layer by layer
+            layers.append({name: take(shp[name]) for name in ("W", "R", "W_p") if name in shp})
+        for arrays, shp in zip(layers, shapes):         # then the biases
+            arrays["b_W"], arrays["b_R"] = take(shp["b_W"]), take(shp["b_R"])
+        for arrays, shp in zip(layers, shapes):         # then the peepholes
+            if "P" in shp:
+                arrays["P"] = take(shp["P"])
+        return cls(topology, [LayerParams(**a) for a in layers], cell)
 
 
 Params = Network    # the old name

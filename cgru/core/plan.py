@@ -18,8 +18,8 @@ two, so at most a quarter of a block is unused), so that calls of varying sizes 
 padding — share them.  A block handed out is a NumPy array over memory the pool owns; every
 view of it keeps that array alive, and when the last one goes, a ``weakref.finalize`` puts the
 memory back (no reference counting by hand).  The pool keeps at most ``POOL_BYTES`` of idle
-blocks (the least recently returned leave first); ``release_memory()`` empties it, and the
-cache of the weights' kept copies (``weights``) too.
+blocks (the least recently returned leave first); ``cgru.release_memory()`` empties it, and
+the cache of the weights' kept copies (``weights``) too.
 """
 import collections
 import math
@@ -29,7 +29,6 @@ import weakref
 
 import numpy as np
 
-from cgru.core import weights
 from cgru._kernels import blas
 from cgru._kernels.threads import blas_single_threaded
 
@@ -129,15 +128,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_locks)
 
 
-def release_memory():
-    """Drop the pool's idle blocks and the kept copies of the weights with their packs (the
-    memory returns to the allocator once nothing refers to them)."""
+def release_pool():
+    """Drop the pool's idle blocks (the memory returns to the allocator)."""
     global _idle_bytes
     with _pool_lock:
         _idle.clear()
         _idle_by_class.clear()
         _idle_bytes = 0
-    weights.release()
 
 
 def n_chunks(N, H=0):

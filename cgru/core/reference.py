@@ -48,161 +48,35 @@ layer ``l−1``'s whole output ``[T, N, D·S]``, times ``dropout_masks[l−1]`` 
 """
 import numpy as np
 
-from cgru.core.cells import Activation, GRUCell, is_cell
+from cgru.core import kinds
+from cgru.core.activations import activate, activate_grad
+from cgru.core.cells import GRUCell, is_cell
+from cgru.core.kinds import gru as _gru, lstm as _lstm, rnn as _rnn
+from cgru.core.kinds.base import input_projection as _input_projection
 from cgru.core.network import LayerParams, Network
 
 __all__ = ["activate", "activate_grad", "cell_step", "gru_step", "lstm_step", "rnn_step",
            "step_backward", "forward", "backward"]
 
-
-# --- 1. activations ---------------------------------------------------------------------------
-
-def _sigmoid(x):
-    # 1/(1+e^-x) for x >= 0 and e^x/(1+e^x) for x < 0: no overflow either way.
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
-
-
-def activate(act: Activation, x: np.ndarray) -> np.ndarray:
-    """``act`` applied elementwise to ``x``, in ``x``'s dtype (see ``cell.Activation``)."""
-    if not isinstance(act, Activation):
-        raise TypeError(f"act: expected a cgru.cell.Activation, got {type(act).__name__}")
-    x = np.asarray(x)
-    one = x.dtype.type(1)
-    zero = x.dtype.type(0)
-    alpha = x.dtype.type(act.alpha)
-    beta = x.dtype.type(act.beta)
-    name = act.name
-    if name == "sigmoid":
-        y = _sigmoid(x)
-    elif name == "tanh":
-        y = np.tanh(x)
-    elif name == "relu":
-        y = np.maximum(x, zero)
-    elif name == "identity":
-        y = x.copy()
-    elif name == "hard_sigmoid":
-        y = np.clip(alpha * x + beta, zero, one)
-    elif name == "affine":
-        y = alpha * x + beta
-    elif name == "leaky_relu":
-        y = np.where(x >= 0, x, alpha * x)
-    elif name == "thresholded_relu":
-        y = np.where(x > alpha, x, zero)
-    elif name == "scaled_tanh":
-        y = alpha * np.tanh(beta * x)
-    elif name == "elu":
-        # exp(x) − 1 only where x < 0 (min(x, 0) keeps exp from overflowing elsewhere)
-        y = np.where(x >= 0, x, alpha * np.expm1(np.minimum(x, zero)))
-    elif name == "softsign":
-        y = x / (one + np.abs(x))
-    elif name == "softplus":
-        y = np.logaddexp(zero, x)                       # log(1 + eˣ), stable for large |x|
-    else:                                               # pragma: no cover - Activation validates
-        raise ValueError(f"activation: unknown kind {name!r}")
-    return np.asarray(y, dtype=x.dtype)
-
-
-# --- 2. one step ---------------------------------------------------------------------------
-
-def _clamp(cell, a):
-    """The ONNX clip: every complete pre-activation into [−clip, clip] (no-op without clip)."""
-    if cell.clip is None:
-        return a
-    c = a.dtype.type(cell.clip)
-    return np.clip(a, -c, c)
-
-
-def gru_step(cell, x_proj, h, lp_R, b_W, b_R, mask=None):
-    """One GRU step for a batch; returns ``h'`` ``[N, H]``.
-
-    ``x_proj`` ``[N, 3H]``: the input pre-activations without bias (``x·Wᵀ`` or given);
-    ``h`` ``[N, H]``: the previous state; ``lp_R`` ``[3H, H]``; ``b_W``, ``b_R`` ``[3H]``;
-    ``mask`` ``None`` or ``[N, H]``: the state mask ``m`` (steps 2-6 of the module docstring).
-    """
-    H = h.shape[-1]
-    xr, xz, xn = x_proj[:, :H], x_proj[:, H:2 * H], x_proj[:, 2 * H:]       # [N, H] each
-    R_r, R_z, R_n = lp_R[:H], lp_R[H:2 * H], lp_R[2 * H:]                    # [H, H] each
-    bWr, bWz, bWn = b_W[:H], b_W[H:2 * H], b_W[2 * H:]
-    bRr, bRz, bRn = b_R[:H], b_R[H:2 * H], b_R[2 * H:]
-
-    # 2. h as it enters every recurrent product
-    h_m = h if mask is None else h * mask
-    # 3. reset gate
-    r = activate(cell.f_r, _clamp(cell, xr + bWr + h_m @ R_r.T + bRr))
-    # 4. update gate
-    z = activate(cell.f_z, _clamp(cell, xz + bWz + h_m @ R_z.T + bRz))
-    # 5. candidate
-    if cell.reset_after:
-        n = activate(cell.g, _clamp(cell, xn + bWn + r * (h_m @ R_n.T + bRn)))
-    else:
-        n = activate(cell.g, _clamp(cell, xn + (r * h_m) @ R_n.T + bWn + bRn))
-    # 6. blend with the unmasked h
-    one = h.dtype.type(1)
-    if cell.flip_z:
-        return z * n + (one - z) * h
-    return (one - z) * n + z * h
-
-
+# One step of each kind, and its exact backward, live with the kind (``cgru.core.kinds``); the
+# names below are theirs.
+gru_step, lstm_step, rnn_step = _gru.step, _lstm.step, _rnn.step
 cell_step = gru_step        # the GRU step (its name since cgru's first release)
-
-
-def _peepholes(cell, lp, H, dtype):
-    """``(p_i, p_f, p_g, p_o, p_o_new)``: the peephole weights on ``c`` of each gate and the
-    output gate's on ``c'`` (zeros where the cell's peephole form has none)."""
-    z = np.zeros(H, dtype)
-    if cell.peepholes == "ifgo":
-        return lp.P[:H], lp.P[H:2 * H], lp.P[2 * H:3 * H], lp.P[3 * H:], z
-    if cell.peepholes:
-        return lp.P[:H], lp.P[H:2 * H], z, z, lp.P[2 * H:]
-    return z, z, z, z, z
-
-
-def lstm_step(cell, x_proj, h, c, lp, mask=None):
-    """One LSTM step for a batch: ``(h' [N, S], c' [N, H])`` (``lp``: the layer-direction's
-    weights; ``W_p`` its projection or ``None``)."""
-    H = c.shape[-1]
-    h_m = h if mask is None else h * mask
-    a = x_proj + lp.b_W + h_m @ lp.R.T + lp.b_R                             # [N, 4H]
-    p_i, p_f, p_g, p_o, p_on = _peepholes(cell, lp, H, a.dtype)
-    i = activate(cell.f_i, _clamp(cell, a[:, :H] + p_i * c))
-    f = activate(cell.f_f, _clamp(cell, a[:, H:2 * H] + p_f * c))
-    if cell.input_forget:
-        f = c.dtype.type(1) - i
-    g = activate(cell.g, _clamp(cell, a[:, 2 * H:3 * H] + p_g * c))
-    c_new = f * c + i * g
-    o = activate(cell.f_o, _clamp(cell, a[:, 3 * H:] + p_o * c + p_on * c_new))
-    hf = o * activate(cell.h, c_new)                                        # [N, H]
-    return (hf if lp.W_p is None else hf @ lp.W_p.T), c_new
-
-
-def rnn_step(cell, x_proj, h, lp, mask=None):
-    """One vanilla-RNN step for a batch: ``h'`` ``[N, H]``."""
-    h_m = h if mask is None else h * mask
-    return activate(cell.activation, _clamp(cell, x_proj + lp.b_W + h_m @ lp.R.T + lp.b_R))
+step_backward = _gru.step_backward
 
 
 def _step(cell, x_proj, state, lp, mask):
     """The kind's step on ``state`` = ``(h,)`` or ``(h, c)``; returns the new state tuple."""
-    if cell.kind == "gru":
-        return (gru_step(cell, x_proj, state[0], lp.R, lp.b_W, lp.b_R, mask),)
-    if cell.kind == "lstm":
-        return lstm_step(cell, x_proj, state[0], state[1], lp, mask)
-    return (rnn_step(cell, x_proj, state[0], lp, mask),)
+    return kinds.of(cell).step(cell, x_proj, state, lp, mask)
 
 
-# --- 3. one layer-direction over a sequence ---------------------------------------------------
+def _step_backward(cell, x_proj, state, lp, mask, dstate):
+    """Undo ``_step``: ``(dx_proj, dstate_prev tuple, {name: gradient})``."""
+    return kinds.of(cell).step_backward(cell, x_proj, state, lp, mask, dstate)
 
-def _input_projection(topology, G, layer, d, lp, layer_in):
-    """Step 1 for all time steps: ``[T, N, G·H]`` pre-activations without bias."""
-    H = topology.hidden_size
-    if layer > 0 or topology.input_mode == "linear":
-        return layer_in @ lp.W.T                          # [T, N, in]·[in, G·H]
-    if topology.input_mode == "skip":                     # every input matrix is I
-        return np.concatenate([layer_in] * G, axis=-1)
-    # "projected": x holds each direction's G pre-activation blocks, forward first
-    return layer_in[..., d * G * H:(d + 1) * G * H]
 
+
+# --- 1. one layer-direction over a sequence ---------------------------------------------------
 
 def _steps(lengths, T, reverse):
     """``[(k, rows, t)]``: processing step k, its active rows and each one's time index."""
@@ -235,7 +109,7 @@ def _run_direction(cell, x_proj, state0, lp, lengths, reverse, mask):
     return y, state
 
 
-# --- 4. the stack -----------------------------------------------------------------------------
+# --- 2. the stack -----------------------------------------------------------------------------
 
 def _check_shape(a, shape, what):
     if a.shape != tuple(shape):
@@ -366,184 +240,7 @@ def forward(params, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major
     return (y, hy) if cy is None else (y, hy, cy)
 
 
-# --- 5. backward -----------------------------------------------------------------------------
-
-def activate_grad(act: Activation, x: np.ndarray) -> np.ndarray:
-    """The derivative of ``act`` at ``x`` (elementwise; at a kink, the right-hand value the
-    kernels use: relu'(0) = 0, leaky_relu'(0) = 1, elu'(0) = 1, hard_sigmoid' = α strictly
-    inside (0, 1), thresholded_relu'(α) = 0)."""
-    x = np.asarray(x)
-    one, zero = x.dtype.type(1), x.dtype.type(0)
-    alpha, beta = x.dtype.type(act.alpha), x.dtype.type(act.beta)
-    name = act.name
-    if name == "sigmoid":
-        s = _sigmoid(x)
-        g = s * (one - s)
-    elif name == "tanh":
-        g = one - np.tanh(x) ** 2
-    elif name == "relu":
-        g = np.where(x > 0, one, zero)
-    elif name == "identity":
-        g = np.ones_like(x)
-    elif name == "hard_sigmoid":
-        v = alpha * x + beta
-        g = np.where((v > 0) & (v < 1), alpha, zero)
-    elif name == "affine":
-        g = np.full_like(x, alpha)
-    elif name == "leaky_relu":
-        g = np.where(x >= 0, one, alpha)
-    elif name == "thresholded_relu":
-        g = np.where(x > alpha, one, zero)
-    elif name == "scaled_tanh":
-        g = alpha * beta * (one - np.tanh(beta * x) ** 2)
-    elif name == "elu":
-        g = np.where(x >= 0, one, alpha * np.exp(np.minimum(x, zero)))
-    elif name == "softsign":
-        g = one / (one + np.abs(x)) ** 2
-    elif name == "softplus":
-        g = _sigmoid(x)
-    else:                                               # pragma: no cover - Activation validates
-        raise ValueError(f"activation: unknown kind {name!r}")
-    return np.asarray(g, dtype=x.dtype)
-
-
-def _act_and_grad(cell, act, a):
-    """``(value, derivative)`` of ``act(clip(a))`` with respect to ``a``."""
-    c = _clamp(cell, a)
-    d = activate_grad(act, c)
-    if cell.clip is not None:
-        lim = a.dtype.type(cell.clip)
-        d = np.where((a > lim) | (a < -lim), a.dtype.type(0), d)
-    return activate(act, c), d
-
-
-def gru_step_backward(cell, x_proj, h, lp_R, b_W, b_R, mask, dh_new):
-    """Undo one ``cell_step``: given ``dh_new = ∂L/∂h'`` ``[N, H]``, return ``(dx_proj [N, 3H],
-    dh [N, H], dR [3H, H], db_W [3H], db_R [3H])`` for the same inputs."""
-    H = h.shape[-1]
-    one = h.dtype.type(1)
-    xr, xz, xn = x_proj[:, :H], x_proj[:, H:2 * H], x_proj[:, 2 * H:]
-    R_r, R_z, R_n = lp_R[:H], lp_R[H:2 * H], lp_R[2 * H:]
-    bWr, bWz, bWn = b_W[:H], b_W[H:2 * H], b_W[2 * H:]
-    bRr, bRz, bRn = b_R[:H], b_R[H:2 * H], b_R[2 * H:]
-    m = np.ones_like(h) if mask is None else mask
-    h_m = h * m
-    # the forward again, keeping pre-activations
-    a_r = xr + bWr + h_m @ R_r.T + bRr
-    a_z = xz + bWz + h_m @ R_z.T + bRz
-    r, dr_da = _act_and_grad(cell, cell.f_r, a_r)
-    z, dz_da = _act_and_grad(cell, cell.f_z, a_z)
-    if cell.reset_after:
-        hn = h_m @ R_n.T + bRn
-        a_n = xn + bWn + r * hn
-    else:
-        rh = r * h_m
-        a_n = xn + rh @ R_n.T + bWn + bRn
-    n, dn_da = _act_and_grad(cell, cell.g, a_n)
-    # bwd of the blend
-    if cell.flip_z:
-        dn, dz, dh = dh_new * z, dh_new * (n - h), dh_new * (one - z)
-    else:
-        dn, dz, dh = dh_new * (one - z), dh_new * (h - n), dh_new * z
-    da_n = dn * dn_da
-    dR = np.zeros_like(lp_R)
-    db_W = np.zeros_like(b_W)
-    db_R = np.zeros_like(b_R)
-    dh_m = np.zeros_like(h)
-    # bwd of the candidate
-    if cell.reset_after:
-        dr = da_n * hn
-        dhn = da_n * r
-        dR[2 * H:] = dhn.T @ h_m
-        db_R[2 * H:] = dhn.sum(0)
-        dh_m += dhn @ R_n
-    else:
-        drh = da_n @ R_n
-        dR[2 * H:] = da_n.T @ rh
-        db_R[2 * H:] = da_n.sum(0)
-        dr = drh * h_m
-        dh_m += drh * r
-    db_W[2 * H:] = da_n.sum(0)
-    # bwd of the gates
-    da_r = dr * dr_da
-    da_z = dz * dz_da
-    dR[:H] = da_r.T @ h_m
-    dR[H:2 * H] = da_z.T @ h_m
-    db_W[:H] = db_R[:H] = da_r.sum(0)
-    db_W[H:2 * H] = db_R[H:2 * H] = da_z.sum(0)
-    dh_m += da_r @ R_r + da_z @ R_z
-    dh = dh + dh_m * m
-    dx_proj = np.concatenate([da_r, da_z, da_n], axis=1)
-    return dx_proj, dh, dR, db_W, db_R
-
-
-step_backward = gru_step_backward
-
-
-def lstm_step_backward(cell, x_proj, h, c, lp, mask, dh_new, dc_new):
-    """Undo one ``lstm_step``: given ``∂L/∂h'`` and ``∂L/∂c'``, return ``(dx_proj [N, 4H],
-    dh [N, S], dc [N, H], {"R", "b_W", "b_R", "W_p"} gradients)``."""
-    H = c.shape[-1]
-    m = np.ones_like(h) if mask is None else mask
-    h_m = h * m
-    a = x_proj + lp.b_W + h_m @ lp.R.T + lp.b_R
-    p_i, p_f, p_g, p_o, p_on = _peepholes(cell, lp, H, a.dtype)
-    i, di_da = _act_and_grad(cell, cell.f_i, a[:, :H] + p_i * c)
-    f, df_da = _act_and_grad(cell, cell.f_f, a[:, H:2 * H] + p_f * c)
-    if cell.input_forget:
-        f, df_da = c.dtype.type(1) - i, np.zeros_like(df_da)
-    g, dg_da = _act_and_grad(cell, cell.g, a[:, 2 * H:3 * H] + p_g * c)
-    c_new = f * c + i * g
-    o, do_da = _act_and_grad(cell, cell.f_o, a[:, 3 * H:] + p_o * c + p_on * c_new)
-    hc = activate(cell.h, c_new)
-    grads = {}
-    if lp.W_p is not None:                  # bwd of the projection
-        grads["W_p"] = dh_new.T @ (o * hc)
-        dhf = dh_new @ lp.W_p
-    else:
-        dhf = dh_new
-    da_o = dhf * hc * do_da
-    dc = dc_new + dhf * o * activate_grad(cell.h, c_new) + da_o * p_on
-    di, dg, df, dc_prev = dc * g, dc * i, dc * c, dc * f
-    if cell.input_forget:                   # f = 1 − i
-        di = di - df
-    da_i, da_f, da_g = di * di_da, df * df_da, dg * dg_da
-    dc_prev = dc_prev + da_i * p_i + da_f * p_f + da_g * p_g + da_o * p_o
-    da = np.concatenate([da_i, da_f, da_g, da_o], axis=1)
-    grads["R"] = da.T @ h_m
-    grads["b_W"] = grads["b_R"] = da.sum(0)
-    if cell.peepholes == "ifgo":
-        grads["P"] = np.concatenate([(da_k * c).sum(0) for da_k in (da_i, da_f, da_g, da_o)])
-    elif cell.peepholes:
-        grads["P"] = np.concatenate([(da_i * c).sum(0), (da_f * c).sum(0),
-                                     (da_o * c_new).sum(0)])
-    dh = (da @ lp.R) * m
-    return da, dh, dc_prev, grads
-
-
-def rnn_step_backward(cell, x_proj, h, lp, mask, dh_new):
-    """Undo one ``rnn_step``: ``(dx_proj [N, H], dh [N, H], {"R", "b_W", "b_R"})``."""
-    m = np.ones_like(h) if mask is None else mask
-    h_m = h * m
-    _, d_act = _act_and_grad(cell, cell.activation, x_proj + lp.b_W + h_m @ lp.R.T + lp.b_R)
-    da = dh_new * d_act
-    return da, (da @ lp.R) * m, {"R": da.T @ h_m, "b_W": da.sum(0), "b_R": da.sum(0)}
-
-
-def _step_backward(cell, x_proj, state, lp, mask, dstate):
-    """Undo ``_step``: ``(dx_proj, dstate_prev tuple, {name: gradient})``."""
-    if cell.kind == "gru":
-        dxp, dh, dR, db_W, db_R = gru_step_backward(cell, x_proj, state[0], lp.R, lp.b_W,
-                                                    lp.b_R, mask, dstate[0])
-        return dxp, (dh,), {"R": dR, "b_W": db_W, "b_R": db_R}
-    if cell.kind == "lstm":
-        dxp, dh, dc, grads = lstm_step_backward(cell, x_proj, state[0], state[1], lp, mask,
-                                                dstate[0], dstate[1])
-        return dxp, (dh, dc), grads
-    dxp, dh, grads = rnn_step_backward(cell, x_proj, state[0], lp, mask, dstate[0])
-    return dxp, (dh,), grads
-
-
+# --- 3. backward -----------------------------------------------------------------------------
 def _backward_direction(cell, x_proj, state0, lp, lengths, reverse, mask, dy, dstate_final):
     """Undo ``_run_direction``: ``dy`` ``[T, N, S]`` (output gradient, original time),
     ``dstate_final`` the gradients of the final state tuple.  Returns ``(dx_proj [T, N, G·H],

@@ -2,7 +2,7 @@
 
 One mechanism for every caller: the core's ``forward``/``backward``, ``cgru.tf`` (its
 ``reserve_space`` *is* this buffer), the C ABI (which keeps it inside its reserve space) and
-``cgru.mps`` (which rebuilds it from MPSGraph's ``zState``, ``from_gates``).
+``cgru.mps`` (which rebuilds it from MPSGraph's ``zState``: ``cgru.core.rebuild``).
 
 ``create`` makes one (the forward), ``read`` checks one and returns its views (the backward).
 
@@ -53,7 +53,7 @@ import os
 
 import numpy as np
 
-from cgru.core import plan
+from cgru.core import kinds, plan, validate
 from cgru._kernels.loops import fingerprint
 
 MAGIC = 0x63677275  # "cgru"
@@ -73,22 +73,8 @@ def _up(nbytes):
 
 def saved_regions(cell, topology):
     """``[(name, shape as a function of (T, N))]`` a layer-direction of ``cell`` saves (the
-    module docstring; S = the state width, P with an LSTM projection, else H)."""
-    H, S, G = topology.hidden_size, topology.state_size, cell.gates
-    if cell.kind == "gru":
-        regions = [("gates", lambda T, N: (T, N, G * H)), ("states", lambda T, N: (T + 1, N, H))]
-        if cell.reset_after:
-            regions.append(("hn", lambda T, N: (T, N, H)))
-    elif cell.kind == "lstm":
-        regions = [("gates", lambda T, N: (T, N, G * H)), ("states", lambda T, N: (T + 1, N, S)),
-                   ("cstates", lambda T, N: (T + 1, N, H))]
-        if topology.proj_size:
-            regions.append(("hf", lambda T, N: (T, N, H)))
-    else:                                   # vanilla RNN: the states are its only gate values
-        regions = [("states", lambda T, N: (T + 1, N, H))]
-    if not cell.is_fast:
-        regions.append(("pre", lambda T, N: (T, N, G * H)))
-    return regions
+    module docstring; its kind's ``saved_regions``)."""
+    return kinds.of(cell).saved_regions(cell, topology)
 
 
 class Layout:
@@ -151,6 +137,32 @@ class Layout:
         for end, nxt in zip(ends, starts):
             if nxt > end:
                 reserve[end:nxt] = 0
+
+
+def reserve_nbytes(topology, T, N, *, cell=None, dtype=np.float32):
+    """Size in bytes of the reserve a training ``forward`` returns for these sizes.
+
+    ``topology``: a ``cgru.Network`` (its cell and dtype are used unless given) or a
+    ``cgru.Topology`` (then ``cell`` — default cuDNN's GRU cell — and ``dtype``).  Closed form;
+    the same limits as the calls (``T·N`` and every GEMM dimension within 32-bit BLAS ints)."""
+    from cgru.core.network import Network, Topology
+    if isinstance(topology, Network):
+        net = topology
+        cell = net.cell if cell is None else cell
+        dtype = net.dtype
+        topology = net.topology
+    if not isinstance(topology, Topology):
+        raise TypeError(f"topology: expected a cgru.Topology, got {type(topology).__name__}")
+    from cgru.core.cells import GRUCell, is_cell
+    if cell is None:
+        cell = GRUCell()
+    elif not is_cell(cell):
+        raise TypeError(f"cell: expected a cgru.Cell (or another cgru cell kind), got "
+                        f"{type(cell).__name__}")
+    T, N = validate.positive_int(T, "T"), validate.positive_int(N, "N")
+    validate.call_sizes(topology, cell.gates, T, N, "reserve_nbytes")
+    nbytes = Layout(topology, cell, T, N, validate.as_dtype(dtype)).nbytes
+    return validate.nbytes_limit(nbytes, f"T={T}, N={N} (with {topology})", "the reserve")
 
 
 def model_digest(topology, cell, T, N, dtype, batch_major):
@@ -304,120 +316,3 @@ def read_header(reserve, what="reserve"):
             "dropout": float(np.int64(head[6]).view(np.float64)),
             "seed": int(head[7]), "seed2": int(head[8]),
             "batch_major": bool(head[13] & _FLAG_BATCH_MAJOR)}
-
-
-# --- rebuilding a reserve from saved gates (MPSGraph's zState) -----------------------------
-# Activations whose derivative the backward can take from a stand-in pre-activation rebuilt
-# from the activation's output (see reserve_from_gates): name -> out ↦ stand-in.
-_STAND_IN_PRE = {
-    "sigmoid": lambda act, out: out,                           # derivative uses out only
-    "tanh": lambda act, out: out,
-    "identity": lambda act, out: out,
-    "relu": lambda act, out: out,                              # out > 0  ⇔  x > 0
-    "hard_sigmoid": lambda act, out: _hard_sigmoid_stand_in(act, out),
-}
-
-
-def _hard_sigmoid_stand_in(act, out):
-    """x with αx + β strictly inside (0, 1) exactly where ``out`` is, far outside elsewhere."""
-    if act.alpha == 0:
-        return np.zeros_like(out)
-    inside = (out - act.beta) / act.alpha
-    return np.where(out <= 0, (-1 - act.beta) / act.alpha,
-                    np.where(out >= 1, (2 - act.beta) / act.alpha, inside)).astype(out.dtype)
-
-
-def fill_from_gates(lds, params, cell, gates, y, h0, mask):
-    """Fill a fresh one-layer GRU reserve's views ``lds`` from each direction's activated
-    gates ``[T, N, 3H]`` and the forward's output ``y`` ``[T, N, D·H]`` (full-length sequences,
-    time-major): the states from ``y`` and ``h0``, the recurrent candidate term
-    ``h·R_nᵀ + b_Rn`` as one GEMM over all steps, and stand-in pre-activations for the kinds
-    whose derivative needs one (see ``_STAND_IN_PRE``)."""
-    topo = params.topology
-    T, N = y.shape[:2]
-    H = topo.hidden_size
-    for d in range(topo.num_directions):
-        views = lds[d]
-        states = views["states"]
-        rev = topo.reversed_direction(d)
-        # forward: slot 0 = h0, slot t+1 = y[t];  reversed: slot T = h0, slot t = y[t]
-        if rev:
-            states[:T], states[T] = y[:, :, d * H:(d + 1) * H], h0[d]
-        else:
-            states[0], states[1:] = h0[d], y[:, :, d * H:(d + 1) * H]
-        views["gates"][...] = gates[d]
-        if cell.reset_after:
-            h_in = states[1:] if rev else states[:T]
-            if mask is not None:
-                h_in = h_in * mask[:, :, d * H:(d + 1) * H]
-            hn = views["hn"].reshape(T * N, H)
-            # hn[T·N, H] = (h ⊙ m)[T·N, H] · R_n[H, H]ᵀ + b_Rn
-            plan.gemm(False, True, np.ascontiguousarray(h_in).reshape(T * N, H),
-                      np.ascontiguousarray(params[d].R[2 * H:]), hn)
-            hn += params[d].b_R[2 * H:]
-        if not cell.is_fast:
-            pre = views["pre"]
-            for k, act in enumerate((cell.f_r, cell.f_z, cell.g)):
-                pre[:, :, k * H:(k + 1) * H] = _STAND_IN_PRE[act.name](
-                    act, gates[d][:, :, k * H:(k + 1) * H])
-
-
-def fill_from_saved(lds, params, cell, x, saved, h0, c0, mask):
-    """Fill a fresh one-layer LSTM or vanilla-RNN reserve's views ``lds`` from what a training
-    forward saved elsewhere (full-length sequences, time-major; see
-    ``engine.reserve_from_saved``).  The states come from the saved values alone (LSTM:
-    ``h = o ⊙ h(c)``; RNN: ``h = act(clip(z))``); the pre-activations, for cells off the fast
-    path, are recomputed exactly with whole-sequence GEMMs (``x·Wᵀ + b + (h ⊙ m)·Rᵀ`` and
-    the peepholes) — no time loop."""
-    from cgru.core import reference
-    topo = params.topology
-    T, N = x.shape[:2]
-    H, G = topo.hidden_size, cell.gates
-    for d in range(topo.num_directions):
-        views, lp = lds[d], params[d]
-        rev = topo.reversed_direction(d)
-
-        def put(slots, first, after):
-            # forward: slot 0 = the initial value, slot t+1 = after step t;
-            # reversed: slot T = the initial value, slot t = after step t
-            if rev:
-                slots[:T], slots[T] = after, first
-            else:
-                slots[0], slots[1:] = first, after
-
-        def before(slots):
-            return slots[1:] if rev else slots[:T]
-
-        if cell.kind == "lstm":
-            gates, c_after = saved["gates"][d], saved["cells"][d]
-            views["gates"][...] = gates
-            put(views["cstates"], c0[d], c_after)
-            h_after = gates[..., 3 * H:] * reference.activate(cell.h, c_after)
-        else:
-            z = saved["pre"][d]
-            h_after = reference.activate(cell.activation, reference._clamp(cell, z))
-        put(views["states"], h0[d], h_after)
-        if cell.is_fast:
-            continue
-        if cell.kind == "rnn":
-            views["pre"][...] = z
-            continue
-        h_in = before(views["states"])
-        if mask is not None:
-            h_in = h_in * mask[:, :, d * H:(d + 1) * H]
-        # a[T·N, 4H] = x·Wᵀ + b_W + b_R + (h ⊙ m)·Rᵀ, then the peepholes (before the clip)
-        a = views["pre"]
-        a[...] = reference._input_projection(topo, G, 0, d, lp, x)
-        a += lp.b_W + lp.b_R
-        plan.gemm(False, True, np.ascontiguousarray(h_in).reshape(T * N, H),
-                  np.ascontiguousarray(lp.R), a.reshape(T * N, G * H), beta=1.0)
-        if cell.peepholes:
-            c_prev = before(views["cstates"])
-            P = lp.P
-            a[..., :H] += P[:H] * c_prev
-            a[..., H:2 * H] += P[H:2 * H] * c_prev
-            if cell.peepholes == "ifgo":
-                a[..., 2 * H:3 * H] += P[2 * H:3 * H] * c_prev
-                a[..., 3 * H:] += P[3 * H:] * c_prev
-            else:
-                a[..., 3 * H:] += P[2 * H:] * c_after

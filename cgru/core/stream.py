@@ -23,8 +23,9 @@ reverse and bidirectional networks need whole sequences (``cgru.forward``).  Inf
 """
 import numpy as np
 
-from cgru.core import plan, validate, weights
-from cgru.core import engine
+from cgru.core import kinds, plan, validate, weights
+from cgru.core.backend import BACKEND
+from cgru.core.calls import check_h
 from cgru.core.network import Network
 from cgru._kernels.loops import gemm_packed_rm
 from cgru._kernels.threads import resolve_num_threads
@@ -57,7 +58,7 @@ class Stream:
         validate.cell_for_dtype(net.cell, net.dtype)
         self.net = net
         self.num_threads = resolve_num_threads(num_threads)
-        self._kernels = engine._KERNELS[net.cell.kind]
+        self._kind = kinds.of(net.cell)
         self.refresh()
 
     def refresh(self):
@@ -70,19 +71,14 @@ class Stream:
             L.G, L.H, L.S = cell.gates, topo.hidden_size, topo.state_size
             L.n_in = lp.W.shape[1]
             L.Wp = frozen.packed(i, "W", True)                     # gx = x·Wᵀ, packed
-            fixed = dict(reverse=False, **engine._packed(frozen, i, cell, L.H, True))
-            if cell.kind == "gru":
-                fixed["b_rzn"], fixed["b_hn"] = engine._gate_biases(lp, cell, L.H)
-            else:
-                fixed["b"] = engine._gate_biases(lp, cell, L.H)
-                if cell.kind == "lstm" and lp.P is not None:
-                    fixed["P"] = np.ascontiguousarray(lp.P)
+            fixed = dict(reverse=False, **self._kind.packs(frozen, i, cell, L.H, True),
+                         **self._kind.fixed(lp, cell, L.H))
             L.fixed = fixed
             self._layers.append(L)
 
     def step(self, x, state=None):
         net, topo, dtype = self.net, self.net.topology, self.net.dtype
-        lstm = net.cell.has_cell_state
+        lstm = self._kind.has_cell_state
         validate.plain_array(x, "x")
         if x.dtype != dtype:
             raise TypeError(f"x: expected dtype {dtype} (the dtype of the network), got "
@@ -99,8 +95,8 @@ class Stream:
         if lstm and state is not None and not (isinstance(state, tuple) and len(state) == 2):
             raise TypeError("state: expected None or the (h, c) pair of an LSTM")
         h0, c0 = state if lstm and state is not None else (state, None)
-        h0 = engine._check_h(h0, "state h" if lstm else "state", topo, dtype, N)
-        c0 = engine._check_h(c0, "state c", topo, dtype, N, topo.hidden_size) if lstm else None
+        h0 = check_h(h0, "state h" if lstm else "state", topo, dtype, N)
+        c0 = check_h(c0, "state c", topo, dtype, N, topo.hidden_size) if lstm else None
         L, S, H = topo.num_layers, topo.state_size, topo.hidden_size
         if h0 is None:
             h0 = np.zeros((L, N, S), dtype)
@@ -120,8 +116,9 @@ class Stream:
             if lstm:
                 kw.update(c0=c0[layer], cy=cy[layer])
             threads = plan.loop_threads(self.num_threads, T, N, H, 1, Lr.G)
-            self._kernels.forward_layer(dtype, T, N, H, S, chunks, threads, net.cell, lengths,
-                                        None, y, [self._kernels.Direction(**kw)], False)
+            kernels = BACKEND.kernels(self._kind)
+            kernels.forward_layer(dtype, T, N, H, S, chunks, threads, net.cell, lengths, None, y,
+                                  [kernels.Direction(**kw)], False)
             X = y.reshape(T * N, S)
         y = X.reshape(T, N, S)
         return (y[0] if one_step else y), ((hy, cy) if lstm else hy)

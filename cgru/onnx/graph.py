@@ -1,6 +1,6 @@
-"""Whole ONNX models for ``cgru.onnx``: ``run_model`` (cgru's recurrent nodes inside the
-``onnx`` reference evaluator) and ``recurrent_layers`` (the recurrent nodes' weights, resolved
-statically).  Private: the public names and their documentation are in ``cgru.onnx``.
+"""Whole ONNX models for ``cgru.onnx``: ``run`` (cgru's recurrent nodes inside the ``onnx``
+reference evaluator) and ``recurrent_layers`` (the recurrent nodes' weights, resolved
+statically, as ``RecurrentLayer`` values).
 
 How ``run_model`` splits a graph: ``onnx.reference.ReferenceEvaluator`` runs the model, with
 ``new_ops`` overriding the standard ``GRU``, ``LSTM`` and ``RNN`` (domain ``""``) by classes
@@ -15,13 +15,14 @@ data are checked before anything walks, folds or runs it — without recursion, 
 allocating what it merely declares; ``_size_guards`` wrap the evaluator's nodes whose output
 size is given by value.
 """
+from dataclasses import dataclass
 import math
 import os
 import stat
 
 import numpy as np
 
-from cgru import onnx as front
+from cgru.onnx import operators as front
 from cgru.core import validate
 
 RECURRENT = tuple(front.INPUTS)
@@ -954,7 +955,7 @@ def _evaluate(evaluator, names, feeds):
                          f"LSTM and RNN ({type(e).__name__}: {e})") from e
 
 
-def run_model(model, inputs, outputs=None, base_dir=None):
+def _run_model(model, inputs, outputs=None, base_dir=None):
     onnx = import_onnx()
     model = load_model(onnx, model, base_dir)
     graph = model.graph
@@ -1065,7 +1066,7 @@ class _Static:
             self.values[o] = np.asarray(v)
 
 
-def recurrent_layers(model, base_dir=None):
+def _recurrent_layers(model, base_dir=None):
     onnx = import_onnx("recurrent_layers")
     model = load_model(onnx, model, base_dir)
     nodes = [(i, n) for i, n in enumerate(model.graph.node) if _is_recurrent(n)]
@@ -1092,6 +1093,141 @@ def _recurrent_layer(onnx, static, index, node):
                 f"← {e}.  Give the weights as initializers (or Constant nodes), or run the "
                 f"model with cgru.onnx.run, which computes such nodes at run time") from None
     try:
-        return front._layer(node.op_type, node, index, values, _attributes(onnx, node))
+        return _layer(node.op_type, node, index, values, _attributes(onnx, node))
     except (ValueError, TypeError) as e:
         raise type(e)(f"{where}: {e}") from e
+
+
+# --- the public names ----------------------------------------------------------------------
+_TRUST = """
+    A model is untrusted input.  ``ValueError`` for anything wrong with it, naming what is
+    wrong (the tensor, the node, its input or attribute, expected vs actual), before any work:
+    bytes that do not parse, a path that is not a regular file (``FileNotFoundError`` when
+    there is none), subgraphs nested more than 32 deep, a graph with a cycle or out of
+    topological order, a value assigned twice or read but never provided, recursive local
+    functions, a tensor whose data does not match its type and shape, a tensor larger than
+    the machine's memory, recurrent nodes with unknown, mistyped or out-of-range attributes
+    or too many inputs; ``TypeError`` for an argument of another Python type.
+
+    External data (tensors kept in files beside the model) is read only from inside one
+    directory: ``base_dir`` when given, else the directory of the model file.  A model given
+    as bytes or an ``onnx.ModelProto`` has no directory, so its external data needs
+    ``base_dir`` (``ValueError`` without it).  Every location must be relative and, symbolic
+    links and ``..`` resolved, inside that directory; the file must be a regular file with
+    one link (not a symbolic or hard link), and ``offset``/``length`` must lie within it —
+    onnx's own rules for ``onnx.load``.  A ``ModelProto`` given is never modified.
+"""
+
+def run(model, inputs, outputs=None, *, base_dir=None):
+    """Run an ONNX model: ``{output name: array}``, in the graph's output order.
+
+    ``model``: a path to an ``.onnx`` file, its bytes, or an ``onnx.ModelProto`` — a whole
+    model such as ``torch.onnx.export`` writes.  Every ``GRU``, ``LSTM`` and ``RNN`` node
+    (opset ≥ 7; inside ``If``/``Loop``/``Scan`` bodies and local functions too) is computed by
+    cgru (``gru``, ``lstm``, ``rnn``); every other node by the ``onnx`` package's reference
+    evaluator (``onnx.reference.ReferenceEvaluator``).  ``inputs``: a dict from graph input
+    name to array — initializers supply the rest, and a value given under an initializer's
+    name replaces it.  ``outputs``: the names to return (``None``: the graph's outputs; any
+    value the graph computes may be named).  Arrays are checked against the graph inputs'
+    declared element types and fixed dimensions.  ``base_dir``: the directory the model's
+    external data is confined to (see below).  Nodes that declare their output's size by
+    value (``ConstantOfShape``, ``Expand``, ``Tile``, ``Range``, ``OneHot``, ``RandomNormal``,
+    ``RandomUniform``) are refused before they allocate more than the machine's memory; any
+    other error of the reference evaluator is a ``ValueError`` too.  Needs the optional
+    ``onnx`` package (``gru``, ``lstm`` and ``rnn`` do not).
+    """
+    return _run_model(model, inputs, outputs, base_dir)
+
+
+if run.__doc__:                 # None under python -OO
+    run.__doc__ += _TRUST
+
+
+@dataclass(frozen=True, eq=False)
+class RecurrentLayer:
+    """One ``GRU`` / ``LSTM`` / ``RNN`` node of a model with its weights (``recurrent_layers``).
+
+    ``op_type``; ``name`` (the node's, may be ``""``); ``index`` (its position in
+    ``graph.node``); ``inputs`` / ``outputs`` (the node's value names, ``""`` for an omitted
+    one); ``attributes`` (as the node gives them, names decoded to ``str``); ``weights``
+    (``{"W", "R"}`` and ``"B"``, ``"P"`` when the node has them, in ONNX's layout and gate
+    order, read from the model); ``initial`` (whichever of ``sequence_lens``, ``initial_h``,
+    ``initial_c`` the model fixes statically — the others come at run time); ``networks``
+    (the cgru networks of the node: one, or a forward and a reverse one when the two
+    directions' activations differ).
+    """
+    op_type: str
+    name: str
+    index: int
+    inputs: tuple
+    outputs: tuple
+    attributes: dict
+    weights: dict
+    initial: dict
+    networks: tuple
+
+    @property
+    def network(self):
+        """The node as one ``cgru.Network`` (``ValueError`` when its directions differ in
+        activations: use ``networks``)."""
+        if len(self.networks) != 1:
+            raise ValueError(f"{self.op_type} node {self.name!r}: its two directions use "
+                             f"different activations, which one cgru network cannot hold; "
+                             f"use .networks (forward, reverse)")
+        return self.networks[0]
+
+    @property
+    def batch_major(self):
+        """True for ``layout=1`` (``X`` ``[N, T, I]``): pass as ``cgru.forward(...,
+        batch_major=...)``."""
+        return int(self.attributes.get("layout", 0)) == 1
+
+    def __call__(self, X, **inputs):
+        """The node's outputs for ``X`` (``gru``/``lstm``/``rnn``): the model's static
+        ``initial`` values unless ``sequence_lens=``, ``initial_h=``, ``initial_c=`` are
+        given."""
+        args = {**self.weights, **self.initial, **inputs}
+        return front.OPERATORS[self.op_type](X, **args, **self.attributes)
+
+
+def recurrent_layers(model, *, base_dir=None):
+    """The ``GRU``, ``LSTM`` and ``RNN`` nodes of a model's main graph, in graph order, as
+    ``RecurrentLayer`` values (weights, attributes and cgru ``Network``\\ s).
+
+    Weights are read from initializers — also those the graph lists as inputs (their stored
+    value is taken) — and through any chain of deterministic nodes with static inputs
+    (``Constant``, ``Identity``, ``Transpose``, ``Slice``, ``Concat``, …, evaluated once by the
+    reference evaluator).  A weight that depends on a graph input without an initializer (or on
+    a random or control-flow node) cannot be resolved statically: ``ValueError`` naming the
+    node, the input and the chain.  Needs the ``onnx`` package.
+
+    ``layer.network`` runs, converts (``cgru.convert.to_torch``, …) and differentiates
+    (``cgru.forward(..., training=True)``, ``cgru.backward``) like any network; mind
+    ``layer.batch_major`` and that ONNX's ``Y`` is ``[T, D, N, H]`` where cgru's ``y`` is
+    ``[T, N, D·H]``.  ``layer(X)`` computes the node itself.
+
+    Each node is checked as ``run`` checks it (one check function): its attributes
+    (``layout``, ``direction``, …), its weights and the ``sequence_lens``, ``initial_h``,
+    ``initial_c`` the model fixes (``sequence_lens`` against ``T`` only when ``X`` is static
+    too).  ``base_dir`` as for ``run``.
+    """
+    return _recurrent_layers(model, base_dir)
+
+
+if recurrent_layers.__doc__:
+    recurrent_layers.__doc__ += _TRUST
+
+
+def _layer(op_type, node, index, values, attrs):
+    """A ``RecurrentLayer`` of ``node`` from its static input ``values`` (by slot; ``X`` among
+    them only when the model fixes it), checked by ``_check_node`` as ``run`` checks it."""
+    checked = front._check_node(op_type, values.get("X"), values["W"], values["R"], values.get("B"),
+                          values.get("sequence_lens"), values.get("initial_h"),
+                          values.get("initial_c"), values.get("P"), attrs)
+    weights = {k: values[k] for k in ("W", "R", "B", "P") if values.get(k) is not None}
+    initial = {k: values[k] for k in ("sequence_lens", "initial_h", "initial_c")
+               if values.get(k) is not None}
+    return RecurrentLayer(op_type=op_type, name=node.name, index=index,
+                          inputs=tuple(node.input), outputs=tuple(node.output),
+                          attributes=dict(attrs), weights=weights, initial=initial,
+                          networks=tuple(net for net, _ in checked.runs))

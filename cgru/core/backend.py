@@ -1,0 +1,57 @@
+"""Where the engine's heavy work runs: a small backend protocol, with the CPU as its one
+implementation.
+
+The engine and the cell kinds (``cgru.core.kinds``) ask the backend for everything that
+depends on the machine, and for nothing else:
+
+===================  =============================================================================
+``empty``            the buffers of a call (outputs; ``plan.empty``, which the tests poison)
+``workspace``        a call's temporaries, sized by one function and carved in one place
+``gemm``             ``C = op(A)·op(B) + beta·C`` on row-major views (the whole-sequence products)
+``pack``             the recurrent weights packed for the kernels' GEMM (``weights`` keeps them)
+``kernels(kind)``    a cell kind's compiled time loops: ``forward_layer``, ``backward_layer``,
+                     ``Direction``
+===================  =============================================================================
+
+A GPU backend would be a second object with these names (its buffers device arrays, its
+kernels CUDA): the engine would not change.
+"""
+import importlib
+
+from cgru.core import plan, weights
+
+__all__ = ["CPU", "BACKEND", "release_memory"]
+
+
+class CPU:
+    """cgru's CPU backend: NumPy buffers from cgru's pool, SciPy's BLAS for the
+    whole-sequence products (as blocks on cgru's threads), the Cython kernels."""
+
+    name = "cpu"
+
+    def __init__(self):
+        self._kernels = {}          # kind name -> its compiled module
+
+    empty = staticmethod(plan.empty)
+    workspace = staticmethod(plan.Workspace)
+    gemm = staticmethod(plan.gemm)
+
+    pack = staticmethod(weights.pack_rhs)
+
+    def kernels(self, kind):
+        """``kind``'s compiled module (``kind.kernel_module``), imported on first use."""
+        module = self._kernels.get(kind.name)
+        if module is None:
+            module = importlib.import_module(kind.kernel_module)
+            self._kernels[kind.name] = module
+        return module
+
+
+BACKEND = CPU()
+
+
+def release_memory():
+    """Drop the pool's idle blocks and the kept copies of the weights with their packs (the
+    memory returns to the allocator once nothing refers to them)."""
+    plan.release_pool()
+    weights.release()

@@ -1,0 +1,103 @@
+"""One checked call: a call validates, copies and fingerprints each array once.
+
+A frontend checks its arguments in its own words and builds the core's call value from them
+(``cgru.core.calls``); the engine trusts it.  These tests walk an argument from a frontend to
+the time loop and count what happens to it on the way: a TF backprop used to re-run its checks
+(a second copy of the weights) and open the reserve twice — three weight digests and three
+input digests per training step.
+"""
+import numpy as np
+import pytest
+
+import cgru
+from cgru import tf
+from cgru.core import calls, reserve, validate, weights
+
+
+@pytest.fixture
+def counts(monkeypatch):
+    """Counters of the per-array work of a call: ``copies`` (weight arrays copied into kept
+    copies), ``proofs`` (weight arrays compared with their kept copy), ``macs`` (MACs of a call
+    argument, by label), ``lengths`` (sequence-length checks)."""
+    seen = {"copies": 0, "proofs": 0, "macs": {}, "lengths": 0, "freeze": 0}
+    real_copy, real_same, real_mac = weights._copy, weights.same_bytes, reserve.data_mac
+    real_lengths, real_freeze = validate.lengths, weights.freeze
+
+    def copy(a):
+        seen["copies"] += 1
+        return real_copy(a)
+
+    def same(a, b):
+        seen["proofs"] += 1
+        return real_same(a, b)
+
+    def mac(label, *arrays):
+        seen["macs"][label] = seen["macs"].get(label, 0) + 1
+        return real_mac(label, *arrays)
+
+    def lengths(*args, **kw):
+        seen["lengths"] += 1
+        return real_lengths(*args, **kw)
+
+    def freeze(net):
+        seen["freeze"] += 1
+        return real_freeze(net)
+    monkeypatch.setattr(weights, "_copy", copy)
+    monkeypatch.setattr(weights, "same_bytes", same)
+    monkeypatch.setattr(reserve, "data_mac", mac)
+    monkeypatch.setattr(validate, "lengths", lengths)
+    monkeypatch.setattr(calls.weights, "freeze", freeze)
+    cgru.release_memory()
+
+    def reset():
+        seen.update(copies=0, proofs=0, macs={}, lengths=0, freeze=0)
+    seen["reset"] = reset
+    return seen
+
+
+def test_a_tf_training_step_takes_each_array_once(counts):
+    """``cudnn_rnn_v3`` then ``cudnn_rnn_backprop_v3``: the forward copies each weight array
+    once (views of the opaque params, never a copy of the buffer itself), fingerprints the input
+    once; the backprop proves the weights once (a byte comparison each, no copy) and
+    fingerprints the input once — one open of the reserve."""
+    rng = np.random.default_rng(0)
+    L, H, I, T, N = 2, 4, 3, 5, 2
+    n = tf.params_size(L, H, I, rnn_mode="gru", dtype=np.float64)
+    params = rng.standard_normal(n)
+    x = rng.standard_normal((N, T, I))
+    h = np.zeros((N, L, H))
+    lengths = np.array([5, 3])
+    arrays = 4 * L                                       # W, R, b_W, b_R per layer
+    fwd = tf.cudnn_rnn_v3(x, h, h, params, lengths, rnn_mode="gru", time_major=False)
+    assert counts["freeze"] == 1 and counts["copies"] == arrays and counts["proofs"] == 0
+    assert counts["macs"][b"x"] == 1 and counts["lengths"] == 1
+    counts["reset"]()
+    tf.cudnn_rnn_backprop_v3(x, h, h, params, lengths, fwd.output, fwd.output_h, fwd.output_c,
+                             np.ones_like(fwd.output), None, None, fwd.reserve_space,
+                             rnn_mode="gru", time_major=False)
+    assert counts["freeze"] == 1 and counts["copies"] == 0 and counts["proofs"] == arrays
+    assert counts["macs"][b"x"] == 1 and counts["macs"][b"h0"] == 1
+    assert counts["lengths"] == 1
+
+
+def test_onnx_lengths_are_checked_once(counts):
+    """``cgru.onnx.gru`` with ``sequence_lens``: the lengths are checked once (in ONNX's words)
+    and handed to the core as checked."""
+    import cgru.onnx as onnx
+    rng = np.random.default_rng(1)
+    D, H, I, T, N = 2, 3, 2, 4, 3
+    X = rng.standard_normal((T, N, I))
+    W, R = rng.standard_normal((D, 3 * H, I)), rng.standard_normal((D, 3 * H, H))
+    onnx.gru(X, W, R, None, np.array([4, 0, 2]), direction="bidirectional")
+    assert counts["lengths"] == 1 and counts["freeze"] == 1
+
+
+def test_core_calls_take_each_array_once(counts):
+    net = cgru.Network.random(cgru.Topology(3, 4, 2), np.float64, seed=2)
+    x = np.random.default_rng(3).standard_normal((5, 2, 3))
+    f = cgru.forward(net, x, training=True)
+    assert counts["freeze"] == 1 and counts["copies"] == 8 and counts["macs"][b"x"] == 1
+    counts["reset"]()
+    cgru.backward(net, x, f.reserve, np.ones_like(f.y))
+    assert counts["freeze"] == 1 and counts["proofs"] == 8 and counts["copies"] == 0
+    assert counts["macs"][b"x"] == 1
