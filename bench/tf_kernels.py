@@ -9,8 +9,8 @@ one layer, unidirectional, variable lengths), the median wall time of one call o
 ``tf.raw_ops.CudnnRNNV3`` (eager, inputs already tensors) and of ``cgru.tf.cudnn_rnn_v3`` on
 the same arrays, for an inference forward and for a training step (forward + the Backprop
 op), and their difference: the overhead per call (TF's eager dispatch, the C ABI's calls into
-Python, the reserve's digests and copy).  The numbers are this machine's; nothing here is a
-test.
+Python, the reserve's record — copies, seal, byte comparisons — and the backprop's copy).  The
+numbers are this machine's; nothing here is a test.
 """
 import argparse
 import os

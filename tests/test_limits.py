@@ -303,9 +303,12 @@ def test_ten_thousand_calls_do_not_grow_the_resident_set():
 
 
 def test_calls_do_not_grow_the_python_heap():
-    """Two windows of 300 calls each: the heap may settle in the first (allocator free lists
-    and dict tables fill up, attributed to whichever line allocated first), and must not grow in
-    the second — a per-call leak of 64 bytes would add 19 KiB."""
+    """Three windows of 300 calls each, after 130 to warm up.  The heap may settle in any one
+    window — allocator free lists and dict tables grow once, the weights kept for a new owner
+    replace the ones of an owner that died, and where that lands depends on when the garbage
+    collector runs — but a leak grows it in every window: a per-call leak of 64 bytes adds
+    19 KiB to each.  So the quietest window must stay under 16 KiB and the whole run under
+    256 KiB."""
     simple, general, refused = _small_calls()
     frontends = _frontend_calls()
 
@@ -320,7 +323,7 @@ def test_calls_do_not_grow_the_python_heap():
     try:
         loop(30)
         snaps = [tracemalloc.take_snapshot()]
-        for _ in range(2):
+        for _ in range(3):
             loop(300)
             snaps.append(tracemalloc.take_snapshot())
     finally:
@@ -330,8 +333,9 @@ def test_calls_do_not_grow_the_python_heap():
         stats = b.compare_to(a, "lineno")
         top = [str(s) for s in sorted(stats, key=lambda s: -s.size_diff)[:5]]
         return sum(s.size_diff for s in stats), top
-    first, top = grown(snaps[0], snaps[1])
-    assert first < 64 << 10, f"Python/NumPy heap grew by {first} bytes over 300 calls: {top}"
-    second, top = grown(snaps[1], snaps[2])
-    assert second < 16 << 10, f"Python/NumPy heap grew by {second} bytes over the next 300 " \
-                              f"calls: {top}"
+    windows = [grown(a, b) for a, b in zip(snaps, snaps[1:])]
+    quietest, top = min(windows, key=lambda w: w[0])
+    assert quietest < 16 << 10, f"Python/NumPy heap grew in every window of 300 calls, by " \
+                                f"{[w[0] for w in windows]} bytes; the quietest: {top}"
+    total, top = grown(snaps[0], snaps[-1])
+    assert total < 256 << 10, f"Python/NumPy heap grew by {total} bytes over 900 calls: {top}"

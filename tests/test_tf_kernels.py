@@ -672,7 +672,7 @@ def test_tf_keras_cudnn_layers_match_the_standard_layers_and_train():
 
 # --- 5. threads -------------------------------------------------------------------------------
 THREADS = '''
-import json, threading
+import json, sys, threading
 import numpy as np
 import tensorflow as tf
 import cgru.tf
@@ -730,12 +730,47 @@ def in_one_graph():          # K independent ops: TF's inter-op threads run them
 
 graph_equal = all(np.array_equal(a.numpy(), alone[i][0]) for i, a in enumerate(in_one_graph()))
 print(json.dumps({"threads": threads_equal, "graph": graph_equal}))
+
+# problem 0's training forward, for a backprop in another process
+x, h, c, lengths = problems[0]
+y, hy, cy, reserve, host = forward(x, h, c, lengths)
+np.savez(sys.argv[1], x=x, h=h, c=c, lengths=lengths, params=params, y=y.numpy(),
+         hy=hy.numpy(), cy=cy.numpy(), reserve=reserve.numpy(), host=host.numpy(),
+         attrs=json.dumps(attrs))
 '''
 
 
-def test_ops_from_several_threads_at_once_are_bitwise_equal():
-    proc = _run_script(THREADS)
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"threads": True, "graph": True}
+@pytest.fixture(scope="module")
+def threads_process(tmp_path_factory):
+    """THREADS run once in a fresh process: its printed verdict and the path of its saved
+    forward (one subprocess serves both tests below; starting TensorFlow costs seconds)."""
+    path = tmp_path_factory.mktemp("threads") / "forward.npz"
+    proc = _run_script(THREADS, path)
+    return json.loads(proc.stdout.strip().splitlines()[-1]), path
+
+
+def test_ops_from_several_threads_at_once_are_bitwise_equal(threads_process):
+    verdict, _ = threads_process
+    assert verdict == {"threads": True, "graph": True}
+
+
+def test_a_reserve_from_another_process_is_refused(threads_process):
+    """The seal's key is drawn once per process: a reserve_space written elsewhere (same inputs,
+    same library; THREADS' process) is refused, as the C ABI's reserve spaces are; this
+    process's own forward of the same call is accepted.  (Beside the test above, so that
+    pytest-xdist's load scheduling tends to give both, and the one subprocess, to one worker.)"""
+    f = np.load(threads_process[1])
+    attrs = json.loads(str(f["attrs"]))
+    call = dict(input=f["x"], input_h=f["h"], input_c=f["c"], params=f["params"],
+                sequence_lengths=f["lengths"], **attrs)
+    args = dict(call, output=f["y"], output_h=f["hy"], output_c=f["cy"], output_backprop=f["y"],
+                output_h_backprop=f["hy"], output_c_backprop=f["cy"], host_reserved=f["host"])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=_NOT_VERIFIED + r".* or written in another process"):
+        tf.raw_ops.CudnnRNNBackpropV3(**args, reserve_space=f["reserve"])
+    here = tf.raw_ops.CudnnRNNV3(**call)
+    np.testing.assert_array_equal(here[0].numpy(), f["y"])
+    tf.raw_ops.CudnnRNNBackpropV3(**args, reserve_space=here[3])
 
 
 # --- 6. errors --------------------------------------------------------------------------------
@@ -799,11 +834,16 @@ def test_bad_backprop_inputs_and_foreign_reserves_are_refused(small):
         (dict(output_h=np.ones((4, 4, 7))), r"Invalid output_h shape"),
         (dict(reserve_space=_v3(s, is_training=False)[3]),
          r"reserve_space: empty — it comes from a forward with is_training=False"),
-        (dict(input=s["x"] + 1e-9), r"reserve_space: does not come from a forward call with these"),
-        (dict(params=s["params"] * 1.5), r"reserve_space: does not come from a forward call"),
-        (dict(input_c=s["c"][::-1].copy()), r"reserve_space: does not come from a forward call"),
+        (dict(input=s["x"] + 1e-9),
+         r"reserve_space: comes from a forward call with a different input \(input\[0,0,0\] is "),
+        (dict(params=s["params"] * 1.5),
+         r"reserve_space: written by a forward with a different params \(weights\)"),
+        (dict(input_c=s["c"][::-1].copy()),
+         r"reserve_space: comes from a forward call with a different input_c \(input_c\[0,0,0\]"),
         (dict(sequence_lengths=np.array([6, 1, 0, 5], np.int32)),
-         r"reserve_space: does not come from a forward call"),
+         r"reserve_space: comes from a forward call with a different sequence_lengths "
+         r"\(sequence_lengths\[3\] is 5 here, 4 in the forward\); pass the sequence_lengths of "
+         r"the forward that wrote reserve_space"),
         (dict(dropout=0.5), r"reserve_space: the forward ran with a different dropout"),
         (dict(reserve_space=s["out"][3][:-1]), r"reserve_space: expected \d+ elements"),
         (dict(reserve_space=tf.random.uniform(s["out"][3].shape, dtype=tf.float64)),
@@ -837,6 +877,237 @@ def test_backprop_refuses_a_reserve_of_the_other_layout():
                        match=r"reserve_space: the forward ran with a different layout "
                              r"\(time_major=False\) than this backprop call \(time_major=True\)"):
         tf.raw_ops.CudnnRNNBackpropV3(**args, time_major=True)
+
+
+# --- the reserve's binding: exact, and sealed -------------------------------------------------
+# The forward's reserve_space used to record 64-bit multiply-rotate digests of input, input_h,
+# input_c, params and sequence_lengths (docs/tf_kernels.md tells what replaced them).  Anyone can
+# evaluate such a hash, and each of its lanes is invertible, so two inputs with one digest are
+# easy to craft.  The model below is that removed hash, kept to build such pairs: the backprop
+# must refuse them now that it compares bytes.
+_MASK64 = (1 << 64) - 1
+_OLD_C1, _OLD_C2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9
+_OLD_LANES = (0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0, 0x082EFA98EC4E6C89)
+
+
+def _rotl64(v, r):
+    return ((v << r) | (v >> (64 - r))) & _MASK64
+
+
+def _old_mix(lane, word):
+    return (_rotl64(lane ^ ((word * _OLD_C1) & _MASK64), 29) * _OLD_C2) & _MASK64
+
+
+def _old_digest(data):
+    """The removed reserve digest of ``data`` (bytes): four lanes over 32-byte blocks, then the
+    remaining 8-byte words, the tail bytes and the length, then a final mix."""
+    n = len(data)
+    word = lambda k: int.from_bytes(data[k:k + 8], "little")  # noqa: E731
+    blocks_end, words_end = n - n % 32, n - n % 8
+    lanes = list(_OLD_LANES)
+    for i in range(0, blocks_end, 32):
+        lanes = [_old_mix(lanes[k], word(i + 8 * k)) for k in range(4)]
+    h = lanes[0] ^ _rotl64(lanes[1], 17) ^ _rotl64(lanes[2], 31) ^ _rotl64(lanes[3], 47)
+    for i in range(blocks_end, words_end, 8):
+        h = _old_mix(h, word(i))
+    h = _old_mix(_old_mix(h, int.from_bytes(data[words_end:], "little")), n)
+    h ^= h >> 31
+    return ((h * 0x94D049BB133111EB) & _MASK64) ^ (h >> 29)
+
+
+def _old_digest_collision(a):
+    """An array of ``a``'s dtype and shape, different from ``a``, with the same old digest:
+    lane 0 reads word 0 of block 0, then word 0 of block 1; flip a bit of the first and solve
+    the second so that the lane ends where it did (both multipliers are odd, hence invertible
+    modulo 2^64)."""
+    data = bytearray(a.tobytes())
+    assert len(data) >= 64
+    w0, w1 = (int.from_bytes(data[k:k + 8], "little") for k in (0, 32))
+    after = _old_mix(_old_mix(_OLD_LANES[0], w0), w1)
+    w0 ^= 1 << 51
+    mid = _old_mix(_OLD_LANES[0], w0)
+    t = (after * pow(_OLD_C2, -1, 1 << 64)) & _MASK64
+    w1 = (((t >> 29) | (t << 35)) & _MASK64 ^ mid) * pow(_OLD_C1, -1, 1 << 64) & _MASK64
+    data[0:8], data[32:40] = w0.to_bytes(8, "little"), w1.to_bytes(8, "little")
+    out = np.frombuffer(bytes(data), a.dtype).reshape(a.shape)
+    assert not np.array_equal(out, a) and _old_digest(out.tobytes()) == _old_digest(a.tobytes())
+    return out
+
+
+_C_ABI_MAGIC = 0x49424143_75726763  # the C ABI reserve space's first int64 ("cgruCABI")
+_NOT_VERIFIED = r"reserve_space: its record of the forward does not verify"
+
+
+def _bytes_of(t):
+    return t.numpy().view(np.uint8).copy()
+
+
+def _as_reserve(raw):
+    """A reserve_space of dtype float64 holding the bytes ``raw``."""
+    return tf.constant(np.frombuffer(raw.tobytes(), np.float64))
+
+
+def _c_abi_start(raw):
+    """Where the C ABI's reserve space starts in a reserve_space's bytes: the first 64-byte
+    aligned int64 holding its magic number (its header is cgru/capi/__init__.py's)."""
+    words = raw[:raw.size - raw.size % 8].view(np.int64)
+    hits = np.flatnonzero(words[::8] == _C_ABI_MAGIC)
+    assert hits.size, "no C ABI reserve space found"
+    return int(hits[0]) * 64
+
+
+def test_inputs_with_the_old_digest_of_the_forwards_are_refused(small):
+    """input, input_h and input_c crafted to keep the removed digest (each differs from the
+    forward's in two elements) are refused, naming the first difference; before, the backprop
+    accepted them and computed the gradient at the forward's arrays."""
+    s = small
+    for name, key in (("input", "x"), ("input_h", "h"), ("input_c", "c")):
+        crafted = _old_digest_collision(s[key])
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=rf"reserve_space: comes from a forward call with a different "
+                                 rf"{name} \({name}\[0,0,0\] is "):
+            _backprop(s, **{name: crafted})
+    _backprop(s)
+
+
+def _changed(a, index):
+    """``a`` with element ``index`` moved to the next representable value (lengths: by one)."""
+    out = a.copy()
+    if out.dtype.kind == "i":
+        out[index] = out[index] - 1 if out[index] > 0 else out[index] + 1
+    else:
+        out[index] = np.nextafter(out[index], np.inf)
+    return out
+
+
+@pytest.mark.parametrize("name,key", [("input", "x"), ("input_h", "h"), ("input_c", "c"),
+                                      ("sequence_lengths", "lengths"), ("params", "params")])
+def test_any_single_element_change_of_a_backprop_argument_is_refused(small, name, key):
+    """Every element of input, input_h, input_c and sequence_lengths, changed by one step on its
+    own (one ulp; a length by one), is refused, naming the argument; so is one element of
+    params in each 32-element stretch (the engine's keyed MAC of the weights refuses them; a
+    sample keeps the test fast)."""
+    s = small
+    match = (r"reserve_space: written by a forward with a different params" if name == "params"
+             else rf"reserve_space: comes from a forward call with a different {name} \({name}\[")
+    indices = list(np.ndindex(s[key].shape))
+    if name == "params":
+        indices = indices[::32] + [indices[-1]]
+    for index in indices:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+            _backprop(s, **{name: _changed(s[key], index)})
+
+
+def _index_pattern(index):
+    return r"\[" + ",".join(map(str, index)) + r"\]"
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32])
+def test_one_ulp_of_a_narrow_input_is_refused(dtype):
+    """float16 / bfloat16 inputs are compared as the forward handed them to the C ABI (widened
+    to float32, exactly): one ulp of one element, or the sign of a zero, is refused."""
+    rng = np.random.default_rng(21)
+    x, h, c, params = _np_inputs(rng, "gru", 0, 1, 1, np.float32)
+    x[2, 1, 3] = 0.0
+    xs, hs, ps = (tf.cast(a, dtype) for a in (x, h, params))
+    none = tf.zeros([], dtype)
+    out = _forward(1, xs, hs, none, ps, rnn_mode="gru")
+    args = dict(input_h=hs, input_c=none, params=ps, output=out[0], output_h=out[1],
+                output_c=out[2], output_backprop=out[0], output_h_backprop=out[1],
+                output_c_backprop=out[2], reserve_space=out[3], rnn_mode="gru")
+    tf.raw_ops.CudnnRNNBackprop(input=xs, **args)
+    unsigned = tf.uint16 if dtype.size == 2 else tf.uint32
+    bits = tf.bitcast(xs, unsigned).numpy()
+    sign = 1 << (8 * dtype.size - 1)
+    for index, flip in (((0, 0, 0), 1), ((5, 3, 4), 1), ((2, 1, 3), sign)):
+        other = bits.copy()
+        other[index] ^= flip
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"comes from a forward call with a different input \(input"
+                                 + _index_pattern(index)):
+            tf.raw_ops.CudnnRNNBackprop(input=tf.bitcast(tf.constant(other), dtype), **args)
+
+
+def test_an_edited_reserve_record_is_refused(small):
+    """One bit changed in any 8-byte word of the header the TF kernels put in front of the C
+    ABI's reserve space (magic, version, region sizes, shapes, attributes, seeds, the seal) or
+    of the C ABI's and the engine's headers it seals, or in any 64-byte line of its copies of
+    input_h, input_c and sequence_lengths (padding included), is refused: the record is sealed
+    as a whole.  (The magic and version words, and the copies' offset, are read first.)"""
+    s = small
+    raw = _bytes_of(s["out"][3])
+    start = _c_abi_start(raw)
+    assert start >= 256  # the header (then the copies)
+    offsets = [*range(0, 256, 8), *range(256, start, 64), *range(start, start + 256 + 128, 8)]
+    first_read = {0: r"reserve_space: not a cgru reserve space \(bad header\)",
+                  8: r"reserve_space: not a cgru reserve space \(bad header\)",
+                  16: r"reserve_space: bad header \(its C ABI reserve space would start at byte"}
+    for offset in offsets:
+        edited = raw.copy()
+        edited[offset] ^= 1
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=first_read.get(offset, _NOT_VERIFIED)):
+            _backprop(s, reserve_space=_as_reserve(edited))
+    _backprop(s, reserve_space=_as_reserve(raw))
+
+
+def test_a_record_moved_onto_another_forwards_computation_is_refused(small):
+    """Two forwards that differ only in input_h (and input_c): the record (header and copies) of
+    one in front of the other's C ABI reserve space is refused for either call's arguments —
+    before, the backprop accepted it and differentiated at the other forward's states."""
+    s = small
+    rng = np.random.default_rng(22)
+    h2, c2 = rng.standard_normal(s["h"].shape), rng.standard_normal(s["c"].shape)
+    other = _v3(s, input_h=h2, input_c=c2)
+    mine, theirs = _bytes_of(s["out"][3]), _bytes_of(other[3])
+    start = _c_abi_start(mine)
+    assert _c_abi_start(theirs) == start and mine.size == theirs.size
+    spliced = np.concatenate([theirs[:start], mine[start:]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=_NOT_VERIFIED):
+        _backprop(s, input_h=h2, input_c=c2, output=other[0], output_h=other[1],
+                  output_c=other[2], reserve_space=_as_reserve(spliced))
+    spliced = np.concatenate([mine[:start], theirs[start:]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=_NOT_VERIFIED):
+        _backprop(s, reserve_space=_as_reserve(spliced))
+
+
+def test_the_c_abi_copy_of_input_is_bound_to_the_forward(small):
+    """input is compared with the C ABI's copy of x; that copy is the engine's to vouch for: one
+    edited element, with input edited the same way, is refused by the engine's MAC of x."""
+    s = small
+    raw = _bytes_of(s["out"][3])
+    start = _c_abi_start(raw)
+    x_at = start + int(raw[start + 40:start + 48].view(np.int64)[0])  # header slot 5
+    np.testing.assert_array_equal(raw[x_at:x_at + s["x"].nbytes].view(np.float64),
+                                  s["x"].reshape(-1))
+    x = _changed(s["x"], (1, 2, 3))
+    edited = raw.copy()
+    edited[x_at:x_at + x.nbytes] = x.reshape(-1).view(np.uint8)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"reserve_space: written by a forward with a different x"):
+        _backprop(s, input=x, reserve_space=_as_reserve(edited))
+
+
+def test_backprop_refuses_a_mix_of_v3_and_v2_reserves():
+    """A V3 forward records its sequence_lengths, a V1 / V2 forward none: a backprop of the
+    other kind is refused, in TF's words."""
+    rng = np.random.default_rng(23)
+    x, h, c, params = _np_inputs(rng, "gru", 0, 1, 1, np.float64)
+    attrs = _attrs("gru", 0, False)
+    full = np.full(N_, T_, np.int32)
+    v3 = _forward(3, x, h, 0.0, params, full, **attrs)
+    v2 = _forward(2, x, h, 0.0, params, **attrs)
+    common = dict(input=x, input_h=h, input_c=0.0, params=params, output=v2[0],
+                  output_h=v2[1], output_c=v2[2], output_backprop=v2[0],
+                  output_h_backprop=v2[1], output_c_backprop=v2[2], **attrs)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"reserve_space: the forward ran with sequence_lengths \(CudnnRNNV3 "
+                             r"takes them\) and this backprop call without them"):
+        tf.raw_ops.CudnnRNNBackpropV2(**common, reserve_space=v3[3], host_reserved=v3[4])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"reserve_space: the forward ran without sequence_lengths"):
+        tf.raw_ops.CudnnRNNBackpropV3(**common, sequence_lengths=full, reserve_space=v2[3],
+                                      host_reserved=v2[4])
 
 
 def test_bad_params_op_inputs_are_tf_errors_naming_them():

@@ -136,15 +136,12 @@ class ForwardCall:
               state_mask=None, training=False, dropout=0.0, seed=0, num_threads=None,
               stacklevel=4):
         """Every argument checked (in the core's words), then ``of``."""
-        topo, dtype = check_network(net)
-        cell = net.resolve_cell(cell, stacklevel)
-        batch_major = validate.flag(batch_major, "batch_major")
+        topo, dtype, cell, batch_major, T, N, mask = _check_common(
+            net, x, cell, state_mask, batch_major, stacklevel + 1)
         training = validate.flag(training, "training")
-        T, N = check_x(x, topo, dtype, batch_major, cell.gates)
         h0 = check_h(h0, "h0", topo, dtype, N)
         c0 = check_c(c0, "c0", net, dtype, N)
         lengths = validate.lengths(lengths, T, N)
-        mask = check_state_mask(state_mask, topo, dtype, T, N, batch_major)
         p, s1, s2 = validate.dropout_and_seed(dropout, seed)
         if training and p > 0 and topo.num_layers == 1:
             warn_dropout_unused(p, stacklevel)
@@ -171,6 +168,17 @@ class ForwardCall:
         return self
 
 
+def _check_common(net, x, cell, state_mask, batch_major, stacklevel):
+    """What a forward and a backward check alike: ``(topology, dtype, cell, batch_major, T,
+    N, mask)``."""
+    topo, dtype = check_network(net)
+    cell = net.resolve_cell(cell, stacklevel)
+    batch_major = validate.flag(batch_major, "batch_major")
+    T, N = check_x(x, topo, dtype, batch_major, cell.gates)
+    mask = check_state_mask(state_mask, topo, dtype, T, N, batch_major)
+    return topo, dtype, cell, batch_major, T, N, mask
+
+
 class BackwardCall:
     """A checked backward: ``net``, ``cell``, ``kind``, ``frozen``, ``x`` (time-major),
     ``T``, ``N``, ``mask``, ``batch_major``, ``num_threads`` as for the forward; ``opened``
@@ -185,12 +193,9 @@ class BackwardCall:
               batch_major=False, dparams=None, accumulate=False, num_threads=None,
               stacklevel=4):
         """Every argument checked (in the core's words), then ``of``."""
-        topo, dtype = check_network(net)
-        cell = net.resolve_cell(cell, stacklevel)
-        batch_major = validate.flag(batch_major, "batch_major")
+        topo, dtype, cell, batch_major, T, N, mask = _check_common(
+            net, x, cell, state_mask, batch_major, stacklevel + 1)
         accumulate = validate.flag(accumulate, "accumulate")
-        T, N = check_x(x, topo, dtype, batch_major, cell.gates)
-        mask = check_state_mask(state_mask, topo, dtype, T, N, batch_major)
         yshape = (N, T, topo.output_size) if batch_major else (T, N, topo.output_size)
         if dy is not None:
             validate.array(dy, "dy", dtype, yshape, like="(the dtype of the network)")

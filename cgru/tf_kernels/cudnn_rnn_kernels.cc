@@ -16,10 +16,11 @@
  *   - states: TF's [L·D, N, ·] (time_major) or [N, L·D, ·]; the C ABI's are always [L·D, N, ·],
  *     so batch-major states are transposed (a copy of the small state arrays only; none when
  *     L·D = 1 or N = 1, where both readings are the same memory).
- *   - reserve_space (dtype T, as TF's op declares): a header of this library (magic, the call's
- *     shapes and attributes, digests of input, input_h, input_c, params and sequence_lengths),
- *     then the C ABI's training reserve space.  The backprop ops check the header against their
- *     own arguments and refuse a reserve from another call or an inference forward.  The C ABI's
+ *   - reserve_space (dtype T, as TF's op declares): a header of this library (the call's shapes
+ *     and attributes), exact copies of input_h, input_c and sequence_lengths, a seal (a keyed
+ *     MAC), then the C ABI's training reserve space.  The backprop ops compare the header, the
+ *     copies and the C ABI's copy of x with their own arguments byte for byte and refuse a
+ *     reserve from another call, an edited one, or an inference forward's.  The C ABI's
  *     backward writes into its reserve space, while TF's inputs are immutable (two gradient
  *     computations may share one reserve), so the backprop works on a private copy — or on the
  *     input buffer itself when TF can forward it (no other reference to it exists).
@@ -29,6 +30,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -36,6 +38,9 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include <sys/types.h>
+#include <sys/random.h>  // getentropy (Linux, macOS)
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -129,7 +134,8 @@ std::string TfName(const std::string& cgru_name) {
       {"weight_space_size", "params"}, {"dweight_space", "params_backprop"},
       {"seq_lengths", "sequence_lengths"}, {"desc->input_size", "input_size"},
       {"desc->hidden_size", "num_units"}, {"desc->num_layers", "num_layers"},
-      {"desc->proj_size", "num_proj"}, {"desc->dropout", "dropout"}};
+      {"desc->proj_size", "num_proj"}, {"desc->dropout", "dropout"},
+      {"reserve", "reserve_space"}};
   for (const auto& [ours, theirs] : kNames)
     if (cgru_name == ours) return theirs;
   return cgru_name;
@@ -299,8 +305,10 @@ absl::Status MakeDesc(const RnnAttrs& a, const Topology& t, int32_t data_type, i
   desc->reset_after = 1;
   desc->num_threads = std::clamp(num_threads, 0, kMaxThreads);
   desc->dropout = a.dropout;
-  desc->seed = a.seed;
-  desc->seed2 = a.seed2;
+  // without dropout the seeds select nothing: 0, so that a forward and its backprop agree
+  // whatever seeds they carry (as in cgru.tf)
+  desc->seed = a.dropout > 0.f ? a.seed : 0;
+  desc->seed2 = a.dropout > 0.f ? a.seed2 : 0;
   desc->cell_mode = a.cell_mode;
   desc->proj_size = static_cast<int32_t>(t.P);
   return absl::OkStatus();
@@ -660,46 +668,6 @@ class CanonicalToParamsOp : public OpKernel {
   ListAttrs lists_;
 };
 
-// ---- digests (the reserve's record of the call) ----------------------------------------------
-// A 64-bit digest of n bytes: four independent multiply-rotate lanes over 32-byte blocks, then
-// the remaining 8-byte words, the last bytes and the length.  Every byte reaches the result
-// through a bijective mix of its own word, so arrays differing anywhere differ in their digest
-// but for a 2^-64 chance; it tells one call's arrays from another's, and is no cryptographic
-// hash.
-inline uint64_t Rotl(uint64_t v, int r) { return (v << r) | (v >> (64 - r)); }
-
-inline uint64_t MixWord(uint64_t lane, uint64_t word) {
-  return Rotl(lane ^ (word * 0x9E3779B97F4A7C15ull), 29) * 0xBF58476D1CE4E5B9ull;
-}
-
-inline uint64_t Word(const unsigned char* p) {
-  uint64_t w;
-  std::memcpy(&w, p, 8);
-  return w;
-}
-
-uint64_t Digest(const void* data, size_t n) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  uint64_t lanes[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull,
-                       0x082EFA98EC4E6C89ull};
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    for (int l = 0; l < 4; ++l) lanes[l] = MixWord(lanes[l], Word(p + i + 8 * l));
-  uint64_t h = lanes[0] ^ Rotl(lanes[1], 17) ^ Rotl(lanes[2], 31) ^ Rotl(lanes[3], 47);
-  for (; i + 8 <= n; i += 8) h = MixWord(h, Word(p + i));
-  uint64_t tail = 0;
-  for (size_t j = 0; i + j < n; ++j) tail |= static_cast<uint64_t>(p[i + j]) << (8 * j);
-  h = MixWord(MixWord(h, tail), n);
-  h ^= h >> 31;
-  return (h * 0x94D049BB133111EBull) ^ (h >> 29);
-}
-
-uint64_t DigestOf(const Tensor* t) {
-  if (t == nullptr) return 0;
-  auto bytes = t->tensor_data();
-  return Digest(bytes.data(), bytes.size());
-}
-
 // ---- the forward inputs ----------------------------------------------------------------------
 // Which op of the family: the V1, V2 and V3 forward and backprop ops share one implementation.
 struct OpVersion {
@@ -928,72 +896,293 @@ absl::Status ZeroOutput(OpKernelContext* ctx, int index, const TensorShape& shap
 }
 
 // ---- the reserve space -----------------------------------------------------------------------
+// A training forward's reserve_space (dtype T) holds, in bytes, every region 64-byte aligned:
+//
+//   [0, 256)             the header: ReserveHeader (the call's shapes, attributes, dtype and
+//                        the regions' sizes), zero-padded, its last 8 bytes the seal (below)
+//   [256, tf_bytes)      exact copies of input_h and input_c (LSTM; none otherwise) as given
+//                        (TF's layout, dtype T), then sequence_lengths (int32 [N]; zeros
+//                        without them): tf_bytes = 256 + ⌈input_h⌉ + ⌈input_c⌉ + ⌈4·N⌉
+//   [tf_bytes, +abi)     the C ABI's training reserve space (cgru/capi/__init__.py): its
+//                        header (int64[32]: slots 4…7 the offsets of its regions engine, x, dw
+//                        and its total), the engine's reserve (cgru/core/reserve.py; it starts
+//                        with its own header int64[16]), a copy of the forward's x as the C ABI
+//                        read it (compute type, the call's layout), room for dw
+//
+// How a backprop's arguments are bound to the forward's (each exactly, none by a hash anyone
+// could steer):
+//   input             byte for byte (in the compute type) against the C ABI's copy of x, which
+//                     the engine's backward checks against the keyed MAC of the forward's x
+//   params            the C ABI's backward gets them, and the engine refuses weights whose
+//                     keyed MAC differs from the forward's
+//   input_h, input_c, sequence_lengths
+//                     byte for byte against the copies here (and the lengths again by the C
+//                     ABI, which records their keyed MAC)
+//   shapes, attributes, layout, dtype
+//                     against the header, field by field (and the descriptor's fields again by
+//                     the C ABI's sealed header)
+// The header and the copies are the forward's record, so they are sealed: the seal is a keyed
+// MAC (SipHash-2-4 under a random key drawn once per process) of the header but its seal, the
+// copies, and the C ABI's header and the engine reserve's header — which carry the keyed MACs of
+// x, the weights, h0, c0 and the mask.  A reserve whose header or copies were changed after the
+// forward, or whose two parts come from two forwards, is refused before anything in it is used.
 constexpr uint64_t kReserveMagic = 0x5346545552474331ull;  // "1CGRUTFS"
-constexpr uint64_t kReserveVersion = 1;
-constexpr size_t kHeaderBytes = 256;  // keeps the C ABI's reserve space 64-byte aligned
+constexpr uint64_t kReserveVersion = 2;                    // 2: exact copies and a seal
+constexpr size_t kAlign = 64;
+constexpr size_t kHeaderBytes = 256;
+constexpr size_t kSealOffset = kHeaderBytes - 8;
+constexpr size_t kAbiHeaderBytes = 256;     // the C ABI's header, int64[32]
+constexpr size_t kEngineHeaderBytes = 128;  // the engine reserve's header, int64[16]
+constexpr size_t kAbiSealedBytes = kAbiHeaderBytes + kEngineHeaderBytes;
+constexpr char kSealLabel[] = "cgru-tf-reserve";
 
-// What a training forward records in front of the C ABI's reserve space.
+constexpr size_t RoundUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// What a training forward records in front of the copies.
 struct ReserveHeader {
-  uint64_t magic, version, abi_bytes;
-  int64_t dtype, cell_mode, time_major, T, N, I, L, H, P, D, skip;
+  uint64_t magic, version, tf_bytes, abi_bytes;
+  int64_t dtype, cell_mode, time_major, T, N, I, L, H, P, D, skip, has_lengths;
   double dropout;
   int64_t seed, seed2;
-  uint64_t input, input_h, input_c, params, lengths;  // digests
 };
-static_assert(sizeof(ReserveHeader) <= kHeaderBytes, "the reserve header outgrew its slot");
+static_assert(sizeof(ReserveHeader) <= kSealOffset, "the reserve header outgrew its slot");
+
+// Where the copies live (byte offsets in reserve_space) for a call: a closed form of its shapes.
+struct CopyLayout {
+  size_t h = kHeaderBytes, h_bytes = 0, c = 0, c_bytes = 0, lengths = 0, lengths_bytes = 0;
+  size_t tf_bytes = 0;  // where the C ABI's reserve space starts
+};
+
+CopyLayout CopiesOf(const Call& call) {
+  CopyLayout l;
+  l.h_bytes = call.input_h->TotalBytes();
+  l.c = l.h + RoundUp(l.h_bytes);
+  l.c_bytes = call.input_c ? call.input_c->TotalBytes() : 0;
+  l.lengths = l.c + RoundUp(l.c_bytes);
+  l.lengths_bytes = sizeof(int32_t) * static_cast<size_t>(call.N);
+  l.tf_bytes = l.lengths + RoundUp(l.lengths_bytes);
+  return l;
+}
 
 template <typename T>
 ReserveHeader RecordOf(const Call& call, const RnnAttrs& a, uint64_t abi_bytes) {
   const Topology& t = call.topo;
-  return ReserveHeader{kReserveMagic, kReserveVersion, abi_bytes,
+  return ReserveHeader{kReserveMagic, kReserveVersion, CopiesOf(call).tf_bytes, abi_bytes,
                        DataTypeToEnum<T>::v(), a.cell_mode, call.time_major, call.T, call.N,
-                       t.I, t.L, t.H, t.P, t.D, t.skip, a.dropout, a.seed, a.seed2,
-                       DigestOf(call.input), DigestOf(call.input_h), DigestOf(call.input_c),
-                       DigestOf(call.params), DigestOf(call.lengths)};
+                       t.I, t.L, t.H, t.P, t.D, t.skip, call.lengths != nullptr, a.dropout,
+                       a.seed, a.seed2};
 }
 
-// Elements of T holding the header and abi_bytes of C ABI reserve space.
+// Elements of T holding tf_bytes of header and copies and abi_bytes of C ABI reserve space.
 template <typename T>
-int64_t ReserveElements(uint64_t abi_bytes) {
-  return static_cast<int64_t>((kHeaderBytes + abi_bytes + sizeof(T) - 1) / sizeof(T));
+int64_t ReserveElements(uint64_t tf_bytes, uint64_t abi_bytes) {
+  return static_cast<int64_t>((tf_bytes + abi_bytes + sizeof(T) - 1) / sizeof(T));
+}
+
+// SipHash-2-4 (J.-P. Aumasson and D. J. Bernstein, "SipHash: a fast short-input PRF", 2012): a
+// pseudo-random function of a byte string under a 128-bit key, 64-bit result.  Fed in pieces.
+class SipHash24 {
+ public:
+  SipHash24(uint64_t k0, uint64_t k1)
+      : v0_(k0 ^ 0x736f6d6570736575ull), v1_(k1 ^ 0x646f72616e646f6dull),
+        v2_(k0 ^ 0x6c7967656e657261ull), v3_(k1 ^ 0x7465646279746573ull) {}
+
+  void Update(const void* data, size_t n) {
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) {
+      word_ |= static_cast<uint64_t>(p[i]) << (8 * (length_ % 8));
+      if (++length_ % 8 == 0) {
+        Compress(word_);
+        word_ = 0;
+      }
+    }
+  }
+
+  uint64_t Final() {
+    Compress(word_ | (length_ << 56));  // the last 0…7 bytes and the length mod 256
+    v2_ ^= 0xff;
+    for (int i = 0; i < 4; ++i) Round();
+    return v0_ ^ v1_ ^ v2_ ^ v3_;
+  }
+
+ private:
+  static uint64_t Rotl(uint64_t v, int r) { return (v << r) | (v >> (64 - r)); }
+
+  void Round() {
+    v0_ += v1_; v1_ = Rotl(v1_, 13); v1_ ^= v0_; v0_ = Rotl(v0_, 32);
+    v2_ += v3_; v3_ = Rotl(v3_, 16); v3_ ^= v2_;
+    v0_ += v3_; v3_ = Rotl(v3_, 21); v3_ ^= v0_;
+    v2_ += v1_; v1_ = Rotl(v1_, 17); v1_ ^= v2_; v2_ = Rotl(v2_, 32);
+  }
+
+  void Compress(uint64_t m) {
+    v3_ ^= m;
+    Round();
+    Round();
+    v0_ ^= m;
+  }
+
+  uint64_t v0_, v1_, v2_, v3_;
+  uint64_t word_ = 0, length_ = 0;
+};
+
+// The seal's key: 128 random bits, drawn once per process (a forked child inherits them).
+struct SealKey {
+  uint64_t k0 = 0, k1 = 0;
+  bool drawn = false;
+};
+
+const SealKey& ProcessSealKey() {
+  static const SealKey key = [] {
+    SealKey k;
+    uint64_t words[2];
+    if (getentropy(words, sizeof words) == 0) {
+      k.k0 = words[0];
+      k.k1 = words[1];
+      k.drawn = true;
+    }
+    return k;
+  }();
+  return key;
+}
+
+// The seal of reserve_space's first tf_bytes + kAbiSealedBytes bytes (tf_bytes ≥ kHeaderBytes).
+absl::Status SealOf(const uint8_t* reserve, size_t tf_bytes, uint64_t* seal) {
+  const SealKey& key = ProcessSealKey();
+  if (!key.drawn)
+    return absl::InternalError(
+        "reserve_space: the operating system gave no random bytes (getentropy failed) for the "
+        "key that seals reserves; the training forward and the backprop need it");
+  SipHash24 mac(key.k0, key.k1);
+  mac.Update(kSealLabel, sizeof kSealLabel);
+  mac.Update(reserve, kSealOffset);                             // the header but its seal
+  mac.Update(reserve + kHeaderBytes, tf_bytes - kHeaderBytes);  // the copies
+  mac.Update(reserve + tf_bytes, kAbiSealedBytes);              // the C ABI's, engine's headers
+  *seal = mac.Final();
+  return absl::OkStatus();
+}
+
+// Writes the header, the copies (padding zeroed) and the seal in front of the C ABI's reserve
+// space, which the forward has filled.
+template <typename T>
+absl::Status WriteRecord(const Call& call, const RnnAttrs& a, uint64_t abi_bytes, Tensor* reserve) {
+  uint8_t* base = reinterpret_cast<uint8_t*>(reserve->flat<T>().data());
+  const CopyLayout l = CopiesOf(call);
+  const ReserveHeader header = RecordOf<T>(call, a, abi_bytes);
+  std::memset(base, 0, l.tf_bytes);
+  std::memcpy(base, &header, sizeof header);
+  std::memcpy(base + l.h, call.input_h->tensor_data().data(), l.h_bytes);
+  if (call.input_c) std::memcpy(base + l.c, call.input_c->tensor_data().data(), l.c_bytes);
+  if (call.lengths)
+    std::memcpy(base + l.lengths, call.lengths->tensor_data().data(), l.lengths_bytes);
+  const size_t used = l.tf_bytes + abi_bytes;  // the last element's unused bytes: zero
+  std::memset(base + used, 0, reserve->TotalBytes() - used);
+  uint64_t seal = 0;
+  TF_RETURN_IF_ERROR(SealOf(base, l.tf_bytes, &seal));
+  std::memcpy(base + kSealOffset, &seal, sizeof seal);
+  return absl::OkStatus();
+}
+
+// "[i,j,k]": the position of element `flat` of an array of `shape` (row-major).
+std::string IndexText(const TensorShape& shape, int64_t flat) {
+  std::vector<int64_t> index(shape.dims());
+  for (int d = shape.dims() - 1; d >= 0; --d) {
+    index[d] = flat % shape.dim_size(d);
+    flat /= shape.dim_size(d);
+  }
+  std::string out = "[";
+  for (size_t d = 0; d < index.size(); ++d) absl::StrAppend(&out, d ? "," : "", index[d]);
+  return out + "]";
+}
+
+// An element's value for a message: integers as they are, floats with every digit.
+template <typename V>
+std::string ValueText(V v) {
+  if constexpr (std::is_integral<V>::value) {
+    return absl::StrCat(v);
+  } else {
+    const bool wide = std::is_same<V, double>::value;
+    char text[40];
+    std::snprintf(text, sizeof text, "%.*g", wide ? 17 : 9,
+                  wide ? static_cast<double>(v) : static_cast<double>(static_cast<float>(v)));
+    return text;
+  }
+}
+
+// The first of n elements where `given`, as the forward handed it to the C ABI (converted to
+// To; as it is when From is To), differs bitwise from `saved` (n elements of To); -1 if none.
+template <typename From, typename To>
+int64_t FirstDifference(const From* given, const unsigned char* saved, int64_t n) {
+  if constexpr (std::is_same<From, To>::value) {
+    if (std::memcmp(given, saved, n * sizeof(To)) == 0) return -1;
+    for (int64_t i = 0; i < n; ++i)
+      if (std::memcmp(given + i, saved + i * sizeof(To), sizeof(To)) != 0) return i;
+    return -1;
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const To v = Convert<To>(given[i]);
+      if (std::memcmp(&v, saved + i * sizeof(To), sizeof(To)) != 0) return i;
+    }
+    return -1;
+  }
+}
+
+// Refuses `given` (elements V) unless it equals, bit for bit, the forward's `saved` (elements S:
+// V itself, or the compute type the forward converted it to), naming the first difference.
+template <typename V, typename S>
+absl::Status CompareWithForward(const char* name, const Tensor& given, const unsigned char* saved) {
+  const V* values = given.flat<V>().data();
+  const int64_t i = FirstDifference<V, S>(values, saved, given.NumElements());
+  if (i < 0) return absl::OkStatus();
+  S was;
+  std::memcpy(&was, saved + i * sizeof(S), sizeof was);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "reserve_space: comes from a forward call with a different ", name, " (", name,
+      IndexText(given.shape(), i), " is ", ValueText(values[i]), " here, ", ValueText(was),
+      " in the forward); pass the ", name, " of the forward that wrote reserve_space"));
 }
 
 const char kInferenceReserve[] =
     "reserve_space: empty — it comes from a forward with is_training=False, which saves "
     "nothing; run the forward with is_training=True to backprop";
-const char kOtherCall[] =
-    "reserve_space: does not come from a forward call with these input, input_h, input_c, params "
-    "and sequence_lengths (their contents or shapes differ from the forward's)";
+const char kUnsealed[] =
+    "reserve_space: its record of the forward does not verify: changed after the forward that "
+    "wrote it, pieced together from two reserves, or written in another process (a "
+    "reserve_space is valid in the process that made it and its forked children); pass the "
+    "reserve_space of the matching training forward";
 
-// Refuses a reserve_space that is not the one a training forward wrote for this call.
-template <typename T>
-absl::Status CheckReserve(const Tensor& reserve, const Call& call, const RnnAttrs& a,
-                          uint64_t abi_bytes, ReserveHeader* recorded) {
-  if (reserve.dims() == 0) return absl::InvalidArgumentError(kInferenceReserve);
-  auto bytes = reserve.tensor_data();
-  if (reserve.dims() != 1 || bytes.size() < kHeaderBytes)
+// The seal of the header r read from reserve_space's `size` bytes at `base`: the regions it
+// covers must lie inside, and it must verify.
+absl::Status CheckSeal(const uint8_t* base, size_t size, const ReserveHeader& r) {
+  if (r.tf_bytes < kHeaderBytes || r.tf_bytes % kAlign != 0 || r.tf_bytes > size ||
+      size - r.tf_bytes < kAbiSealedBytes)
     return absl::InvalidArgumentError(absl::StrCat(
-        "reserve_space: shape ", ShapeText(reserve.shape()), " (", bytes.size(), " bytes) is too "
-        "small for a cgru reserve space (from a different call?)"));
-  std::memcpy(recorded, bytes.data(), sizeof(ReserveHeader));
-  const ReserveHeader& r = *recorded;
-  if (r.magic != kReserveMagic || r.version != kReserveVersion)
-    return absl::InvalidArgumentError(
-        "reserve_space: not a cgru reserve space (bad header); pass the reserve_space of the "
-        "matching training forward");
-  ReserveHeader want = RecordOf<T>(call, a, abi_bytes);
+        "reserve_space: bad header (its C ABI reserve space would start at byte ", r.tf_bytes,
+        " of ", size, "); pass the reserve_space of the matching training forward"));
+  uint64_t seal = 0, stored = 0;
+  TF_RETURN_IF_ERROR(SealOf(base, r.tf_bytes, &seal));
+  std::memcpy(&stored, base + kSealOffset, sizeof stored);
+  if (seal != stored) return absl::InvalidArgumentError(kUnsealed);
+  return absl::OkStatus();
+}
+
+// The forward's recorded shapes and attributes r (verified) against this call's, want.
+template <typename T>
+absl::Status CheckRecordedCall(const ReserveHeader& r, const ReserveHeader& want,
+                               const Tensor& reserve, const Call& call, const RnnAttrs& a) {
   if (r.time_major != want.time_major)
     return absl::InvalidArgumentError(absl::StrCat(
         "reserve_space: the forward ran with a different layout (time_major=",
         r.time_major ? "True" : "False", ") than this backprop call (time_major=",
         want.time_major ? "True" : "False", ")"));
+  const int64_t elements = ReserveElements<T>(want.tf_bytes, want.abi_bytes);
   if (r.dtype != want.dtype || r.cell_mode != want.cell_mode || r.T != want.T || r.N != want.N ||
       r.I != want.I || r.L != want.L || r.H != want.H || r.P != want.P || r.D != want.D ||
-      r.skip != want.skip || r.abi_bytes != want.abi_bytes ||
-      reserve.NumElements() != ReserveElements<T>(abi_bytes))
+      r.skip != want.skip || r.tf_bytes != want.tf_bytes || r.abi_bytes != want.abi_bytes ||
+      reserve.NumElements() != elements)
     return absl::InvalidArgumentError(absl::StrCat(
-        "reserve_space: expected ", ReserveElements<T>(abi_bytes), " elements for this call (",
-        Describe(a, call.topo), ", max_seq_length=", call.T, ", batch_size=", call.N, ", ",
+        "reserve_space: expected ", elements, " elements for this call (", Describe(a, call.topo),
+        ", max_seq_length=", call.T, ", batch_size=", call.N, ", ",
         tensorflow::DataTypeString(DataTypeToEnum<T>::v()), "), got ", reserve.NumElements(),
         " of a forward with other sizes or attributes (from a different call?)"));
   if (r.dropout != want.dropout)
@@ -1005,17 +1194,82 @@ absl::Status CheckReserve(const Tensor& reserve, const Call& call, const RnnAttr
         "reserve_space: the forward ran with a different ", r.seed != want.seed ? "seed" : "seed2",
         " than this backprop call (", r.seed != want.seed ? r.seed : r.seed2, " vs ",
         r.seed != want.seed ? want.seed : want.seed2, ")"));
-  if (r.input != want.input || r.input_h != want.input_h || r.input_c != want.input_c ||
-      r.params != want.params || r.lengths != want.lengths)
-    return absl::InvalidArgumentError(kOtherCall);
+  if (r.has_lengths != want.has_lengths)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reserve_space: the forward ran ", r.has_lengths ? "with" : "without",
+        " sequence_lengths (CudnnRNNV3 takes them) and this backprop call ",
+        want.has_lengths ? "with" : "without", " them"));
   return absl::OkStatus();
+}
+
+// Where the C ABI keeps its copy of the forward's x, in its reserve space at `abi` of abi_bytes:
+// the regions header, engine, x, dw follow each other 64-byte aligned, so x and dw are a closed
+// form counted from the end; the C ABI's header slots 4…7 must say the same.
+template <typename C>
+absl::Status SavedInputOffset(const uint8_t* abi, const Call& call, uint64_t abi_bytes,
+                              uint64_t weight_bytes, size_t* x_offset) {
+  const uint64_t x_bytes = static_cast<uint64_t>(call.T * call.N * call.topo.I) * sizeof(C);
+  const uint64_t tail = RoundUp(x_bytes) + RoundUp(weight_bytes);
+  if (abi_bytes < kAbiSealedBytes + tail)
+    return absl::InternalError(absl::StrCat(
+        "cgru_get_temp_space_sizes: a training reserve space of ", abi_bytes, " bytes cannot "
+        "hold x (", x_bytes, " bytes) and dw (", weight_bytes, "); please report"));
+  const int64_t dw = static_cast<int64_t>(abi_bytes - RoundUp(weight_bytes));
+  const int64_t want[4] = {static_cast<int64_t>(kAbiHeaderBytes),
+                           dw - static_cast<int64_t>(RoundUp(x_bytes)), dw,
+                           static_cast<int64_t>(abi_bytes)};
+  int64_t got[4];
+  std::memcpy(got, abi + 4 * sizeof(int64_t), sizeof got);
+  if (!std::equal(got, got + 4, want))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reserve_space: its C ABI reserve space has the region offsets (engine, x, dw, total) [",
+        got[0], ", ", got[1], ", ", got[2], ", ", got[3], "] where this library expects [",
+        want[0], ", ", want[1], ", ", want[2], ", ", want[3], "]: written by another cgru "
+        "build; run the forward and the backprop with one"));
+  *x_offset = static_cast<size_t>(want[1]);
+  return absl::OkStatus();
+}
+
+// Refuses a reserve_space that is not the one a training forward wrote for this call: the
+// header, its seal, the recorded call, then input_h, input_c, sequence_lengths and input
+// themselves.  (params: the C ABI's backward checks them.)
+template <typename T>
+absl::Status CheckReserve(const Tensor& reserve, const Call& call, const RnnAttrs& a,
+                          uint64_t abi_bytes, uint64_t weight_bytes) {
+  using C = ComputeT<T>;
+  if (reserve.dims() == 0) return absl::InvalidArgumentError(kInferenceReserve);
+  auto bytes = reserve.tensor_data();
+  const uint8_t* base = reinterpret_cast<const uint8_t*>(bytes.data());
+  if (reserve.dims() != 1 || bytes.size() < kHeaderBytes)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reserve_space: shape ", ShapeText(reserve.shape()), " (", bytes.size(), " bytes) is too "
+        "small for a cgru reserve space (from a different call?)"));
+  ReserveHeader r;
+  std::memcpy(&r, base, sizeof r);
+  if (r.magic != kReserveMagic || r.version != kReserveVersion)
+    return absl::InvalidArgumentError(
+        "reserve_space: not a cgru reserve space (bad header); pass the reserve_space of the "
+        "matching training forward");
+  TF_RETURN_IF_ERROR(CheckSeal(base, bytes.size(), r));
+  TF_RETURN_IF_ERROR(CheckRecordedCall<T>(r, RecordOf<T>(call, a, abi_bytes), reserve, call, a));
+  const CopyLayout l = CopiesOf(call);
+  size_t x_offset = 0;
+  TF_RETURN_IF_ERROR(
+      SavedInputOffset<C>(base + l.tf_bytes, call, abi_bytes, weight_bytes, &x_offset));
+  TF_RETURN_IF_ERROR(CompareWithForward<T, T>("input_h", *call.input_h, base + l.h));
+  if (call.input_c)
+    TF_RETURN_IF_ERROR(CompareWithForward<T, T>("input_c", *call.input_c, base + l.c));
+  if (call.lengths)
+    TF_RETURN_IF_ERROR(
+        CompareWithForward<int32_t, int32_t>("sequence_lengths", *call.lengths, base + l.lengths));
+  return CompareWithForward<T, C>("input", *call.input, base + l.tf_bytes + x_offset);
 }
 
 // The C ABI's reserve space for the backward calls, which write into it: reserve_space's own
 // buffer when TF can forward it (nothing else refers to it), else a private copy.
 template <typename T>
-absl::Status WritableReserve(OpKernelContext* ctx, const char* name, Tensor* holder,
-                             uint8_t** abi) {
+absl::Status WritableReserve(OpKernelContext* ctx, const char* name, size_t tf_bytes,
+                             Tensor* holder, uint8_t** abi) {
   int start = 0, stop = 0;
   TF_RETURN_IF_ERROR(ctx->op_kernel().InputRange(name, &start, &stop));
   const Tensor& reserve = ctx->input(start);
@@ -1028,7 +1282,7 @@ absl::Status WritableReserve(OpKernelContext* ctx, const char* name, Tensor* hol
     TF_RETURN_IF_ERROR(ctx->allocate_temp(DataTypeToEnum<T>::v(), reserve.shape(), holder));
     std::memcpy(holder->flat<T>().data(), reserve.flat<T>().data(), reserve.TotalBytes());
   }
-  *abi = reinterpret_cast<uint8_t*>(holder->flat<T>().data()) + kHeaderBytes;
+  *abi = reinterpret_cast<uint8_t*>(holder->flat<T>().data()) + tf_bytes;
   return absl::OkStatus();
 }
 
@@ -1081,9 +1335,10 @@ class ForwardOp : public OpKernel {
     Tensor* reserve = nullptr;
     uint8_t* abi = nullptr;
     if (is_training_) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({ReserveElements<T>(abi_bytes)}),
-                                               &reserve));
-      abi = reinterpret_cast<uint8_t*>(reserve->flat<T>().data()) + kHeaderBytes;
+      const size_t tf_bytes = CopiesOf(call).tf_bytes;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                              3, TensorShape({ReserveElements<T>(tf_bytes, abi_bytes)}), &reserve));
+      abi = reinterpret_cast<uint8_t*>(reserve->flat<T>().data()) + tf_bytes;
     } else {
       OP_REQUIRES_OK(ctx, ZeroOutput<T>(ctx, 3, TensorShape({})));
     }
@@ -1098,12 +1353,7 @@ class ForwardOp : public OpKernel {
     y.Finish();
     hy.Finish();
     if (lstm) cy.Finish();
-    if (is_training_) {
-      ReserveHeader header = RecordOf<T>(call, attrs_, abi_bytes);
-      uint8_t* head = reinterpret_cast<uint8_t*>(reserve->flat<T>().data());
-      std::memset(head, 0, kHeaderBytes);
-      std::memcpy(head, &header, sizeof header);
-    }
+    if (is_training_) OP_REQUIRES_OK(ctx, WriteRecord<T>(call, attrs_, abi_bytes, reserve));
     if (version_.has_host_reserved()) {
       // V2's training forward writes its algorithm choice (two int8) there; V3 and inference: []
       bool two = version_.version == 2 && is_training_;
@@ -1161,21 +1411,17 @@ class BackpropOp : public OpKernel {
       OP_REQUIRES_OK(ctx, CheckLike(ctx, "output_c_backprop", call.c_shape, &dcy_t));
     }
 
-    // the forward recorded its seeds; without dropout they do not matter (as in cgru.tf)
     size_t work_bytes = 0, abi_bytes = 0;
     OP_REQUIRES_OK(ctx, sizes_.TempSizes(call.desc, CGRU_FWD_MODE_TRAINING, call.T, call.N,
                                          &work_bytes, &abi_bytes));
+    const size_t weight_bytes = call.params->NumElements() * sizeof(C);
     const Tensor* reserve_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->input("reserve_space", &reserve_t));
-    ReserveHeader recorded;
-    OP_REQUIRES_OK(ctx, CheckReserve<T>(*reserve_t, call, attrs_, abi_bytes, &recorded));
-    if (attrs_.dropout == 0.f) {
-      call.desc.seed = recorded.seed;
-      call.desc.seed2 = recorded.seed2;
-    }
+    OP_REQUIRES_OK(ctx, CheckReserve<T>(*reserve_t, call, attrs_, abi_bytes, weight_bytes));
     Tensor reserve;
     uint8_t* abi = nullptr;
-    OP_REQUIRES_OK(ctx, WritableReserve<T>(ctx, "reserve_space", &reserve, &abi));
+    OP_REQUIRES_OK(ctx, WritableReserve<T>(ctx, "reserve_space", CopiesOf(call).tf_bytes,
+                                           &reserve, &abi));
 
     Tensor dy_stage, dhy_stage, dcy_stage, p_stage;
     const C *dy = nullptr, *dhy = nullptr, *dcy = nullptr, *w = nullptr;
@@ -1205,7 +1451,6 @@ class BackpropOp : public OpKernel {
                                              TensorShape({static_cast<int64_t>(work_bytes)}), &work));
       work_data = work.flat<uint8_t>().data();
     }
-    const size_t weight_bytes = call.params->NumElements() * sizeof(C);
     const int32_t T_ = static_cast<int32_t>(call.T), N_ = static_cast<int32_t>(call.N);
     OP_REQUIRES_OK(ctx, FromCgru(cgru_rnn_backward_data_ex(
                                      &call.desc, call.layout(), T_, N_, call.seq_lengths(), dy,
