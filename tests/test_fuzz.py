@@ -30,7 +30,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import cgru  # noqa: E402
 from cgru.core import gradcheck  # noqa: E402
-from cgru import Activation, Cell, Network, Topology  # noqa: E402
+from cgru import Activation, Cell, Params, Topology  # noqa: E402
 from cgru.core import reference
 from cgru import arraymancer as am  # noqa: E402
 from cgru import mps, tf  # noqa: E402
@@ -114,7 +114,7 @@ def _core_arrays(c):
     rng = np.random.default_rng(c["data"])
     topo, dt, T, N = c["topo"], c["dtype"], c["T"], c["N"]
     H, DH, LD = topo.hidden_size, topo.output_size, topo.num_layer_directions
-    params = Network.random(topo, dt, seed=c["data"] % 1000, scale=0.8, cell=c["cell"])
+    params = Params.random(topo, dt, seed=c["data"] % 1000, scale=0.8)
     xs = (N, T, topo.input_size) if c["batch_major"] else (T, N, topo.input_size)
     ys = (N, T, DH) if c["batch_major"] else (T, N, DH)
     x = rng.standard_normal(xs).astype(dt)
@@ -129,7 +129,7 @@ def _core_arrays(c):
 
 
 def _forward_kw(c, mask):
-    return dict(lengths=None if c["lengths"] is None else np.array(c["lengths"]),
+    return dict(cell=c["cell"], lengths=None if c["lengths"] is None else np.array(c["lengths"]),
                 batch_major=c["batch_major"], state_mask=mask, training=c["training"],
                 dropout=c["dropout"], seed=c["seed"], num_threads=c["num_threads"])
 
@@ -143,7 +143,7 @@ def test_core_forward_equals_the_reference(c):
     drop = (cgru.dropout_masks(c["topo"], c["T"], c["N"], dropout=c["dropout"], seed=c["seed"],
                                dtype=c["dtype"]) if c["training"] and c["dropout"] else None)
     with np.errstate(all="ignore"):     # unbounded activations may overflow: inf/NaN compare
-        y, hy = reference.forward(params, x, h0, lengths=kw["lengths"],
+        y, hy = reference.forward(params, x, h0, cell=c["cell"], lengths=kw["lengths"],
                                   batch_major=c["batch_major"], state_mask=mask,
                                   dropout_masks=drop)
     assert f.y.dtype == c["dtype"] and f.y.shape == y.shape and f.hy.shape == hy.shape
@@ -174,15 +174,15 @@ def test_core_backward_equals_directional_differences(c):
     if h0 is None:
         h0 = np.zeros((c["topo"].num_layer_directions, c["N"], c["topo"].hidden_size))
     f = cgru.forward(params, x, h0, **kw)
-    g = cgru.backward(params, x, f.reserve, dy, dhy, state_mask=mask,
+    g = cgru.backward(params, x, f.reserve, dy, dhy, cell=c["cell"], state_mask=mask,
                       batch_major=c["batch_major"], num_threads=c["num_threads"])
     assert g.dx.shape == x.shape and g.dh0.shape == h0.shape
     names = [(i, k) for i, lp in enumerate(params) for k in lp.arrays()]
 
     def loss_at(vals):
-        p = Network(params.topology, [
+        p = Params(params.topology, [
             cgru.LayerParams(**{k: vals[2 + names.index((i, k))] for k in lp.arrays()})
-            for i, lp in enumerate(params)], params.cell)
+            for i, lp in enumerate(params)])
         out = cgru.forward(p, vals[0], vals[1], **{**kw, "num_threads": 1})
         return _loss(out.y, out.hy, dy, dhy)
 
@@ -206,7 +206,7 @@ def test_core_bad_input_raises_a_documented_error(c, what, k, bad):
     kw = _forward_kw(c, mask)
     T, N, topo = c["T"], c["N"], c["topo"]
     reserve = cgru.forward(params, x, h0, **kw).reserve
-    bw = dict(state_mask=mask, batch_major=c["batch_major"])
+    bw = dict(cell=c["cell"], state_mask=mask, batch_major=c["batch_major"])
     fw_call = lambda **over: cgru.forward(params, over.pop("x", x), over.pop("h0", h0),
                                           **{**kw, **over})
     bw_call = lambda **over: cgru.backward(params, x, over.pop("reserve", reserve),
