@@ -208,6 +208,21 @@ def _positive_int(text):
     return v
 
 
+def default_out_dir():
+    """Where a run writes its JSON and plot unless told: ``cgru/bench`` in the user's cache
+    directory (``$XDG_CACHE_HOME``, else ``~/.cache``), never the current directory."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "cgru", "bench")
+
+
+def output_paths(args):
+    """``(JSON path, plot path)`` of a run: ``--json``/``--plot`` as given, else
+    ``bench.json``/``bench.png`` in ``--out`` (default: ``default_out_dir()``)."""
+    out_dir = args.out or default_out_dir()
+    return (args.json or os.path.join(out_dir, "bench.json"),
+            args.plot or os.path.join(out_dir, "bench.png"))
+
+
 def make_parser():
     p = argparse.ArgumentParser(
         prog="python -m cgru bench",
@@ -217,7 +232,8 @@ def make_parser():
     m = p.add_mutually_exclusive_group()
     m.add_argument("--quick", action="store_true",
                    help=f"float32, configs {', '.join(problems.MODES['quick'].configs)}, "
-                        f"{problems.MODES['quick'].rounds} rounds (< 2 min)")
+                        f"{problems.MODES['quick'].rounds} rounds "
+                        f"({problems.MODES['quick'].about})")
     m.add_argument("--full", action="store_true",
                    help="adds the DeepSpeech-sized config DS and more rounds")
     p.add_argument("--threads", type=_parse_threads, default=[1, 2],
@@ -233,10 +249,13 @@ def make_parser():
                    help="leave out, comma-separated or repeated: " + ", ".join(OPTIONAL))
     p.add_argument("--peak-size", type=_positive_int, default=2048,
                    help="size of the square GEMM of the FLOP limit (default 2048)")
-    p.add_argument("--json", default=os.path.join("bench", "results", "bench.json"),
-                   help="where to write every figure (default bench/results/bench.json)")
-    p.add_argument("--plot", default=os.path.join("bench", "results", "bench.png"),
-                   help="where to write the PNG plot (default bench/results/bench.png)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="the directory of the JSON and the plot (default: cgru/bench in the "
+                        "user's cache directory, $XDG_CACHE_HOME or ~/.cache)")
+    p.add_argument("--json", default=None,
+                   help="where to write every figure (default DIR/bench.json)")
+    p.add_argument("--plot", default=None,
+                   help="where to write the PNG plot (default DIR/bench.png)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the plot")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
     p.add_argument("--markdown", action="store_true",
@@ -250,6 +269,7 @@ def main(argv=None):
     (1: a validation failed, 130: interrupted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = make_parser().parse_args(argv)
+    args.json, args.plot = output_paths(args)
     t_start = time.perf_counter()
     mode = problems.MODES["quick" if args.quick else "full" if args.full else "default"]
     configs = args.configs or problems.mode_configs(mode)

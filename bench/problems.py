@@ -185,6 +185,7 @@ class Mode:
     slow_s: float = 4.0   # a call slower than this gets a single block
     untimed_s: float = 0.25   # a call slower than this: no untimed call before a block, and
                               # a single warm-up call
+    about: str = ""       # how long a run takes, as the help, README and docs/speed.md say
 
 
 _MAIN = ("A", "B", "C", "D", "E", "F", "S1", "S32", "T32-H512", "T128-H256", "T128-H512")
@@ -192,14 +193,15 @@ _SHAPES = ("A", "B", "C", "D", "E", "F", "S1", "S32")           # docs/speed.md 
 _OTHER_KINDS = (tuple(f"lstm:{c}" for c in _SHAPES) + ("lstm:B-P128",)
                 + tuple(f"rnn_tanh:{c}" for c in _SHAPES) + ("rnn_relu:B",))
 MODES = {
-    # < 2 min: every system and cell kind once (a stack, batch 1, a streaming call), float32
+    # every system and cell kind once (a stack, batch 1, a streaming call), float32; 4.6 min
+    # measured on 2 cores with other work running
     "quick": Mode("quick", ("B", "F", "S1", "lstm:B", "lstm:S1", "rnn_tanh:D"), ("float32",),
                   rounds=2, block_s=0.02, budget_s=0.25, pause_s=0.01, warmup_s=0.04,
-                  min_blocks=2, slow_s=0.3, untimed_s=0.03),
-    # < 12 min: every config of every kind, both dtypes, few repetitions of the slow calls
+                  min_blocks=2, slow_s=0.3, untimed_s=0.03, about="about 5 min"),
+    # every config of every kind, both dtypes, few repetitions of the slow calls
     "default": Mode("default", _MAIN + _OTHER_KINDS, ("float32", "float64"), rounds=3,
                     block_s=0.04, budget_s=0.4, pause_s=0.01, warmup_s=0.06, min_blocks=2,
-                    slow_s=0.6, untimed_s=0.03),
+                    slow_s=0.6, untimed_s=0.03, about="about 15 min"),
     "full": Mode("full", _MAIN + ("DS",) + _OTHER_KINDS + ("lstm:DS", "rnn_tanh:DS"),
                  ("float32", "float64"), rounds=7, block_s=0.1, budget_s=3.0, pause_s=0.05,
                  slow_s=15.0),

@@ -1,5 +1,6 @@
-"""``python -m cgru info | demo | bench``, ``--version``, ``--cflags --libs`` (the C ABI) and
-``--tf-kernels`` (the path of TensorFlow's CudnnRNN CPU kernels, built first if needed)."""
+"""The command line: ``python -m cgru info | demo | bench``, ``--version``, ``--cflags``/``--libs``
+(the C ABI) and ``--tf-kernels`` (TensorFlow's CudnnRNN CPU kernels).  ``python -m cgru -h``
+and each command's ``-h`` print the help below, as plain text for a terminal."""
 import argparse
 import os
 import platform
@@ -121,6 +122,47 @@ def tf_kernels():
     return 0
 
 
+DESCRIPTION = """\
+cgru: exact CPU recurrent operators (cuDNN's GRU, LSTM and RNN, as TensorFlow, PyTorch,
+ONNX, MPSGraph and Arraymancer define them), forward and backward."""
+
+EPILOG = """\
+without a command:
+  --cflags, --libs  the compiler and linker flags of the C ABI (libcgru, cgru.h), on one
+                    line: cc host.c $(python -m cgru --cflags --libs)
+  --tf-kernels      the path of TensorFlow's CudnnRNN CPU kernels (built first if needed),
+                    for TF_LoadLibrary or TF Serving"""
+
+COMMANDS = {   # name: (one line for the list of commands, the command's own description)
+    "info": ("the version, the build, the BLAS and the threads in use",
+             "Print cgru's version, its build (the SIMD kernels), the BLAS it calls and the "
+             "thread counts."),
+    "demo": ("every gradient against finite differences, then a GRU timed",
+             "Check every gradient of a 2-layer bidirectional GRU, an LSTM with a recurrent "
+             "projection and a ReLU RNN against float64 central finite differences, then time "
+             "a realistic float32 GRU forward and backward.  Prints OK (exit 0) or FAILED "
+             "(exit 1)."),
+    "bench": ("time cgru against its peers (its own options: python -m cgru bench -h)", None),
+}
+
+
+def make_parser():
+    """The parser of ``python -m cgru``.  ``bench`` (which parses its own options),
+    ``--cflags``/``--libs`` and ``--tf-kernels`` are dispatched before it; it lists them."""
+    parser = argparse.ArgumentParser(
+        prog="python -m cgru", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="python -m cgru [-h] [--version] {info,demo,bench} ...\n"
+              "       python -m cgru --cflags --libs | --tf-kernels")
+    parser.add_argument("--version", action="version", version=f"cgru {cgru.__version__}")
+    commands = parser.add_subparsers(dest="command", title="commands",
+                                     metavar="{info,demo,bench}", required=True)
+    for name, (line, text) in COMMANDS.items():
+        commands.add_parser(name, prog=f"python -m cgru {name}", help=line, description=text,
+                            add_help=text is not None)
+    return parser
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # the bench parses its own options (and its own --help)
@@ -130,12 +172,7 @@ def main(argv=None):
         return flags_main(argv)
     if argv == ["--tf-kernels"]:
         return tf_kernels()
-    parser = argparse.ArgumentParser(prog="python -m cgru", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"cgru {cgru.__version__}")
-    parser.add_argument("command", choices=["info", "demo", "bench"],
-                        help="info: build, BLAS, threads; demo: the main job; bench: speed "
-                             "(python -m cgru bench --help)")
-    args = parser.parse_args(argv)
+    args = make_parser().parse_args(argv)
     return {"info": info, "demo": demo}[args.command]()
 
 

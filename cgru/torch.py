@@ -40,15 +40,29 @@ requiring grad) it runs ``training=False`` and keeps nothing — unless dropout 
 (module in training mode, ``num_layers > 1``, ``dropout > 0``), which needs cgru's training
 forward.  The dropout masks are cgru's (``cgru.dropout_masks``), seeded by two int64 drawn
 from torch's default generator, so ``torch.manual_seed`` makes runs reproducible; they differ
-from torch's own masks.  Double backward is not supported: a backward with
-``create_graph=True`` through a cgru module (a gradient penalty, a Hessian-vector product,
-``torch.func.grad``) raises ``RuntimeError`` saying so — it never returns a gradient that
-silently leaves the second-order terms out.
+from torch's own masks.
 
-Errors name the argument: ``TypeError`` for a wrong type or dtype (float16, bfloat16,
-integers, an input whose dtype differs from the weights'), ``ValueError`` for a tensor on
-another device than the CPU, a wrong shape or rank, or ``dropout=1`` in training.  torch
-raises ``RuntimeError`` for some of these; cgru never computes a wrong answer silently.
+``torch.func`` (``grad``, ``vmap``, ``jacrev``, ``vmap(grad(...))`` per-sample gradients) and
+``gradcheck(check_batched_grad=True)`` work: the Function has a separate ``setup_context`` and
+a ``vmap`` rule that runs cgru once per entry of the vmapped dimension.  ``jacfwd`` and
+forward-mode AD do not (no forward-mode rule).  Double backward is not supported: a backward
+with ``create_graph=True`` (which ``torch.func.grad`` always uses) returns the correct
+first-order gradients as part of the graph, and differentiating them again (a gradient
+penalty, a Hessian-vector product, ``grad(grad(f))``, ``gradgradcheck``) raises
+``RuntimeError`` saying so — it never returns a second derivative that silently leaves cgru's
+terms out.  ``torch.compile`` compiles a model around the cgru modules (their ``forward`` is a
+graph break, run eagerly); ``torch.jit.script`` and ``torch.jit.trace`` are refused with a
+``RuntimeError`` that names ``torch.compile`` (TorchScript cannot represent NumPy code; a
+trace would record cgru's outputs as constants).  A batch of no sequences (``N = 0``) gives
+empty outputs, as torch.
+
+Errors name the argument: ``TypeError`` for a wrong type or an unsupported dtype (float16,
+bfloat16, integers in a module of that dtype), ``ValueError`` for an input or state whose dtype
+differs from the weights' (torch's type, and for the input torch's words), a tensor on
+another device than the CPU, a wrong shape or rank, ``T = 0``, or ``dropout=1`` in training.
+Where torch raises ``RuntimeError`` instead — a wrong ``input_size`` or ``hx`` shape,
+``T = 0``, an ``hx`` of another dtype — cgru raises ``ValueError``; a float16 module, which
+torch computes, is a ``TypeError``.  cgru never computes a wrong answer silently.
 
 ``module.num_threads`` (an attribute, not a constructor argument): threads of cgru's pool,
 ``None`` (default) for cgru's rule — all usable cores, at most ``OMP_NUM_THREADS``.  Results
@@ -60,7 +74,9 @@ except ImportError as exc:                                   # pragma: no cover
     raise ImportError("cgru.torch needs PyTorch (torch >= 2.1): pip install torch, or "
                       "pip install 'cgru[torch]'") from exc
 
+import warnings
 import weakref
+from typing import Optional
 
 import numpy as np
 from torch import nn
@@ -79,7 +95,10 @@ _NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np
 
 # --- checks --------------------------------------------------------------------------------
 def _check_tensor(t, what, dtype=None, like="the dtype of the module's weights"):
-    """``t`` is a strided CPU tensor of float32/float64 (of ``dtype`` when given)."""
+    """``t`` is a strided CPU tensor of float32/float64, of ``dtype`` when given.
+
+    An unsupported dtype is a ``TypeError``; a supported one that differs from ``dtype`` a
+    ``ValueError`` — the type torch raises when the input's dtype is not the weights'."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
@@ -88,13 +107,21 @@ def _check_tensor(t, what, dtype=None, like="the dtype of the module's weights")
                          f"module on that device)")
     if t.layout != torch.strided:
         raise TypeError(f"{what}: expected a dense (strided) tensor, got layout {t.layout}")
-    if dtype is None:
-        if t.dtype not in _FLOATS:
-            raise TypeError(f"{what}: expected dtype torch.float32 or torch.float64, got "
-                            f"{t.dtype} (cgru computes in float32 and float64 only)")
-    elif t.dtype != dtype:
-        raise TypeError(f"{what}: expected dtype {dtype} ({like}), got {t.dtype}")
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{what}: expected dtype {dtype} ({like}), got {t.dtype}")
+    if t.dtype not in _FLOATS:
+        raise TypeError(f"{what}: expected dtype torch.float32 or torch.float64, got "
+                        f"{t.dtype} (cgru computes in float32 and float64 only)")
     return t
+
+
+def _check_input_dtype(t, what, dtype):
+    """The input's dtype is the weights' (checked first, as torch does): a ``ValueError`` in
+    torch's words, which torch's own module tests match."""
+    if isinstance(t, torch.Tensor) and t.dtype != dtype:
+        raise ValueError(f"{what}: RNN input dtype ({t.dtype}) does not match weight dtype "
+                         f"({dtype}). Convert input: input.to({dtype}), or convert model: "
+                         f"model.to({t.dtype})")
 
 
 def _check_weights(module):
@@ -161,19 +188,58 @@ def _unpack(data, batch_sizes):
 
 
 # --- one call ------------------------------------------------------------------------------
+_CELLS = {"GRU": "gru", "LSTM": "lstm", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
+
+
+def _spec(module, batch_major):
+    """``(sizes, cell)`` — what a call needs to know of ``module``, in plain values (the
+    backward operator's arguments): ``[input_size, hidden_size, num_layers, bidirectional,
+    proj_size, bias, batch_major, num_threads or -1]`` and ``"gru"``, ``"lstm"``,
+    ``"rnn_tanh"`` or ``"rnn_relu"``."""
+    threads = -1 if module.num_threads is None else int(module.num_threads)
+    sizes = [module.input_size, module.hidden_size, module.num_layers,
+             int(module.bidirectional), module.proj_size, int(module.bias), int(batch_major),
+             threads]
+    return sizes, _CELLS[module.mode]
+
+
+def _weight_names(num_layers, bidirectional, proj_size, bias):
+    """torch's ``_flat_weights_names`` of a module of these sizes."""
+    names = []
+    for layer in range(num_layers):
+        for suffix in ("", "_reverse")[:1 + bool(bidirectional)]:
+            kinds = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if bias else []) \
+                + (["weight_hr"] if proj_size else [])
+            names += [f"{k}_l{layer}{suffix}" for k in kinds]
+    return names
+
+
+def _cgru_cell(name):
+    """The cgru cell of a ``_spec`` cell name."""
+    if name == "gru":
+        return cgru.GRUCell()
+    if name == "lstm":
+        return cgru.LSTMCell()
+    return cgru.RNNCell(name[len("rnn_"):])
+
+
 class _Call:
     """What one forward computes besides its tensors: the network's topology, cell and
     weight names, the sequence lengths, the layout, dropout, seed and threads."""
 
-    def __init__(self, module, dtype, lengths, batch_major, dropout, seed):
-        self.topology = cgru.Topology(module.input_size, module.hidden_size, module.num_layers,
-                                      "bidirectional" if module.bidirectional else "forward",
-                                      proj_size=module.proj_size)
-        self.cell = module._cgru_cell()
-        self.names = list(module._flat_weights_names)
+    def __init__(self, sizes, cell, dtype, lengths=None, dropout=0.0, seed=(0, 0),
+                 training=False):
+        I, H, L, bidirectional, P, bias, batch_major, threads = sizes
+        self.topology = cgru.Topology(I, H, L, "bidirectional" if bidirectional else "forward",
+                                      proj_size=P)
+        self.cell = _cgru_cell(cell)
+        self.sizes, self.cell_name = list(sizes), cell
+        self.names = _weight_names(L, bidirectional, P, bias)
         self.dtype = np.dtype("float64" if dtype == torch.float64 else "float32")
-        self.lengths, self.batch_major = lengths, batch_major
-        self.dropout, self.seed, self.num_threads = dropout, seed, module.num_threads
+        self.lengths, self.batch_major = lengths, bool(batch_major)
+        self.dropout, self.seed = dropout, seed
+        self.num_threads = None if threads < 0 else threads
+        self.training = training        # cgru's training forward (a reserve, dropout)
 
     @property
     def lstm(self):
@@ -196,11 +262,11 @@ class _Call:
             layers.append(cgru.LayerParams(**arrays))
         return cgru.Network(self.topology, layers, self.cell)
 
-    def forward(self, x, h0, c0, weights, training):
+    def forward(self, x, h0, c0, weights):
         """``((y, hy[, cy]), reserve)``: cgru's forward, outputs as tensors (zero-copy)."""
         r = cgru.forward(self.network(weights, np.zeros), _numpy(x), _numpy(h0),
                          c0=_numpy(c0), lengths=self.lengths, batch_major=self.batch_major,
-                         training=training, dropout=self.dropout, seed=self.seed,
+                         training=self.training, dropout=self.dropout, seed=self.seed,
                          num_threads=self.num_threads)
         outs = (_tensor(r.y), _tensor(r.hy)) + ((_tensor(r.cy),) if self.lstm else ())
         return outs, r.reserve
@@ -210,44 +276,193 @@ class _Call:
         weights in ``need_weights`` are written into new tensors through NumPy views."""
         grads = [torch.empty_like(w) if need else None for w, need in zip(weights, need_weights)]
         dparams = self.network(grads, np.empty, _numpy) if any(need_weights) else None
-        g = cgru.backward(self.network(weights, np.zeros), _numpy(x), reserve, _numpy(dy),
-                          _numpy(dhy), dcy=_numpy(dcy), batch_major=self.batch_major,
-                          dparams=dparams, num_threads=self.num_threads)
+        g = cgru.backward(self.network(weights, np.zeros), _numpy(x), _numpy(reserve),
+                          _numpy(dy), _numpy(dhy), dcy=_numpy(dcy),
+                          batch_major=self.batch_major, dparams=dparams,
+                          num_threads=self.num_threads)
         return _tensor(g.dx), _tensor(g.dh0), _tensor(g.dc0), grads
 
 
+    def weight_shapes(self):
+        """The shape of each weight, in ``self.names`` order."""
+        D = self.topology.num_directions
+        by_name = {}
+        for i in range(self.topology.num_layer_directions):
+            suffix = f"_l{i // D}" + ("_reverse" if i % D else "")
+            for slot, shape in self.topology.shapes(i, self.cell.gates).items():
+                by_name[dict(_SLOTS)[slot] + suffix] = tuple(shape)
+        return [by_name[n] for n in self.names]
+
+
+def _no_storage(t):
+    """``t`` is a tensor without memory of its own — inside the vmap of
+    ``torch.autograd.gradcheck(check_batched_grad=True)``, a batch of upstream gradients."""
+    if t is None or _wrapped(t):
+        return False
+    try:
+        t.data_ptr()
+    except RuntimeError:
+        return True
+    return False
+
+
+@torch.library.custom_op("cgru::rnn_backward", mutates_args=())
+def _backward_op(sizes: list[int], cell: str, need_weights: list[bool], reserve: torch.Tensor,
+                 x: torch.Tensor, dy: torch.Tensor, dhy: torch.Tensor, dcy: torch.Tensor,
+                 flat_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                      torch.Tensor]:
+    """``(dx, dh0, dc0, flat weight gradients)``: cgru's backward as a torch operator of
+    tensors only (an empty ``dy``/``dhy``/``dcy``: none; ``flat_weights``: every weight
+    raveled, in torch's order; ``dc0`` empty but for an LSTM; a weight not needed gets zeros).
+
+    Only for upstream gradients without memory of their own (``_no_storage``): torch's
+    dispatcher then runs the operator once per entry of the batch, with ordinary tensors."""
+    call = _Call(sizes, cell, x.dtype)
+    shapes = call.weight_shapes()
+    weights = [w.view(shape) for w, shape in
+               zip(flat_weights.split([int(np.prod(s)) for s in shapes]), shapes)]
+    given = [None if t.numel() == 0 else t for t in (dy, dhy, dcy)]
+    dx, dh0, dc0, dweights = call.backward(x, weights, reserve, *given, need_weights)
+    flat = torch.cat([torch.zeros_like(w).reshape(-1) if g is None else g.reshape(-1)
+                      for w, g in zip(weights, dweights)])
+    return dx, dh0, x.new_empty(0) if dc0 is None else dc0, flat
+
+
+def _direct_backward(call, need_weights, reserve, x, dy, dhy, dcy, weights):
+    """``(dx, dh0, dc0, dweights)``: ``cgru.backward`` on ordinary tensors."""
+    return call.backward(x, weights, reserve, dy, dhy, dcy, need_weights)
+
+
+def _batched_backward(call, need_weights, reserve, x, dy, dhy, dcy, weights):
+    """``(dx, dh0, dc0, dweights)`` for a batch of upstream gradients (``_no_storage``)."""
+    empty = x.new_empty(0)
+    flat = torch.cat([w.reshape(-1) for w in weights])
+    dx, dh0, dc0, dflat = _backward_op(call.sizes, call.cell_name, list(need_weights), reserve,
+                                       x, *(empty if t is None else t for t in (dy, dhy, dcy)),
+                                       flat)
+    parts = dflat.split([w.numel() for w in weights], dim=-1)
+    dweights = [g.reshape(g.shape[:-1] + w.shape) if need else None
+                for g, w, need in zip(parts, weights, need_weights)]
+    return dx, dh0, dc0 if call.lstm else None, dweights
+
+
 _NO_DOUBLE_BACKWARD = (
-    "cgru.torch: double backward is not supported — this backward runs with create_graph=True "
-    "(a gradient penalty, a Hessian-vector product, torch.func.grad), and cgru's backward is "
-    "not itself differentiable; use torch.nn's own module for second-order terms, or compute "
-    "the gradient without create_graph=True")
+    "cgru.torch: double backward is not supported — this differentiates a gradient that "
+    "cgru's backward computed (a gradient penalty, a Hessian-vector product, "
+    "torch.func.grad of torch.func.grad, torch.autograd.gradgradcheck), and cgru's backward is "
+    "not itself differentiable; use torch.nn's own module for second-order terms")
+
+
+def _wrapped(t):
+    """``t`` is a tensor of a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev`` …)."""
+    return t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+
+def _looped(function, info, in_dims, args):
+    """The ``vmap`` rule of ``function`` (a ``torch.autograd.Function`` below): one ``apply``
+    per entry of the vmapped dimension, outputs stacked along a new leading dimension.
+
+    ``args`` are ``apply``'s arguments and ``in_dims`` their vmapped dimensions (``None``: not
+    vmapped, or not a tensor: given whole to every call).  Outputs that are ``None`` stay
+    ``None``."""
+    results = []
+    for i in range(info.batch_size):
+        sliced = [a.select(d, i) if isinstance(a, torch.Tensor) and d is not None else a
+                  for a, d in zip(args, in_dims)]
+        results.append(function.apply(*sliced))
+    outputs, dims = [], []
+    for k, first in enumerate(results[0]):
+        if first is None:
+            outputs.append(None)
+            dims.append(None)
+        else:
+            outputs.append(torch.stack([r[k] for r in results]))
+            dims.append(0)
+    return tuple(outputs), tuple(dims)
 
 
 class _Recurrent(torch.autograd.Function):
-    """``apply(call, x, h0, c0, *weights) -> (y, hy[, cy])``: cgru's training forward, and
-    ``cgru.backward`` on its reserve.  ``h0``/``c0`` may be ``None`` (zeros)."""
+    """``apply(call, x, h0, c0, *weights) -> (y, hy[, cy], reserve)``: cgru's forward
+    (``call.training``: its training forward, whose reserve — a uint8 tensor, not
+    differentiable — the backward reads; otherwise the inference one and ``reserve`` None).
+    ``h0``/``c0`` may be ``None`` (zeros).
+
+    ``setup_context`` is separate from ``forward`` and ``vmap`` loops over the vmapped
+    dimension, so that ``torch.func``'s transforms (``grad``, ``vmap``, ``jacrev``,
+    ``jacfwd`` excepted: no forward-mode rule) and batched gradients run through it."""
 
     @staticmethod
-    def forward(ctx, call, x, h0, c0, *weights):
-        outs, reserve = call.forward(x, h0, c0, weights, training=True)
-        ctx.call, ctx.reserve = call, reserve
-        ctx.save_for_backward(x, *weights)       # torch refuses the backward if they change
-        ctx.set_materialize_grads(False)         # unused outputs: None, which cgru reads as 0
-        return outs
+    def forward(call, x, h0, c0, *weights):
+        outs, reserve = call.forward(x, h0, c0, weights)
+        return (*outs, _tensor(reserve))
 
     @staticmethod
-    def backward(ctx, dy, dhy, dcy=None):
-        if torch.is_grad_enabled():
-            raise RuntimeError(_NO_DOUBLE_BACKWARD)
-        x, *weights = ctx.saved_tensors
-        need = ctx.needs_input_grad              # (call, x, h0, c0, *weights)
-        dx, dh0, dc0, dweights = ctx.call.backward(x, weights, ctx.reserve, dy, dhy, dcy,
-                                                   need[4:])
+    def setup_context(ctx, inputs, output):
+        call, x, h0, c0, *weights = inputs
+        reserve = output[-1]
+        if reserve is not None:
+            ctx.mark_non_differentiable(reserve)
+        ctx.call = call
+        ctx.save_for_backward(x, h0, c0, reserve, *weights)   # torch refuses the backward
+        ctx.set_materialize_grads(False)   # if they change; unused outputs: None (cgru: 0)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        call = ctx.call
+        dy, dhy = grads[0], grads[1]
+        dcy = grads[2] if call.lstm else None
+        x, h0, c0, reserve, *weights = ctx.saved_tensors
+        if reserve is None:
+            raise RuntimeError("cgru.torch: this forward ran without a reserve (inference), "
+                               "so it has no backward")
+        need = ctx.needs_input_grad          # (call, x, h0, c0, *weights)
+        dx, dh0, dc0, *dweights = _RecurrentGrad.apply(
+            call, tuple(need[4:]), reserve, x, h0, c0, dy, dhy, dcy, *weights)
         return (None, dx if need[1] else None, dh0 if need[2] else None,
                 dc0 if need[3] else None, *dweights)
 
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return _looped(_Recurrent, info, in_dims, args)
+
+
+class _RecurrentGrad(torch.autograd.Function):
+    """``apply(call, need_weights, reserve, x, h0, c0, dy, dhy, dcy, *weights) -> (dx, dh0,
+    dc0, *dweights)``: ``cgru.backward`` on the reserve of a ``_Recurrent`` forward (a weight
+    gradient is ``None`` where ``need_weights`` says so).
+
+    A function of its own so that a backward with ``create_graph=True`` (which
+    ``torch.func.grad`` always uses) gets correct first-order gradients that are part of the
+    graph — of every tensor the gradients depend on, the forward's inputs included — and
+    differentiating them again raises instead of silently treating them as constants."""
+
+    @staticmethod
+    def forward(call, need_weights, reserve, x, h0, c0, dy, dhy, dcy, *weights):
+        run = _batched_backward if any(_no_storage(t) for t in (dy, dhy, dcy)) else \
+            _direct_backward
+        dx, dh0, dc0, dweights = run(call, need_weights, reserve, x, dy, dhy, dcy, weights)
+        return (dx, dh0, dc0, *dweights)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(_NO_DOUBLE_BACKWARD)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return _looped(_RecurrentGrad, info, in_dims, args)
+
 
 # --- the modules ---------------------------------------------------------------------------
+_NOT_TORCHSCRIPT = (
+    "cgru.torch.{0}: {1} — its forward calls cgru's compiled kernels through NumPy, which "
+    "TorchScript cannot represent. Use torch.compile(model) instead (it runs cgru's forward as "
+    "a call of its own), or keep torch.nn.{0} for TorchScript")
+
+
 class _CgruForward:
     """``forward`` of torch's recurrent modules, computed by cgru (mixed into subclasses of
     ``nn.GRU``, ``nn.LSTM`` and ``nn.RNN``; it adds no state of its own, so that ``swap`` can
@@ -255,14 +470,28 @@ class _CgruForward:
 
     num_threads = None          # cgru's pool threads (None: cgru's default)
 
+    @torch.compiler.disable
     def forward(self, input, hx=None):
+        """torch's ``forward``, computed by cgru.  ``torch.compile`` runs it as a call of its
+        own (a graph break: the NumPy code inside is not traced), the rest of a model
+        compiled around it."""
+        if torch.jit.is_tracing():
+            raise RuntimeError(_NOT_TORCHSCRIPT.format(type(self).__name__, "torch.jit.trace "
+                               "would record cgru's outputs as constants"))
         update = getattr(self, "_update_flat_weights", None)    # torch ≥ 2.0: follow the
         if update is not None:                                  # weights functional_call
             update()                                            # puts in place
         dtype = _check_weights(self)
         if isinstance(input, PackedSequence):
+            _check_input_dtype(input.data, "input.data", dtype)
             return self._forward_packed(input, hx, dtype)
+        _check_input_dtype(input, "input", dtype)
         return self._forward_padded(input, hx, dtype)
+
+    def __prepare_scriptable__(self):
+        """``torch.jit.script`` asks this first (of every submodule): refuse, saying why."""
+        raise RuntimeError(_NOT_TORCHSCRIPT.format(type(self).__name__, "torch.jit.script "
+                           "cannot compile its forward"))
 
     def _forward_padded(self, input, hx, dtype):
         _check_tensor(input, "input", dtype)
@@ -273,11 +502,12 @@ class _CgruForward:
         batch_dim = 0 if self.batch_first else 1
         x = input if batched else input.unsqueeze(batch_dim)
         T, N = (x.shape[1], x.shape[0]) if self.batch_first else (x.shape[0], x.shape[1])
-        if x.shape[-1] != self.input_size or T == 0 or N == 0:
+        if x.shape[-1] != self.input_size or T == 0:
             raise ValueError(f"input: expected shape {self._layout()} with I = input_size = "
-                             f"{self.input_size}, T ≥ 1 and N ≥ 1, got {list(input.shape)}")
+                             f"{self.input_size} and T ≥ 1, got {list(input.shape)}")
         h0, c0 = self._initial_state(hx, N, batched, dtype)
-        y, hy, cy = self._run(x, h0, c0, None, self.batch_first, dtype)
+        run = self._run if N else self._empty_batch
+        y, hy, cy = run(x, h0, c0, None, self.batch_first, dtype)
         if not batched:
             y, hy = y.squeeze(batch_dim), hy.squeeze(1)
             cy = None if cy is None else cy.squeeze(1)
@@ -346,38 +576,49 @@ class _CgruForward:
         return float(self.dropout)
 
     def _run(self, x, h0, c0, lengths, batch_major, dtype):
-        """``(y, hy, cy)`` (``cy`` None but for the LSTM), through autograd when needed."""
+        """``(y, hy, cy)`` (``cy`` None but for the LSTM), through autograd when needed (and
+        always inside a ``torch.func`` transform)."""
         weights = list(self._flat_weights)
-        p = self._dropout()
-        call = _Call(self, dtype, lengths, batch_major, p, _draw_seed() if p else (0, 0))
         tensors = [x, h0, c0, *weights]
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        grad = torch.is_grad_enabled() and any(
+            t is not None and (t.requires_grad or _wrapped(t)) for t in tensors)
+        p = self._dropout()
+        call = _Call(*_spec(self, batch_major), dtype, lengths, p,
+                     _draw_seed() if p else (0, 0), training=grad or p > 0)
+        if grad or any(_wrapped(t) for t in tensors):
             outs = _Recurrent.apply(call, x, h0, c0, *weights)
         else:
-            outs, _ = call.forward(x, h0, c0, weights, training=p > 0)
+            outs, _ = call.forward(x, h0, c0, weights)
         return outs[0], outs[1], outs[2] if call.lstm else None
+
+    def _empty_batch(self, x, h0, c0, lengths, batch_major, dtype):
+        """``(y, hy, cy)`` of a batch of no sequences (N = 0), as torch returns them: empty
+        tensors of the output shapes, differentiable — the weights' gradients are zeros."""
+        self._dropout()                         # the same refusal as a batch of sequences
+        T = x.shape[1] if batch_major else x.shape[0]
+        D = 2 if self.bidirectional else 1
+        S = self.proj_size or self.hidden_size
+        zero = sum(t.sum() for t in (x, h0, c0, *self._flat_weights) if t is not None) * 0
+        y = x.new_zeros((0, T, D * S) if batch_major else (T, 0, D * S)) + zero
+        hy = x.new_zeros((self.num_layers * D, 0, S)) + zero
+        cy = x.new_zeros((self.num_layers * D, 0, self.hidden_size)) + zero
+        return y, hy, cy if isinstance(self, nn.LSTM) else None
 
 
 class GRU(_CgruForward, nn.GRU):
     """``torch.nn.GRU`` computed by cgru (CPU, float32/float64); see ``cgru.torch``."""
 
-    def _cgru_cell(self):
-        return cgru.GRUCell()
 
 
 class LSTM(_CgruForward, nn.LSTM):
     """``torch.nn.LSTM`` (``proj_size`` included) computed by cgru; see ``cgru.torch``."""
 
-    def _cgru_cell(self):
-        return cgru.LSTMCell()
 
 
 class RNN(_CgruForward, nn.RNN):
     """``torch.nn.RNN`` (``nonlinearity`` tanh or relu) computed by cgru; see
     ``cgru.torch``."""
 
-    def _cgru_cell(self):
-        return cgru.RNNCell(self.nonlinearity)
 
 
 _REPLACEMENTS = {nn.GRU: GRU, nn.LSTM: LSTM, nn.RNN: RNN}
@@ -392,12 +633,31 @@ def swap(model):
     mode — and only its class becomes the cgru subclass (``cgru.torch.GRU`` …, still an
     ``nn.GRU``).  Subclasses of the torch modules (user-defined ones, or cgru's) are left as
     they are: their own ``forward`` may do more than torch's.  The checks (CPU, float32 or
-    float64) happen when the module runs.
+    float64) happen when the module runs.  A model with nothing to swap and no cgru module
+    (only ``nn.GRUCell``/``LSTMCell``/``RNNCell``, or subclasses) gets a ``UserWarning`` that
+    says what it holds.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    swapped, on_cgru, left = 0, 0, set()
     for module in model.modules():
         replacement = _REPLACEMENTS.get(type(module))
         if replacement is not None:
             module.__class__ = replacement
+            swapped += 1
+        elif isinstance(module, _CgruForward):
+            on_cgru += 1
+        elif isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
+            left.add(type(module).__name__)
+    if not swapped and not on_cgru:
+        warnings.warn(_nothing_swapped(model, sorted(left)), UserWarning, stacklevel=2)
     return model
+
+
+def _nothing_swapped(model, left):
+    """What ``swap`` says of a model in which it found nothing to swap."""
+    what = f"cgru.torch.swap: {type(model).__name__} has no torch.nn.GRU, LSTM or RNN to swap"
+    if left:
+        what += (f"; left as they are: {', '.join(left)} (cells — one time step — and "
+                 f"subclasses with a forward of their own are not replaced)")
+    return what + "; nothing changed"

@@ -89,7 +89,7 @@ def _reference_gru(x, h0, w3s0, w3sN, u3s, bW3s, bU3s):
     L = u3s.shape[0]
     layers = [cgru.LayerParams(W=w3s0 if l == 0 else w3sN[l - 1], R=u3s[l], b_W=bW3s[l, 0],
                                b_R=bU3s[l, 0]) for l in range(L)]
-    params = cgru.Params(cgru.Topology(x.shape[2], u3s.shape[2], L), layers)
+    params = cgru.Network(cgru.Topology(x.shape[2], u3s.shape[2], L), layers)
     return reference.forward(params, x, h0)
 
 

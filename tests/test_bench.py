@@ -624,3 +624,36 @@ def test_entry_points_exist():
     import cgru.__main__ as cli
     assert callable(bench_main.main) and "bench" in cli.bench.__doc__
     assert np.isfinite(systems.call_overhead_s("float32", repeats=10, batches=1))
+
+
+def test_the_run_times_are_quoted_alike():
+    """How long ``--quick`` and a default run take: one figure each (``Mode.about``), which
+    the help, the README and docs/speed.md quote."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    speed = open(os.path.join(ROOT, "docs", "speed.md"), encoding="utf-8").read()
+    help_text = bench_main.make_parser().format_help()
+    quick, default = problems.MODES["quick"].about, problems.MODES["default"].about
+    assert quick and default and quick != default
+    assert quick in " ".join(help_text.split())
+    for doc in (readme, speed):
+        lines = [ln for ln in doc.splitlines() if "python -m cgru bench" in ln and "#" in ln]
+        quoted = {("--quick" in ln, ln.split("#", 1)[1]) for ln in lines}
+        assert quoted and all((quick if q else default) in c for q, c in quoted), quoted
+
+
+def test_results_go_to_the_stated_directory(tmp_path, monkeypatch):
+    """Without --out/--json/--plot a run writes under the user's cache directory, never the
+    current directory; --out moves both files, --json/--plot each one."""
+    def paths(*argv):
+        return bench_main.output_paths(bench_main.make_parser().parse_args(list(argv)))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "cgru" / "bench"
+    assert paths("--quick") == (str(cache / "bench.json"), str(cache / "bench.png"))
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    home = tmp_path / "home" / ".cache" / "cgru" / "bench"
+    assert paths() == (str(home / "bench.json"), str(home / "bench.png"))
+    out = tmp_path / "o"
+    assert paths("--out", str(out)) == (str(out / "bench.json"), str(out / "bench.png"))
+    assert paths("--out", str(out), "--plot", "p.png") == (str(out / "bench.json"), "p.png")

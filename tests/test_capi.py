@@ -193,7 +193,7 @@ def test_readme_example_program(build):
     f32 = np.float32
     flat = f32(0.1) * (np.arange(topo.flat_size()) % 7).astype(f32) - f32(0.3)
     x = (f32(0.05) * np.arange(4 * 2 * 3).astype(f32)).reshape(4, 2, 3)
-    want = cgru.forward(cgru.Params.from_flat(topo, flat), x, lengths=[4, 2]).hy[0]
+    want = cgru.forward(cgru.Network.from_flat(topo, flat), x, lengths=[4, 2]).hy[0]
     np.testing.assert_allclose(hy, want, atol=1e-6)
 
 
@@ -208,7 +208,7 @@ def test_example_matches_the_python_api(example_results, dtype, layout):
     r = example_results(dtype, layout)
     dt, tol = DTYPE[dtype], TOL[dtype]
     batch_major = layout == "batch"
-    params = cgru.Params.from_flat(_topology(), r["weights"])
+    params = cgru.Network.from_flat(_topology(), r["weights"])
     xshape = (N, T, I) if batch_major else (T, N, I)
     yshape = (N, T, D * H) if batch_major else (T, N, D * H)
     hshape = (L * D, N, H)
@@ -658,16 +658,16 @@ def test_in_process_joins_the_running_interpreter(lib, name, topo_kw, reset_afte
     desc.num_threads = 2  # results do not depend on it
     Tn, Nn = 4, 3
     rng = np.random.default_rng(5)
-    params = cgru.Params.random(topo, dtype, seed=3)
     cell = cgru.Cell(reset_after=bool(reset_after))
+    params = cgru.Network.random(topo, dtype, seed=3, cell=cell)
     x = rng.standard_normal((Nn, Tn, topo.input_size) if batch_major
                             else (Tn, Nn, topo.input_size)).astype(dtype)
     hshape = (topo.num_layer_directions, Nn, topo.hidden_size)
     lengths = np.array([4, 0, 2], np.int32)
-    f = cgru.forward(params, x, None, cell=cell, lengths=lengths, batch_major=batch_major,
+    f = cgru.forward(params, x, None, lengths=lengths, batch_major=batch_major,
                      training=True, dropout=dropout, seed=(11, -3))
     dy = rng.standard_normal(f.y.shape).astype(dtype)
-    g = cgru.backward(params, x, f.reserve, dy, None, cell=cell, batch_major=batch_major)
+    g = cgru.backward(params, x, f.reserve, dy, None, batch_major=batch_major)
 
     wbytes, work, reserve_bytes = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
     _call(lib, "cgru_get_weight_space_size", ctypes.byref(desc), ctypes.byref(wbytes))
@@ -693,7 +693,7 @@ def test_in_process_joins_the_running_interpreter(lib, name, topo_kw, reset_afte
                       (dweights, 1 + g.dparams.flat())):  # ADD onto ones
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     if dropout:  # the masks are really applied, and are those of (seed, seed2)
-        other = cgru.forward(params, x, None, cell=cell, lengths=lengths,
+        other = cgru.forward(params, x, None, lengths=lengths,
                              batch_major=batch_major, training=True, dropout=dropout, seed=12)
         assert not np.allclose(other.y, y)
 
@@ -701,7 +701,7 @@ def test_in_process_joins_the_running_interpreter(lib, name, topo_kw, reset_afte
 def test_in_process_calls_from_python_threads(lib):
     """Several Python threads call libcgru at once (each call takes the GIL inside)."""
     topo = cgru.Topology(3, 4, num_layers=2, direction="bidirectional")
-    params = cgru.Params.random(topo, np.float64, seed=1)
+    params = cgru.Network.random(topo, np.float64, seed=1)
     weights = params.flat()
     desc = _Desc()
     _call(lib, "cgru_rnn_desc_init", ctypes.byref(desc))
@@ -748,7 +748,7 @@ def _python_host_forks(how, forks):
         counts[key] += 1
     os.register_at_fork(before=lambda: count("before"), after_in_child=lambda: count("child"))
     topo = cgru.Topology(8, 32)
-    weights = cgru.Params.random(topo, np.float32, seed=5).flat()
+    weights = cgru.Network.random(topo, np.float32, seed=5).flat()
     desc = _desc_of(lib, topo, np.float32)
     desc.num_threads = 0
     x = np.random.default_rng(6).standard_normal((16, 32, 8)).astype(np.float32)
@@ -934,7 +934,7 @@ class _Sequence:
         self.array("seq_lengths")[...] = lengths
         lengths[0] = T - 2
         self.array("other_lengths")[...] = lengths
-        self.array("weight_space")[...] = cgru.Params.random(topo, self.dtype, seed=seed + 1).flat()
+        self.array("weight_space")[...] = cgru.Network.random(topo, self.dtype, seed=seed + 1).flat()
 
     def array(self, name):
         """The buffer ``name`` as an array (a view of the arena)."""
@@ -1334,7 +1334,7 @@ def test_sizes_of_a_stack_of_int_max_layers(direction):
 @pytest.mark.parametrize("L", [1, 2, 3])
 def test_weight_space_layout_of_the_accessor(lib, L, direction, input_mode):
     """cgru_get_weight_space_size and every offset of cgru_get_weight_params (closed forms)
-    agree with where cgru.Params.from_flat takes each matrix and bias from."""
+    agree with where cgru.Network.from_flat takes each matrix and bias from."""
     I, H = (3, 3) if input_mode == "skip" else (5, 3)
     topo = cgru.Topology(I, H, L, direction, input_mode)
     desc = _desc_of(lib, topo)
@@ -1342,7 +1342,7 @@ def test_weight_space_layout_of_the_accessor(lib, L, direction, input_mode):
     _call(lib, "cgru_get_weight_space_size", ctypes.byref(desc), ctypes.byref(size))
     assert size.value == 8 * topo.flat_size() == 8 * _closed_form_elements(
         I, H, L, topo.num_directions, input_mode == "skip")
-    index = cgru.Params.from_flat(topo, np.arange(topo.flat_size(), dtype=np.float64))
+    index = cgru.Network.from_flat(topo, np.arange(topo.flat_size(), dtype=np.float64))
     space = np.zeros(topo.flat_size())
     base = space.ctypes.data
     m, b = ctypes.c_void_p(), ctypes.c_void_p()

@@ -35,3 +35,57 @@ def test_version_and_info():
 def test_unknown_command_is_an_error():
     p = _run("frobnicate")
     assert p.returncode != 0 and "invalid choice" in p.stderr
+
+
+def _help(capsys, *args):
+    """What ``python -m cgru ARGS`` prints and its exit code, run in this process."""
+    import pytest
+    from cgru.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    out = capsys.readouterr()
+    return e.value.code, out.out + out.err
+
+
+def test_help_is_plain_text_and_names_every_option(capsys):
+    """The top-level help reads in a terminal (no reST markup) and names every command and
+    every option the CLI takes, including the ones dispatched before argparse."""
+    code, text = _help(capsys, "--help")
+    assert code == 0
+    assert "``" not in text and ":func:" not in text, text
+    for word in ("info", "demo", "bench", "--cflags", "--libs", "--tf-kernels", "--version"):
+        assert word in text, word
+
+
+def test_every_command_has_its_own_help(capsys):
+    """``python -m cgru CMD --help`` describes CMD (not the top-level help) and exits 0."""
+    for command in ("info", "demo", "bench"):
+        code, text = _help(capsys, command, "--help")
+        assert code == 0, command
+        assert text.startswith(f"usage: python -m cgru {command}"), text[:200]
+        assert "``" not in text, command
+
+
+def test_an_unbuilt_checkout_says_how_to_build(tmp_path):
+    """cgru's Python files without the compiled modules (a fresh clone): the pure-Python parts
+    import, and anything needing the kernels says to run pip install -e . first, rather than
+    "cannot import name 'blas' from 'cgru._kernels'"."""
+    import os
+    import shutil
+    src = os.path.dirname(cgru.__file__)
+    shutil.copytree(src, tmp_path / "cgru", ignore=shutil.ignore_patterns(
+        "*.so", "*.pyd", "*.c", "__pycache__", "*.dll", "*.dylib"))
+    code = ("import cgru, cgru.core.reference\n"
+            "net = cgru.Network.random(cgru.Topology(2, 3), 'float64', seed=0)\n"
+            "for name in ('cgru.forward', 'cgru.tf'):\n"
+            "    try:\n"
+            "        exec('import cgru.tf' if name == 'cgru.tf' else 'cgru.forward')\n"
+            "    except ImportError as e:\n"
+            "        print(name, '->', e)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert [ln.split(" -> ")[0] for ln in lines] == ["cgru.forward", "cgru.tf"], p.stdout
+    for line in lines:
+        assert "pip install -e ." in line and "not built" in line, line

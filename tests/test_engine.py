@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import cgru
-from cgru import Activation, Cell, Params, Topology
+from cgru import Activation, Cell, Network, Topology
 from cgru.core import engine, reference
 from cgru.core import plan
 from conftest import ACTIVATION_AB, ACTIVATION_KINDS, activation_cell
@@ -65,7 +65,7 @@ def test_poison_fixture_is_active():
 def test_matches_torch(torch_gru_run, dtype, L, direction, batch_major, with_h0, with_lengths):
     T, N, I, H = 5, 4, 3, 4
     topo = Topology(I, H, L, direction)
-    params = Params.random(topo, dtype, seed=L + 10 * batch_major)
+    params = Network.random(topo, dtype, seed=L + 10 * batch_major)
     rng = _rng(100 * L + 10 * with_h0 + with_lengths)
     xshape = (N, T, I) if batch_major else (T, N, I)
     x = _std(rng, xshape, dtype)
@@ -98,7 +98,7 @@ def test_matches_torch(torch_gru_run, dtype, L, direction, batch_major, with_h0,
 def test_inference_equals_training_forward(torch_gru_run):
     """training=False gives the same y, hy (bitwise) and no reserve."""
     topo = Topology(3, 4, 2, "bidirectional")
-    params = Params.random(topo, np.float32, seed=4)
+    params = Network.random(topo, np.float32, seed=4)
     x = _std(_rng(4), (5, 3, 3), np.float32)
     inf = cgru.forward(params, x, lengths=[5, 2, 3])
     tr = cgru.forward(params, x, lengths=[5, 2, 3], training=True)
@@ -183,7 +183,7 @@ _CASE = {p.id: p.values[0] for p in REF_CASES}
 def make_problem(c, dtype):
     """(params, x, h0, mask, lengths, dropout masks, forward kwargs) of a case dict."""
     topo = Topology(c["I"], c["H"], c["L"], c["direction"], c["input_mode"])
-    params = Params.random(topo, dtype, seed=7, scale=c["scale"])
+    params = Network.random(topo, dtype, seed=7, scale=c["scale"], cell=c["cell"])
     rng = _rng(8)
     T, N, DH = c["T"], c["N"], topo.output_size
     x = _std(rng, (N, T, c["I"]) if c["batch_major"] else (T, N, c["I"]), dtype)
@@ -201,7 +201,7 @@ def make_problem(c, dtype):
     training = c["dropout"] > 0
     drop = (cgru.dropout_masks(topo, T, N, dropout=c["dropout"], seed=c["seed"], dtype=dtype)
             if training else None)
-    kw = dict(cell=c["cell"], lengths=lengths, batch_major=c["batch_major"], state_mask=mask,
+    kw = dict(lengths=lengths, batch_major=c["batch_major"], state_mask=mask,
               training=training, dropout=c["dropout"], seed=c["seed"])
     return params, x, h0, drop, kw
 
@@ -211,7 +211,7 @@ def make_problem(c, dtype):
 def test_matches_reference(c, dtype):
     params, x, h0, drop, kw = make_problem(c, dtype)
     f = cgru.forward(params, x, h0, **kw)
-    y_ref, hy_ref = reference.forward(params, x, h0, cell=kw["cell"], lengths=kw["lengths"],
+    y_ref, hy_ref = reference.forward(params, x, h0, lengths=kw["lengths"],
                                       batch_major=kw["batch_major"],
                                       state_mask=kw["state_mask"], dropout_masks=drop)
     assert f.y.shape == y_ref.shape and f.y.dtype == dtype
@@ -235,7 +235,7 @@ def test_clip_triggers():
         assert (pre_rz > c["cell"].clip).any() and (pre_rz < c["cell"].clip).any()
         unclipped = dataclasses.replace(c["cell"], clip=None)
         y_clip = cgru.forward(params, x, h0, **kw).y
-        y_free = cgru.forward(params, x, h0, **{**kw, "cell": unclipped}).y
+        y_free = cgru.forward(params.with_cell(unclipped), x, h0, **kw).y
         assert np.abs(y_clip - y_free).max() > 1e-3
 
 
@@ -245,7 +245,7 @@ def test_zero_lengths_keep_h0(dtype, batch_major):
     """len = 0: output rows are 0, hy = h0 exactly; in the backward dh0 = dhy, dx = 0."""
     T, N, I, H = 3, 4, 2, 3
     topo = Topology(I, H, 2, "bidirectional")
-    params = Params.random(topo, dtype, seed=9)
+    params = Network.random(topo, dtype, seed=9)
     rng = _rng(9)
     x = _std(rng, (N, T, I) if batch_major else (T, N, I), dtype)
     h0 = _std(rng, (4, N, H), dtype)
@@ -271,7 +271,7 @@ def test_zero_lengths_keep_h0(dtype, batch_major):
 
 def _dropout_problem(dtype=np.float64):
     topo = Topology(3, 4, 3, "bidirectional")
-    params = Params.random(topo, dtype, seed=12)
+    params = Network.random(topo, dtype, seed=12)
     rng = _rng(12)
     x = _std(rng, (5, 3, 3), dtype)
     h0 = _std(rng, (6, 3, 4), dtype)
@@ -327,6 +327,26 @@ def test_inference_ignores_dropout():
     np.testing.assert_array_equal(zero.y, plain.y)
 
 
+def test_dropout_on_one_layer_warns_and_changes_nothing():
+    """Inter-layer dropout on a 1-layer network has nothing to drop: the result is the
+    dropout-free one, and a warning says so (PyTorch warns alike), pointing at the caller."""
+    topo = Topology(3, 4, 1, "bidirectional")
+    params = Network.random(topo, np.float64, seed=2)
+    x = _std(_rng(3), (5, 2, 3), np.float64)
+    plain = cgru.forward(params, x, training=True)
+    with pytest.warns(UserWarning, match=r"dropout=0\.5 has no effect on a 1-layer") as seen:
+        dropped = cgru.forward(params, x, training=True, dropout=0.5, seed=(5, 7))
+    assert [w.filename for w in seen] == [__file__]
+    np.testing.assert_array_equal(dropped.y, plain.y)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")           # no warning where dropout applies or is off
+        cgru.forward(params, x, training=False, dropout=0.5)
+        cgru.forward(params, x, training=True, dropout=0.0)
+        cgru.forward(Network.random(Topology(3, 4, 2), np.float64, seed=2), x, training=True,
+                     dropout=0.5)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("cell", [Cell(), Cell(reset_after=False, flip_z=True, clip=1.5,
                                              g="softsign")], ids=["fast", "general"])
@@ -338,7 +358,7 @@ def test_thread_count_does_not_change_results(dtype, cell, monkeypatch):
     monkeypatch.setattr(plan, "_MIN_PARALLEL_WORK", 0)   # and small work still gets threads
     assert plan.loop_threads(2, T, N, H, 2, 3) == 2
     topo = Topology(I, H, 2, "bidirectional")
-    params = Params.random(topo, dtype, seed=13)
+    params = Network.random(topo, dtype, seed=13, cell=cell)
     rng = _rng(13)
     x = _std(rng, (T, N, I), dtype)
     h0 = _std(rng, (4, N, H), dtype)
@@ -348,7 +368,7 @@ def test_thread_count_does_not_change_results(dtype, cell, monkeypatch):
     dhy = _std(rng, (4, N, H), dtype)
 
     def run(nt):
-        kw = dict(cell=cell, state_mask=mask, num_threads=nt)
+        kw = dict(state_mask=mask, num_threads=nt)
         f = cgru.forward(params, x, h0, lengths=lengths, training=True, dropout=0.25, seed=3,
                          **kw)
         g = cgru.backward(params, x, f.reserve, dy, dhy, **kw)

@@ -23,7 +23,7 @@ import re
 import numpy as np
 import pytest
 
-from cgru import Cell, LSTMCell, Params, Topology
+from cgru import Cell, LSTMCell, Network, Topology
 from cgru import arraymancer as am
 from cgru import convert, mps, tf
 from cgru import onnx as connx
@@ -288,7 +288,7 @@ _AM_AXES = {"input": (None, "hidden0", "input"), "hidden0": ("hidden0",) * 3,
 
 # Converters: one bidirectional layer (oneDNN: two stacked, I = D·H).
 def _canonical(dtype, topo=Topology(I, H, 1, "bidirectional"), seed=8):
-    return Params.random(topo, dtype, seed=seed)
+    return Network.random(topo, dtype, seed=seed)
 
 
 def _conv_make_torch(dtype):
@@ -304,7 +304,7 @@ _KERAS_SLOTS = ("kernel", "recurrent_kernel", "bias")
 
 
 def _conv_make_torch_lstm(dtype):
-    net = Params.random(Topology(I, H, 1, "bidirectional", proj_size=2), dtype, seed=9,
+    net = Network.random(Topology(I, H, 1, "bidirectional", proj_size=2), dtype, seed=9,
                         cell=LSTMCell())
     return {f"state_dict['{k}']": v for k, v in convert.to_torch(net).items()}, None
 
@@ -525,7 +525,7 @@ def _flatten(obj):
     """Every array and scalar inside a result, in order (Params as their flat vector)."""
     if isinstance(obj, np.ndarray):
         return [obj]
-    if isinstance(obj, Params):                 # a cgru.Network: its weights, sizes and cell
+    if isinstance(obj, Network):                 # a cgru.Network: its weights, sizes and cell
         return [obj.flat(), repr(obj.topology), obj.cell]
     if isinstance(obj, dict):
         return [x for k in sorted(obj) for x in [k] + _flatten(obj[k])]

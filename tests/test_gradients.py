@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import cgru
-from cgru import Activation, Cell, Params, Topology
+from cgru import Activation, Cell, Network, Topology
 from cgru.core import gradcheck
 from conftest import ACTIVATION_AB, ACTIVATION_KINDS, activation_cell
 
@@ -99,7 +99,7 @@ def test_activation_cases_cover_every_kind_at_every_position():
 def _problem(c):
     """(params, x, h0 or None, dy, dhy, forward kwargs, backward kwargs) of a case dict."""
     topo = Topology(c["I"], c["H"], c["L"], c["direction"], c["input_mode"])
-    params = Params.random(topo, np.float64, seed=21, scale=c["scale"])
+    params = Network.random(topo, np.float64, seed=21, scale=c["scale"], cell=c["cell"])
     rng = np.random.default_rng(22)
     T, N, DH = c["T"], c["N"], topo.output_size
     x = rng.standard_normal((N, T, c["I"]) if c["batch_major"] else (T, N, c["I"]))
@@ -115,9 +115,9 @@ def _problem(c):
     dy = rng.standard_normal(out_shape)
     dhy = rng.standard_normal((topo.num_layer_directions, N, c["H"]))
     lengths = None if c["lengths"] is None else np.array(c["lengths"])
-    fkw = dict(cell=c["cell"], lengths=lengths, batch_major=c["batch_major"], state_mask=mask,
+    fkw = dict(lengths=lengths, batch_major=c["batch_major"], state_mask=mask,
                training=c["dropout"] > 0, dropout=c["dropout"], seed=c["seed"])
-    bkw = dict(cell=c["cell"], batch_major=c["batch_major"], state_mask=mask)
+    bkw = dict(batch_major=c["batch_major"], state_mask=mask)
     return params, x, h0, dy, dhy, fkw, bkw
 
 
@@ -196,16 +196,16 @@ def test_dropout_case_drops():
 def _small_training_problem(dtype, cell, input_mode):
     I, H = (3, 3) if input_mode == "skip" else (2, 3)
     topo = Topology(I, H, 2, "bidirectional", input_mode)
-    params = Params.random(topo, dtype, seed=31)
+    params = Network.random(topo, dtype, seed=31, cell=cell)
     rng = np.random.default_rng(31)
     x = rng.standard_normal((4, 3, I)).astype(dtype)
     h0 = rng.standard_normal((4, 3, H)).astype(dtype)
     mask = rng.uniform(0.5, 1.5, (4, 3, 2 * H)).astype(dtype)
-    f = cgru.forward(params, x, h0, cell=cell, lengths=[4, 1, 3], state_mask=mask,
+    f = cgru.forward(params, x, h0, lengths=[4, 1, 3], state_mask=mask,
                      training=True, dropout=0.2, seed=3)
     dy = rng.standard_normal(f.y.shape).astype(dtype)
     dhy = rng.standard_normal(f.hy.shape).astype(dtype)
-    return params, x, f.reserve, dy, dhy, dict(cell=cell, state_mask=mask)
+    return params, x, f.reserve, dy, dhy, dict(state_mask=mask)
 
 
 def _arrays(params):

@@ -12,7 +12,7 @@ from cgru._kernels import gru as gru_kernels
 from cgru import mps
 from cgru.core import reference
 from cgru.core.cells import Cell
-from cgru.core.network import LayerParams, Params, Topology
+from cgru.core.network import LayerParams, Network, Topology
 
 T, N, I, H = 3, 2, 3, 2
 FLAGS = ("reverse", "bidirectional", "reset_gate_first", "reset_after", "flip_z")
@@ -120,7 +120,7 @@ def via_cgru_reference(desc, source, recurrent_weight, input_weight=None, bias=N
     h0 = None if init_state is None else \
         init_state.reshape(source.shape[1], D, H_).transpose(1, 0, 2)
     m = None if mask is None else mask.astype(dt)
-    y, _ = reference.forward(Params(topo, layers), x, h0, cell=cell, state_mask=m)
+    y, _ = reference.forward(Network(topo, layers), x, h0, cell=cell, state_mask=m)
     return y
 
 

@@ -280,7 +280,7 @@ def test_float64_against_numpy_reference(lbr):
     layers = [cgru.LayerParams(W=inputs["W"][d][perm], R=inputs["R"][d][perm],
                                b_W=inputs["B"][d][:3 * H][perm], b_R=inputs["B"][d][3 * H:][perm])
               for d in range(2)]
-    params = cgru.Params(cgru.Topology(3, H, 1, "bidirectional"), layers)
+    params = cgru.Network(cgru.Topology(3, H, 1, "bidirectional"), layers)
     y, hy = reference.forward(params, inputs["X"], inputs["initial_h"],
                               cell=cgru.Cell(reset_after=bool(lbr), clip=0.9),
                               lengths=inputs["sequence_lens"])

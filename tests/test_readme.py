@@ -11,9 +11,23 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 
-# Python modules a block may import that are optional for cgru's users: the block is skipped
-# (not failed) when one is missing, as the tests that need them are.
-OPTIONAL = ("torch", "onnx", "onnxruntime", "tensorflow", "keras", "matplotlib")
+# The optional packages (pip names) a block may use, by the top-level module they import as:
+# the block is skipped when one is missing, as the tests that need them are, unless
+# CGRU_TEST_REQUIRE_OPTIONAL is set (CI, which installs them all): then it fails.
+OPTIONAL = {"torch": "torch", "onnx": "onnx", "onnxruntime": "onnxruntime",
+            "onnxscript": "onnxscript", "tensorflow": "tensorflow", "keras": "keras",
+            "tf_keras": "tf_keras", "matplotlib": "matplotlib", "jax": "jax",
+            "openvino": "openvino"}
+REQUIRE_OPTIONAL = bool(os.environ.get("CGRU_TEST_REQUIRE_OPTIONAL"))
+
+# Runs a block as __main__, then writes the top-level modules it loaded (as JSON) to argv[2].
+_RUNNER = """import json, runpy, sys
+try:
+    runpy.run_path(sys.argv[1], run_name="__main__")
+finally:
+    with open(sys.argv[2], "w") as f:
+        json.dump(sorted({m.split(".")[0] for m in list(sys.modules)}), f)
+"""
 
 
 def _blocks(lang):
@@ -33,25 +47,72 @@ def test_the_readme_has_python_examples():
 
 
 def _needs(code):
-    mods = set(re.findall(r"^\s*(?:import|from)\s+([A-Za-z_][\w]*)", code, re.M))
-    mods |= set(re.findall(r"^\s*import\s+[\w.]+\s*,\s*([A-Za-z_]\w*)", code, re.M))
+    """The optional modules a block imports (and onnxscript for torch's ONNX exporter)."""
+    import ast
+    mods = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            mods.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            mods.add(node.module.split(".")[0])
+    if "torch.onnx.export" in code:
+        mods.add("onnxscript")
     return sorted(m for m in mods if m in OPTIONAL)
+
+
+def _named_before(line):
+    """The README's prose (outside code blocks) from the heading above ``line`` to it."""
+    prose, fenced = [], False
+    for ln in open(README, encoding="utf-8").read().splitlines()[:line - 1]:
+        if ln.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            prose = [] if ln.startswith("#") else prose + [ln]
+    return "\n".join(prose)
+
+
+def _missing(mod):
+    import importlib.util
+    return importlib.util.find_spec(mod) is None
+
+
+def _loaded(path):
+    import json
+    return json.loads(path.read_text())
+
+
+# Optional packages that another one loads by itself where they are installed (TensorFlow's
+# saved_model and tf.function load keras, which loads jax and matplotlib if present): not the
+# example's own needs.
+PULLED_IN_BY = {"tensorflow": ("keras", "tf_keras", "jax", "matplotlib")}
 
 
 @pytest.mark.parametrize("line,code", PY_BLOCKS, ids=[f"README.md:{n}" for n, _ in PY_BLOCKS])
 def test_readme_python_block_runs(line, code, tmp_path):
+    """The block runs as written, and the README names, before it, every optional package it
+    loads ("needs `onnxscript`, …"): checked on the modules the run actually loaded."""
     for mod in _needs(code):
-        pytest.importorskip(mod)
-    if "torch.onnx.export" in code:           # torch's ONNX exporter runs on onnxscript
-        pytest.importorskip("onnxscript")
-    script = tmp_path / "snippet.py"
+        if _missing(mod):
+            if REQUIRE_OPTIONAL:
+                pytest.fail(f"README.md:{line} needs {OPTIONAL[mod]}, which is not installed "
+                            f"(CGRU_TEST_REQUIRE_OPTIONAL is set)")
+            pytest.skip(f"README.md:{line} needs {OPTIONAL[mod]}")
+    script, runner, loaded = tmp_path / "snippet.py", tmp_path / "run.py", tmp_path / "mods"
     script.write_text(code, encoding="utf-8")
+    runner.write_text(_RUNNER, encoding="utf-8")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-W", "error::DeprecationWarning:__main__",
-                           str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+                           str(runner), str(script), str(loaded)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (f"README.md:{line} failed:\n{code}\n--- stdout\n"
                                   f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
+    direct = set(_needs(code))
+    pulled = {m for d in direct for m in PULLED_IN_BY.get(d, ())} - direct
+    used = sorted(set(_loaded(loaded)) & set(OPTIONAL) - pulled)
+    prose = _named_before(line)
+    unnamed = [OPTIONAL[m] for m in used if f"`{OPTIONAL[m]}`" not in prose]
+    assert not unnamed, (f"README.md:{line} loads {', '.join(unnamed)}: name them before the "
+                         f"block (\"needs `{'`, `'.join(unnamed)}`\")")
 
 
 def test_readme_c_example_is_the_tested_example():

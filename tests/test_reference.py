@@ -12,7 +12,7 @@ import pytest
 
 import cgru.core.reference as ref
 from cgru.core.cells import _KINDS, Activation, Cell
-from cgru.core.network import LayerParams, Params, Topology
+from cgru.core.network import LayerParams, Network, Topology
 
 torch = pytest.importorskip("torch")
 
@@ -69,7 +69,7 @@ def _run_torch(params, x, h0, lengths, batch_first):
 def test_matches_torch_float64(L, direction, batch_first, with_h0, with_lengths):
     T, N, I, H = 5, 4, 3, 4
     topo = Topology(I, H, L, direction)
-    params = Params.random(topo, np.float64, seed=L + 10 * batch_first)
+    params = Network.random(topo, np.float64, seed=L + 10 * batch_first)
     rng = _rng(L * 7 + with_h0)
     x = rng.standard_normal((N, T, I) if batch_first else (T, N, I))
     h0 = rng.standard_normal((L * topo.num_directions, N, H)) if with_h0 else None
@@ -93,7 +93,7 @@ def test_matches_torch_float64(L, direction, batch_first, with_h0, with_lengths)
 def test_matches_torch_float32():
     T, N, I, H = 6, 3, 5, 4
     topo = Topology(I, H, 2, "bidirectional")
-    params = Params.random(topo, np.float32, seed=3)
+    params = Network.random(topo, np.float32, seed=3)
     rng = _rng(3)
     x = rng.standard_normal((T, N, I)).astype(np.float32)
     h0 = rng.standard_normal((4, N, H)).astype(np.float32)
@@ -107,13 +107,13 @@ def test_matches_torch_float32():
 # --- 2. reverse direction ----------------------------------------------------------------------
 
 def _same_layers(params, topology):
-    return Params(topology, [LayerParams(**lp.arrays()) for lp in params])
+    return Network(topology, [LayerParams(**lp.arrays()) for lp in params])
 
 
 @pytest.mark.parametrize("L", [1, 2])
 def test_reverse_equals_forward_on_flipped_input(L):
     T, N, I, H = 6, 3, 3, 4
-    rev = Params.random(Topology(I, H, L, "reverse"), np.float64, seed=5)
+    rev = Network.random(Topology(I, H, L, "reverse"), np.float64, seed=5)
     fwd = _same_layers(rev, Topology(I, H, L, "forward"))
     rng = _rng(5)
     x = rng.standard_normal((T, N, I))
@@ -128,7 +128,7 @@ def test_reverse_equals_forward_on_flipped_input(L):
 @pytest.mark.parametrize("L", [1, 2])
 def test_reverse_with_lengths_flips_each_row(L):
     T, N, I, H = 6, 4, 3, 3
-    rev = Params.random(Topology(I, H, L, "reverse"), np.float64, seed=6)
+    rev = Network.random(Topology(I, H, L, "reverse"), np.float64, seed=6)
     fwd = _same_layers(rev, Topology(I, H, L, "forward"))
     rng = _rng(6)
     lengths = np.array([4, 0, 6, 1])
@@ -151,17 +151,17 @@ def test_reverse_with_lengths_flips_each_row(L):
 
 def test_bidirectional_is_forward_and_reverse_side_by_side():
     T, N, I, H = 5, 2, 3, 3
-    bi = Params.random(Topology(I, H, 1, "bidirectional"), np.float64, seed=8)
-    fwd = Params(Topology(I, H, 1, "forward"), [bi[0, 0]])
-    rev = Params(Topology(I, H, 1, "reverse"), [bi[0, 1]])
+    bi = Network.random(Topology(I, H, 1, "bidirectional"), np.float64, seed=8)
+    fwd = Network(Topology(I, H, 1, "forward"), [bi[0, 0]])
+    rev = Network(Topology(I, H, 1, "reverse"), [bi[0, 1]])
     rng = _rng(8)
     x = rng.standard_normal((T, N, I))
     h0 = rng.standard_normal((2, N, H))
     lengths = [2, 5]
     cell = Cell(reset_after=False, flip_z=True)
-    y, hy = ref.forward(bi, x, h0, cell=cell, lengths=lengths)
-    y_f, hy_f = ref.forward(fwd, x, h0[:1], cell=cell, lengths=lengths)
-    y_r, hy_r = ref.forward(rev, x, h0[1:], cell=cell, lengths=lengths)
+    y, hy = ref.forward(bi.with_cell(cell), x, h0, lengths=lengths)
+    y_f, hy_f = ref.forward(fwd.with_cell(cell), x, h0[:1], lengths=lengths)
+    y_r, hy_r = ref.forward(rev.with_cell(cell), x, h0[1:], lengths=lengths)
     np.testing.assert_allclose(y, np.concatenate([y_f, y_r], axis=-1), **TIGHT)
     np.testing.assert_allclose(hy, np.concatenate([hy_f, hy_r]), **TIGHT)
 
@@ -323,14 +323,14 @@ def test_cell_step_matches_scalar_formula(cell, with_mask):
 def test_forward_one_step_applies_the_state_mask_of_its_output_time():
     # T = 2, reverse direction: the step producing y[1] is the first one and uses mask[1].
     H = 2
-    params = Params.random(Topology(3, H, 1, "reverse"), np.float64, seed=2)
+    params = Network.random(Topology(3, H, 1, "reverse"), np.float64, seed=2)
     lp = params[0]
     rng = _rng(2)
     x = rng.standard_normal((2, 1, 3))
     h0 = rng.standard_normal((1, 1, H))
     mask = rng.uniform(0.1, 1.0, (2, 1, H))
     cell = Cell(reset_after=False)
-    y, hy = ref.forward(params, x, h0, cell=cell, state_mask=mask)
+    y, hy = ref.forward(params.with_cell(cell), x, h0, state_mask=mask)
     h1 = _scalar_step(cell, (x[1, 0] @ lp.W.T).tolist(), h0[0, 0].tolist(), lp.R.tolist(),
                       lp.b_W.tolist(), lp.b_R.tolist(), mask[1, 0].tolist())
     h2 = _scalar_step(cell, (x[0, 0] @ lp.W.T).tolist(), h1, lp.R.tolist(),
@@ -341,7 +341,7 @@ def test_forward_one_step_applies_the_state_mask_of_its_output_time():
 
 def test_state_mask_batch_major_and_broadcast():
     T, N, I, H = 4, 3, 2, 3
-    params = Params.random(Topology(I, H, 2, "bidirectional"), np.float64, seed=4)
+    params = Network.random(Topology(I, H, 2, "bidirectional"), np.float64, seed=4)
     rng = _rng(4)
     x = rng.standard_normal((T, N, I))
     mask = rng.uniform(0.0, 1.0, (T, N, 2 * H))
@@ -363,12 +363,12 @@ def test_state_mask_batch_major_and_broadcast():
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
 def test_skip_input_mode_equals_identity_weights(direction):
     T, N, H = 4, 3, 3
-    skip = Params.random(Topology(H, H, 2, direction, "skip"), np.float64, seed=9)
+    skip = Network.random(Topology(H, H, 2, direction, "skip"), np.float64, seed=9)
     D = skip.topology.num_directions
     eye3 = np.concatenate([np.eye(H)] * 3)                          # [3H, H]: W_r = W_z = W_n = I
     layers = [LayerParams(eye3 if i < D else lp.W, lp.R, lp.b_W, lp.b_R)
               for i, lp in enumerate(skip)]
-    lin = Params(Topology(H, H, 2, direction, "linear"), layers)
+    lin = Network(Topology(H, H, 2, direction, "linear"), layers)
     x = _rng(9).standard_normal((T, N, H))
     y_s, hy_s = ref.forward(skip, x, lengths=[4, 1, 3])
     y_l, hy_l = ref.forward(lin, x, lengths=[4, 1, 3])
@@ -379,27 +379,27 @@ def test_skip_input_mode_equals_identity_weights(direction):
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 def test_projected_input_mode_equals_linear(direction):
     T, N, I, H = 5, 2, 3, 2
-    lin = Params.random(Topology(I, H, 2, direction), np.float64, seed=12)
+    lin = Network.random(Topology(I, H, 2, direction), np.float64, seed=12)
     D = lin.topology.num_directions
     proj_layers = [LayerParams(np.zeros((3 * H, 0)) if i < D else lp.W, lp.R, lp.b_W, lp.b_R)
                    for i, lp in enumerate(lin)]
-    proj = Params(Topology(D * 3 * H, H, 2, direction, "projected"), proj_layers)
+    proj = Network(Topology(D * 3 * H, H, 2, direction, "projected"), proj_layers)
     rng = _rng(12)
     x = rng.standard_normal((T, N, I))
     h0 = rng.standard_normal((2 * D, N, H))
     # [fwd r,z,n | bwd r,z,n] per step, batch-major input
     x_proj = np.concatenate([x @ lin[0, d].W.T for d in range(D)], axis=-1)
     cell = Cell(reset_after=False, g="softsign")
-    y_p, hy_p = ref.forward(proj, x_proj.transpose(1, 0, 2), h0, cell=cell, batch_major=True,
+    y_p, hy_p = ref.forward(proj.with_cell(cell), x_proj.transpose(1, 0, 2), h0, batch_major=True,
                             lengths=[3, 5])
-    y_l, hy_l = ref.forward(lin, x, h0, cell=cell, lengths=[3, 5])
+    y_l, hy_l = ref.forward(lin.with_cell(cell), x, h0, lengths=[3, 5])
     np.testing.assert_allclose(y_p, y_l.transpose(1, 0, 2), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(hy_p, hy_l, rtol=1e-12, atol=1e-12)
 
 
 def test_zero_length_rows():
     T, N, I, H = 4, 3, 2, 3
-    params = Params.random(Topology(I, H, 2, "bidirectional"), np.float64, seed=13)
+    params = Network.random(Topology(I, H, 2, "bidirectional"), np.float64, seed=13)
     rng = _rng(13)
     x = rng.standard_normal((T, N, I))
     h0 = rng.standard_normal((4, N, H))
@@ -414,7 +414,7 @@ def test_zero_length_rows():
 
 @pytest.mark.parametrize("bad", [[5, 1], [-1, 2]])
 def test_lengths_out_of_range_raise(bad):
-    params = Params.random(Topology(2, 2), np.float64)
+    params = Network.random(Topology(2, 2), np.float64)
     with pytest.raises(ValueError, match="lengths"):
         ref.forward(params, np.zeros((4, 2, 2)), lengths=bad)
 
@@ -423,7 +423,7 @@ def test_lengths_out_of_range_raise(bad):
 
 def test_all_ones_dropout_masks_equal_no_masks():
     T, N, I, H, L = 4, 3, 2, 3, 3
-    params = Params.random(Topology(I, H, L, "bidirectional"), np.float64, seed=14)
+    params = Network.random(Topology(I, H, L, "bidirectional"), np.float64, seed=14)
     x = _rng(14).standard_normal((T, N, I))
     ones = [np.ones((T, N, 2 * H)) for _ in range(L - 1)]
     y0, hy0 = ref.forward(params, x, lengths=[4, 2, 3])
@@ -436,7 +436,7 @@ def test_all_ones_dropout_masks_equal_no_masks():
 def test_dropout_mask_feeds_layer_two_through_hand_chained_layers(batch_major):
     T, N, I, H, p = 5, 3, 3, 4, 0.5
     topo = Topology(I, H, 2, "bidirectional")
-    params = Params.random(topo, np.float64, seed=15)
+    params = Network.random(topo, np.float64, seed=15)
     rng = _rng(15)
     x = rng.standard_normal((T, N, I))
     h0 = rng.standard_normal((4, N, H))
@@ -449,8 +449,8 @@ def test_dropout_mask_feeds_layer_two_through_hand_chained_layers(batch_major):
     if batch_major:
         y = y.transpose(1, 0, 2)
 
-    layer0 = Params(Topology(I, H, 1, "bidirectional"), [params[0, 0], params[0, 1]])
-    layer1 = Params(Topology(2 * H, H, 1, "bidirectional"), [params[1, 0], params[1, 1]])
+    layer0 = Network(Topology(I, H, 1, "bidirectional"), [params[0, 0], params[0, 1]])
+    layer1 = Network(Topology(2 * H, H, 1, "bidirectional"), [params[1, 0], params[1, 1]])
     y0, hy0 = ref.forward(layer0, x, h0[:2], lengths=lengths)
     y1, hy1 = ref.forward(layer1, y0 * mask, h0[2:], lengths=lengths)
     np.testing.assert_allclose(y, y1, **TIGHT)                     # last output: not masked

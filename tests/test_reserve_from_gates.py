@@ -5,7 +5,7 @@ import pytest
 import cgru
 from cgru.core import calls, rebuild
 from cgru.core.cells import Cell
-from cgru.core.network import Params, Topology
+from cgru.core.network import Network, Topology
 
 CELLS = {
     "default": Cell(),
@@ -15,14 +15,14 @@ CELLS = {
 }
 
 
-def _saved_gates(reserve, params, x, cell):
-    return rebuild.reserve_gates(reserve, params, x, cell=cell)
+def _saved_gates(reserve, params, x):
+    return rebuild.reserve_gates(reserve, params, x)
 
 
 def test_reserve_gates_are_the_reference_gates():
     # r, z, n of a one-step forward from h0 = 0, written out by hand
     topo = Topology(3, 2)
-    params = Params.random(topo, np.float64, seed=5)
+    params = Network.random(topo, np.float64, seed=5)
     x = np.random.default_rng(5).standard_normal((1, 2, 3))
     f = cgru.forward(params, x, training=True)
     lp = params[0]
@@ -43,21 +43,21 @@ def test_rebuilt_reserve_gives_the_same_gradients(dtype, direction, cell, masked
     T, N, I, H = 5, 3, 4, 6
     topo = Topology(I, H, 1, direction)
     D = topo.num_directions
-    params = Params.random(topo, dtype, seed=2, scale=scale)
+    params = Network.random(topo, dtype, seed=2, scale=scale, cell=cell)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((T, N, I)).astype(dtype)
     h0 = rng.standard_normal((D, N, H)).astype(dtype)
     mask = (rng.random((T, N, D * H)) > 0.3).astype(dtype) if masked else None
-    f = cgru.forward(params, x, h0, cell=cell, state_mask=mask, training=True)
+    f = cgru.forward(params, x, h0, state_mask=mask, training=True)
     if scale and cell.f_r.name == "hard_sigmoid":   # the saturated case really occurs
-        r = _saved_gates(f.reserve, params, x, cell)[0][:, :, :H]
+        r = _saved_gates(f.reserve, params, x)[0][:, :, :H]
         assert (r == 0).any() or (r == 1).any()
-    rebuilt = rebuild.reserve_from_gates(params, x, _saved_gates(f.reserve, params, x, cell), f.y,
-                                        h0, cell=cell, state_mask=mask)
+    rebuilt = rebuild.reserve_from_gates(params, x, _saved_gates(f.reserve, params, x), f.y,
+                                        h0, state_mask=mask)
     dy = rng.standard_normal(f.y.shape).astype(dtype)
     dhy = rng.standard_normal(f.hy.shape).astype(dtype)
-    want = cgru.backward(params, x, f.reserve, dy, dhy, cell=cell, state_mask=mask)
-    got = cgru.backward(params, x, rebuilt, dy, dhy, cell=cell, state_mask=mask)
+    want = cgru.backward(params, x, f.reserve, dy, dhy, state_mask=mask)
+    got = cgru.backward(params, x, rebuilt, dy, dhy, state_mask=mask)
     # float32: the rebuilt h·R_nᵀ comes from a different GEMM than the loop's, so the saturating
     # case (values up to ~1e29) differs by a few float32 roundings
     tol = dict(rtol=1e-4, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
@@ -70,15 +70,15 @@ def test_rebuilt_reserve_gives_the_same_gradients(dtype, direction, cell, masked
 
 def test_refuses_what_it_cannot_rebuild():
     topo = Topology(3, 4)
-    params = Params.random(topo, np.float64)
+    params = Network.random(topo, np.float64)
     x = np.zeros((2, 1, 3))
     gates, y = [np.zeros((2, 1, 12))], np.zeros((2, 1, 4))
     with pytest.raises(ValueError, match="clip"):
-        rebuild.reserve_from_gates(params, x, gates, y, cell=Cell(clip=1.0))
+        rebuild.reserve_from_gates(params.with_cell(Cell(clip=1.0)), x, gates, y)
     with pytest.raises(ValueError, match="cell.g.*softsign"):
-        rebuild.reserve_from_gates(params, x, gates, y, cell=Cell(g="softsign"))
+        rebuild.reserve_from_gates(params.with_cell(Cell(g="softsign")), x, gates, y)
     with pytest.raises(ValueError, match="num_layers=2"):
-        rebuild.reserve_from_gates(Params.random(Topology(3, 4, 2), np.float64), x, gates, y)
+        rebuild.reserve_from_gates(Network.random(Topology(3, 4, 2), np.float64), x, gates, y)
     with pytest.raises(ValueError, match=r"gates\[0\].*\[2, 1, 12\]"):
         rebuild.reserve_from_gates(params, x, [np.zeros((2, 1, 11))], y)
     with pytest.raises(ValueError, match="gates: expected a list of D=1"):
@@ -155,7 +155,7 @@ def test_reserve_from_saved_gives_the_backward_of_the_forward(kind, masked, dire
 
 
 def test_reserve_from_saved_refuses_what_it_cannot_rebuild():
-    gru = Params.random(Topology(3, 2), np.float64)
+    gru = Network.random(Topology(3, 2), np.float64)
     x = np.zeros((2, 1, 3))
     with pytest.raises(ValueError, match="reserve_from_gates"):
         rebuild.reserve_from_saved(gru, x, {})

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 import cgru
-from cgru import Params, Topology
+from cgru import Network, Topology
 from cgru.core import reference
 from cgru import tf
 
@@ -377,7 +377,7 @@ def test_skip_input_matches_reference():
     f = tf.cudnn_rnn_v3(c["x"], c["h0"], None, params, lengths, direction="bidirectional",
                         input_mode="skip_input", rnn_mode="gru")
     topo = Topology(H, H, L, "bidirectional", "skip")
-    y, hy = reference.forward(Params.from_flat(topo, params), c["x"], c["h0"], lengths=lengths)
+    y, hy = reference.forward(Network.from_flat(topo, params), c["x"], c["h0"], lengths=lengths)
     np.testing.assert_allclose(f.output, y, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(f.output_h, hy, rtol=1e-12, atol=1e-12)
 
@@ -483,7 +483,7 @@ def test_dropout_against_reference_with_the_engines_masks(time_major, dropout):
                                dtype=np.float64)
     if dropout:
         assert (masks[0] == 0).any() and (masks[0] != 0).any()
-    y, hy = reference.forward(Params.from_flat(topo, params), x, h0, lengths=lengths,
+    y, hy = reference.forward(Network.from_flat(topo, params), x, h0, lengths=lengths,
                               batch_major=not time_major,
                               dropout_masks=masks if dropout else None)
     np.testing.assert_allclose(out.output, y, rtol=1e-12, atol=1e-12)

@@ -11,6 +11,7 @@ import copy
 import io
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -356,7 +357,8 @@ def test_swap_module_itself_and_subclasses():
 
     gru, mine = nn.GRU(3, 4), MyGRU(3, 4)
     assert type(ct.swap(gru)) is ct.GRU
-    assert type(ct.swap(mine)) is MyGRU                 # user subclasses are left alone
+    with pytest.warns(UserWarning, match="left as they are: MyGRU"):
+        assert type(ct.swap(mine)) is MyGRU             # user subclasses are left alone
     with pytest.raises(TypeError, match="model"):
         ct.swap(gru.state_dict())
 
@@ -427,6 +429,11 @@ def test_no_dropout_with_one_layer_consumes_no_rng():
 
 
 # --- 5. errors -------------------------------------------------------------------------------
+# torch's own words for an input whose dtype is not the weights' (a ValueError in torch too)
+MISMATCH = (r"RNN input dtype \({}\) does not match weight dtype \(torch.float32\). "
+            r"Convert input: input.to\(torch.float32\), or convert model: model.to\(")
+
+
 def test_errors_name_the_argument():
     gru = ct.GRU(I, H, num_layers=2)
     lstm = ct.LSTM(I, H, proj_size=P)
@@ -434,20 +441,22 @@ def test_errors_name_the_argument():
     cases = [
         (TypeError, "input: expected a torch.Tensor", lambda: gru(x.numpy())),
         (ValueError, "input: cgru.torch computes on the CPU", lambda: gru(x.to("meta"))),
-        (TypeError, "input: expected dtype torch.float32", lambda: gru(x.double())),
-        (TypeError, "input: expected dtype torch.float32", lambda: gru(x.half())),
-        (TypeError, "input: expected dtype torch.float32", lambda: gru(x.bfloat16())),
-        (TypeError, "input: expected dtype torch.float32", lambda: gru(x.long())),
+        (ValueError, MISMATCH.format("torch.float64"), lambda: gru(x.double())),
+        (ValueError, MISMATCH.format("torch.float16"), lambda: gru(x.half())),
+        (ValueError, MISMATCH.format("torch.bfloat16"), lambda: gru(x.bfloat16())),
+        (ValueError, MISMATCH.format("torch.int64"), lambda: gru(x.long())),
+        (ValueError, "input.data: " + MISMATCH.format("torch.float64"),
+         lambda: gru(pack_padded_sequence(x.double(), torch.tensor([5, 4, 1])))),
         (TypeError, "input: expected a dense", lambda: gru(x.to_sparse())),
         (ValueError, "input: expected a 3-D tensor", lambda: gru(x[None])),
         (ValueError, "input: expected shape", lambda: gru(torch.randn(5, 3, I + 1))),
-        (ValueError, "input: expected shape", lambda: gru(torch.randn(0, 3, I))),
+        (ValueError, "input: expected shape .* and T ≥ 1", lambda: gru(torch.randn(0, 3, I))),
         (ValueError, r"hx: expected shape \[L·D=2, N=3, H=5\]",
          lambda: gru(x, torch.zeros(1, 3, H))),
         (ValueError, r"hx: expected shape", lambda: gru(x, torch.zeros(2, 3))),
         (ValueError, r"hx \(unbatched input\): expected shape",
          lambda: gru(x[:, 0], torch.zeros(2, 1, H))),
-        (TypeError, "hx: expected dtype torch.float32",
+        (ValueError, "hx: expected dtype torch.float32",
          lambda: gru(x, torch.zeros(2, 3, H, dtype=torch.float64))),
         (TypeError, "hx: expected a torch.Tensor", lambda: gru(x, [1.0])),
         (TypeError, r"hx: expected a \(h_0, c_0\) tuple", lambda: lstm(x, torch.zeros(1, 3, P))),
@@ -455,7 +464,7 @@ def test_errors_name_the_argument():
          lambda: lstm(x, (torch.zeros(1, 3, H), torch.zeros(1, 3, H)))),
         (ValueError, r"hx\[1\] \(c_0\): expected shape \[L·D=1, N=3, H=5\]",
          lambda: lstm(x, (torch.zeros(1, 3, P), torch.zeros(1, 3, P)))),
-        (TypeError, r"hx\[1\] \(c_0\): expected dtype",
+        (ValueError, r"hx\[1\] \(c_0\): expected dtype",
          lambda: lstm(x, (torch.zeros(1, 3, P), torch.zeros(1, 3, H).double()))),
         (ValueError, "input.data: expected a packed 2-D tensor",
          lambda: gru(pack_padded_sequence(torch.randn(5, 3, I + 1), torch.tensor([5, 4, 1])))),
@@ -474,7 +483,7 @@ def test_module_errors():
         meta(torch.randn(5, 3, I))
     mixed = ct.GRU(I, H)
     mixed.bias_hh_l0.data = mixed.bias_hh_l0.data.double()
-    with pytest.raises(TypeError, match="bias_hh_l0: expected dtype torch.float32"):
+    with pytest.raises(ValueError, match="bias_hh_l0: expected dtype torch.float32"):
         mixed(torch.randn(5, 3, I))
     full = ct.GRU(I, H, num_layers=2, dropout=1.0)
     with pytest.raises(ValueError, match="dropout"):
@@ -492,23 +501,158 @@ def test_cuda_tensors_refused():
         ct.GRU(I, H).cuda()(torch.randn(5, 3, I, device="cuda"))
 
 
+@pytest.mark.parametrize("wrt", ["x", "h0", "weight_hh_l0"])
 @pytest.mark.parametrize("upstream", ["depends on the output", "constant"])
-def test_double_backward_refused(upstream):
-    """Any create_graph=True backward through a cgru module is refused when it is taken — also
-    with a constant upstream gradient (the gradient-penalty pattern), where the gradient used to
-    come back detached and the penalty dropped out of the loss (weight_hh's gradient 0.065
-    against 2.40 with nn.GRU)."""
-    _, mine = pair("gru")
-    x = torch.randn(3, 2, I, dtype=torch.float64, requires_grad=True)
-    y = mine(x)[0]
-    loss = y.pow(2).sum() if upstream == "depends on the output" else y.sum()
+def test_double_backward_refused(upstream, wrt):
+    """A create_graph=True backward gives the first-order gradients (torch.func.grad always
+    asks for one), and they are part of the graph: differentiating them again — a gradient
+    penalty — raises, also with a constant upstream gradient and when only ``h_0`` requires
+    grad (a gradient used to come back detached there, so the penalty silently dropped out
+    of the loss: weight_hh's gradient 0.065 against 2.40 with nn.GRU)."""
+    ref, mine = pair("gru")
+    x = torch.randn(3, 2, I, dtype=torch.float64, requires_grad=wrt == "x")
+    h0 = torch.randn(1, 2, H, dtype=torch.float64, requires_grad=wrt == "h0")
+    for m in (ref, mine):
+        for name, p in m.named_parameters():
+            p.requires_grad_(name == wrt)
+    grads = []
+    for m in (mine, ref):
+        leaf = {"x": x, "h0": h0}.get(wrt)
+        leaf = getattr(m, wrt) if leaf is None else leaf
+        y = m(x, h0)[0]
+        loss = y.pow(2).sum() if upstream == "depends on the output" else y.sum()
+        (g,) = torch.autograd.grad(loss, leaf, create_graph=True)
+        grads.append(g)
+        if m is mine:
+            assert g.requires_grad, "the gradient must stay in the graph"
+            with pytest.raises(RuntimeError, match="double backward is not supported"):
+                g.pow(2).sum().backward()
+    assert_close(grads[0].detach(), grads[1].detach(), torch.float64, f"d{wrt}")
+    leaf = {"x": x, "h0": h0}.get(wrt)
+    leaf = mine.weight_hh_l0 if leaf is None else leaf
+    (g,) = torch.autograd.grad(mine(x, h0)[0].sum(), leaf)
+    assert not g.requires_grad                 # without create_graph: a plain gradient
+
+
+# --- 6. torch.func, batched gradients, compilers, empty batches --------------------------------
+def _func_pair(kind="lstm_proj"):
+    return pair(kind, num_layers=2, bidirectional=True)
+
+
+def _stack(results):
+    return {k: torch.stack([r[k] for r in results]) for k in results[0]}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_torch_func_grad_and_per_sample_vmap(kind):
+    """torch.func.grad of a loss over the parameters, and vmap(grad) for per-sample
+    gradients, against torch's module (per sample in a loop: nn.GRU itself fails under
+    vmap(grad) in torch 2.13)."""
+    ref, mine = _func_pair(kind)
+    xs = torch.randn(3, 4, 2, I, dtype=torch.float64)       # 3 samples of [T=4, N=2, I]
+    params = {n: p.detach() for n, p in ref.named_parameters()}
+
+    def loss(p, m, x):
+        y, h = functional_call(m, p, (x,))
+        return y.pow(2).sum() + (h[0] if is_lstm(m) else h).sum()
+
+    want = [torch.func.grad(loss)(params, ref, x) for x in xs]
+    got = torch.func.grad(loss)(params, mine, xs[0])
+    for name in params:
+        assert_close(got[name], want[0][name], torch.float64, f"grad {name}")
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, None, 0))(
+        params, mine, xs)
+    want = _stack(want)
+    for name in params:
+        assert_close(per_sample[name], want[name], torch.float64, f"per-sample {name}")
+
+
+def test_torch_func_vmap_forward_and_jacrev():
+    ref, mine = _func_pair("gru")
+    xs = torch.randn(3, 4, 2, I, dtype=torch.float64)
+    got = torch.func.vmap(lambda x: mine(x)[0])(xs)
+    assert_close(got, torch.stack([ref(x)[0] for x in xs]).detach(), torch.float64, "vmap y")
+    jac = torch.func.jacrev(lambda x: mine(x)[1])(xs[0])
+    want = torch.autograd.functional.jacobian(lambda x: ref(x)[1], xs[0])
+    assert jac.shape == (4, 2, H, 4, 2, I)
+    assert_close(jac, want, torch.float64, "jacrev")
     with pytest.raises(RuntimeError, match="double backward is not supported"):
-        torch.autograd.grad(loss, [x, mine.weight_hh_l0], create_graph=True)
-    (dx,) = torch.autograd.grad(mine(x)[0].sum(), x)   # without create_graph: a gradient
-    assert dx.shape == x.shape and not dx.requires_grad
+        torch.func.grad(lambda x: torch.func.grad(lambda x: mine(x)[0].pow(2).sum())(x)
+                        .sum())(xs[0])
 
 
-# --- 6. import hygiene -----------------------------------------------------------------------
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_gradcheck_batched_gradients(kind):
+    """gradcheck's batched-gradient check (a vmap over the backward, as torch's own tests
+    run it), for the input, the initial states and every parameter."""
+    _, mine = pair(kind, num_layers=2, bidirectional=True)
+    x, hx = make_inputs(mine, 3, 2, torch.float64)
+    names = [n for n, _ in mine.named_parameters()]
+    states = list(hx) if is_lstm(mine) else [hx]
+
+    def f(x, *rest):
+        hs, ws = rest[:len(states)], rest[len(states):]
+        y, h = functional_call(mine, dict(zip(names, ws)),
+                               (x, tuple(hs) if is_lstm(mine) else hs[0]))
+        return (y, *(h if is_lstm(mine) else [h]))
+
+    leaves = [t.detach().clone().requires_grad_() for t in [x, *states, *mine.parameters()]]
+    assert torch.autograd.gradcheck(f, leaves, check_batched_grad=True, fast_mode=True)
+
+
+def test_torchscript_refused_torch_compile_works():
+    model = ct.swap(Tagger().double())
+    tokens = torch.randint(0, 20, (4, 7))
+    with pytest.raises(RuntimeError, match=r"torch.jit.script .* Use torch.compile\(model\)"):
+        torch.jit.script(model)
+    with pytest.raises(RuntimeError, match=r"torch.jit.trace .* Use torch.compile\(model\)"):
+        torch.jit.trace(model, (tokens,))
+    ref = Tagger().double()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(model)
+    for _ in range(2):
+        assert_close(compiled(tokens), ref(tokens).detach(), torch.float64, "compiled")
+    compiled(tokens).sum().backward()
+    ref(tokens).sum().backward()
+    for (name, a), (_, b) in zip(model.named_parameters(), ref.named_parameters()):
+        assert_close(a.grad, b.grad, torch.float64, f"compiled grad {name}")
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("batch_first", [False, True], ids=["tm", "bf"])
+def test_empty_batch(kind, batch_first):
+    """N = 0: empty outputs of torch's shapes, and zero weight gradients, as torch."""
+    ref, mine = pair(kind, num_layers=2, bidirectional=True, batch_first=batch_first)
+    x, hx = make_inputs(ref, 4, 0, torch.float64)
+    for with_hx in (False, True):
+        got = run(mine, x, hx if with_hx else None)
+        want = run(ref, x, hx if with_hx else None)
+        assert_same_results(got, want, torch.float64)
+        assert got["y"].shape == want["y"].shape and got["y"].numel() == 0
+
+
+def test_swap_warns_when_nothing_to_swap():
+    cells = nn.Sequential(nn.GRUCell(I, H), nn.LSTMCell(H, H))
+    with pytest.warns(UserWarning, match="no torch.nn.GRU, LSTM or RNN to swap; left as they "
+                                         "are: GRUCell, LSTMCell"):
+        assert ct.swap(cells) is cells
+    assert type(cells[0]) is nn.GRUCell
+
+    class Mine(nn.GRU):
+        pass
+
+    with pytest.warns(UserWarning, match="left as they are: Mine"):
+        ct.swap(nn.Sequential(Mine(I, H)))
+    with pytest.warns(UserWarning, match="Linear has no torch.nn.GRU"):
+        ct.swap(nn.Linear(2, 2))
+    swapped = ct.swap(Tagger())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ct.swap(swapped)                       # already on cgru: nothing to say
+        ct.swap(Tagger())
+
+
+# --- 7. import hygiene -----------------------------------------------------------------------
 def test_import_cgru_does_not_import_torch():
     code = ("import sys, cgru; cgru.forward; "
             "assert 'cgru.torch' not in sys.modules and 'torch' not in sys.modules")

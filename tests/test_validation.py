@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 cgru = pytest.importorskip("cgru")
-from cgru import (Activation, Cell, LayerParams, Params, Topology, backward,  # noqa: E402
+from cgru import (Activation, Cell, LayerParams, Network, Topology, backward,  # noqa: E402
                   dropout_masks, forward, reserve_nbytes)
 from cgru.core import reference  # noqa: E402
 
@@ -37,7 +37,7 @@ def _raises(exc, *parts):
 def _case(dtype):
     """``(params, x, reserve)`` of a training forward in ``dtype`` (shared, never modified)."""
     dtype = np.dtype(dtype)
-    params = Params.random(TOPO, dtype, seed=1)
+    params = Network.random(TOPO, dtype, seed=1)
     x = np.random.default_rng(2).standard_normal((T, N, I)).astype(dtype)
     reserve = forward(params, x, training=True).reserve
     for a in (x, reserve):
@@ -201,7 +201,7 @@ def _mixed_call(params_dtype, arg):
     if arg == "dhy":
         return backward(params, x, reserve, dhy=np.zeros((LD, N, H), other))
     if arg == "dparams":
-        return backward(params, x, reserve, dparams=Params.zeros(TOPO, other))
+        return backward(params, x, reserve, dparams=Network.zeros(TOPO, other))
     raise AssertionError(arg)
 
 
@@ -217,12 +217,12 @@ def test_mixed_float_dtypes(params_dtype, arg):
 
 def test_params_of_mixed_dtypes():
     """One Params holds one dtype: a float32 R among float64 arrays is refused, naming it."""
-    params = Params.random(TOPO, np.float64)
+    params = Network.random(TOPO, np.float64)
     layers = list(params)
     layers[1] = LayerParams(layers[1].W, layers[1].R.astype(np.float32), layers[1].b_W,
                             layers[1].b_R)
     with _raises(TypeError, "params[1].R", "float64", "float32"):
-        Params(TOPO, layers)
+        Network(TOPO, layers)
 
 
 # --- 6. lengths ---------------------------------------------------------------------------------
@@ -297,11 +297,11 @@ def test_reserve_from_a_call_of_another_size(what):
         other = forward(params, x[:, :1], training=True).reserve
     elif what == "topology":
         topo1 = Topology(I, H, num_layers=1, direction="bidirectional")
-        other = forward(Params.random(topo1, np.float64), x, training=True).reserve
+        other = forward(Network.random(topo1, np.float64), x, training=True).reserve
     elif what == "dtype":
         other = _case(np.float32)[2]
     else:  # written by a reset-before forward, read by a default-cell backward
-        other = forward(params, x, cell=Cell(reset_after=False), training=True).reserve
+        other = forward(params.with_cell(Cell(reset_after=False)), x, training=True).reserve
     assert other.size != reserve.size
     with _raises(ValueError, "reserve:", f"expected {_nbytes()} bytes", "dtype float64",
                  f"got {other.size}"):
@@ -314,17 +314,18 @@ def test_reserve_from_a_call_of_the_same_size(what):
     params, x, _ = _f64()
     cell = None
     if what == "direction":
-        rev = Params.random(Topology(I, H, num_layers=2, direction="reverse"), np.float64)
+        rev = Network.random(Topology(I, H, num_layers=2, direction="reverse"), np.float64)
         other = forward(rev, x, training=True).reserve
-        params = Params.random(Topology(I, H, num_layers=2, direction="forward"), np.float64)
+        params = Network.random(Topology(I, H, num_layers=2, direction="forward"), np.float64)
     elif what == "flip_z":
-        other = forward(params, x, cell=Cell(flip_z=True), training=True).reserve
+        other = forward(params.with_cell(Cell(flip_z=True)), x, training=True).reserve
     else:  # two non-fast cells (both save pre-activations): clip vs a relu candidate
-        other = forward(params, x, cell=Cell(clip=5.0), training=True).reserve
+        other = forward(params.with_cell(Cell(clip=5.0)), x, training=True).reserve
         cell = Cell(g="relu")
+        params = params.with_cell(cell)
     assert other.size == _nbytes(params.topology, cell=cell)
     with _raises(ValueError, "reserve:", "different topology, cell"):
-        backward(params, x, other, cell=cell)
+        backward(params, x, other)
 
 
 @pytest.mark.parametrize("x_shape,batch_major", [
@@ -544,14 +545,14 @@ def test_dparams_bad(what):
     params, x, reserve = _f64()
     if what == "topology":
         other = Topology(I, H, num_layers=1, direction="bidirectional")
-        kw, exc = dict(dparams=Params.zeros(other, np.float64)), ValueError
+        kw, exc = dict(dparams=Network.zeros(other, np.float64)), ValueError
         parts = ("dparams:", "num_layers=2", "num_layers=1")
     elif what == "direction":
         other = Topology(I, H, num_layers=2, direction="forward")
-        kw, exc = dict(dparams=Params.zeros(other, np.float64)), ValueError
+        kw, exc = dict(dparams=Network.zeros(other, np.float64)), ValueError
         parts = ("dparams:", "direction='bidirectional'", "direction='forward'")
     elif what == "dtype":
-        kw, exc = dict(dparams=Params.zeros(TOPO, np.float32)), TypeError
+        kw, exc = dict(dparams=Network.zeros(TOPO, np.float32)), TypeError
         parts = ("dparams:", "float64", "float32")
     elif what == "type":
         kw, exc = dict(dparams=params.flat()), TypeError
@@ -560,7 +561,7 @@ def test_dparams_bad(what):
         kw, exc = dict(accumulate=True), ValueError
         parts = ("dparams:", "accumulate=True")
     else:
-        dp = Params.zeros(TOPO, np.float64)
+        dp = Network.zeros(TOPO, np.float64)
         dp[2].R.flags.writeable = False
         kw, exc = dict(dparams=dp), ValueError
         parts = ("dparams[2].R", "read-only")
@@ -630,7 +631,7 @@ def test_dropout_masks_bad_topology():
 
 # --- 10. Params, Params.from_flat --------------------------------------------------------------
 def _layers_with(i, name, value):
-    layers = list(Params.random(TOPO, np.float64))
+    layers = list(Network.random(TOPO, np.float64))
     arrays = layers[i].arrays()
     arrays[name] = value
     layers[i] = LayerParams(**arrays)
@@ -647,32 +648,32 @@ def _layers_with(i, name, value):
 ])
 def test_params_bad_shape(i, name, shape, want):
     with _raises(ValueError, f"params[{i}].{name}:", f"expected shape {want}", f"got {shape}"):
-        Params(TOPO, _layers_with(i, name, np.zeros(shape)))
+        Network(TOPO, _layers_with(i, name, np.zeros(shape)))
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.float16, np.complex128, bool, object])
 def test_params_non_float_dtype(dtype):
     with _raises(TypeError, "params[0].W", "float32 or float64", str(np.dtype(dtype))):
-        Params(TOPO, _layers_with(0, "W", np.zeros((9, 7), dtype)))
+        Network(TOPO, _layers_with(0, "W", np.zeros((9, 7), dtype)))
 
 
 def test_params_bad_containers():
-    layers = list(Params.random(TOPO, np.float64))
+    layers = list(Network.random(TOPO, np.float64))
     with _raises(ValueError, "params:", "expected 4 layer-directions", "got 3"):
-        Params(TOPO, layers[:3])
+        Network(TOPO, layers[:3])
     with _raises(TypeError, "params[2]:", "LayerParams", "tuple"):
-        Params(TOPO, layers[:2] + [tuple(layers[2].arrays().values())] + layers[3:])
+        Network(TOPO, layers[:2] + [tuple(layers[2].arrays().values())] + layers[3:])
     with _raises(TypeError, "params[1].R:", "numpy array", "list"):
-        Params(TOPO, _layers_with(1, "R", np.zeros((9, 3)).tolist()))
+        Network(TOPO, _layers_with(1, "R", np.zeros((9, 3)).tolist()))
     with _raises(TypeError, "topology:", "cgru.Topology", "tuple"):
-        Params((I, H), layers)
+        Network((I, H), layers)
 
 
 def test_params_dict_layer_with_missing_keys():
-    layers = list(Params.random(TOPO, np.float64))
+    layers = list(Network.random(TOPO, np.float64))
     layers[1] = {"W": layers[1].W, "R": layers[1].R}
     with _raises(TypeError, "params[1]", "b_W", "b_R"):
-        Params(TOPO, layers)
+        Network(TOPO, layers)
 
 
 @pytest.mark.parametrize("flat,exc,parts", [
@@ -687,12 +688,12 @@ def test_params_dict_layer_with_missing_keys():
 ], ids=["short", "long", "2d", "int", "list"])
 def test_from_flat_bad(flat, exc, parts):
     with _raises(exc, *parts):
-        Params.from_flat(TOPO, flat)
+        Network.from_flat(TOPO, flat)
 
 
 def test_from_flat_bad_topology():
     with _raises(TypeError, "topology:", "cgru.Topology", "str"):
-        Params.from_flat("gru", np.zeros(5))
+        Network.from_flat("gru", np.zeros(5))
 
 
 # --- 11. inputs untouched, read-only, views, NaN/Inf -------------------------------------------
@@ -723,12 +724,12 @@ def _inputs(cfg, dtype=np.float64, seed=0):
     if cfg["mask"]:
         arrs["state_mask"] = rng.uniform(0.5, 1.5, ys)
     arrs = {k: v.astype(dtype) if v.dtype.kind == "f" else v for k, v in arrs.items()}
-    return Params.random(topo, dtype, seed=seed), arrs
+    return Network.random(topo, dtype, seed=seed, cell=cfg["cell"]), arrs
 
 
 def _run(cfg, params, a):
     """forward (training) then backward of ``cfg`` on the arrays ``a``."""
-    common = dict(cell=cfg["cell"], batch_major=cfg["batch_major"],
+    common = dict(batch_major=cfg["batch_major"],
                   state_mask=a.get("state_mask"))
     fw = forward(params, a["x"], a["h0"], lengths=a["lengths"], training=True,
                  dropout=cfg["dropout"], seed=(3, 4), **common)
@@ -758,7 +759,7 @@ def test_inputs_are_never_modified(name, poison):
     p_before = [_digest(v) for lp in params for v in lp.arrays().values()]
     fw, g = _run(cfg, params, a)
     reserve_before = _digest(fw.reserve)
-    backward(params, a["x"], fw.reserve, a["dy"], a["dhy"], cell=cfg["cell"],
+    backward(params, a["x"], fw.reserve, a["dy"], a["dhy"],
              batch_major=cfg["batch_major"], state_mask=a.get("state_mask"))
     assert {k: _digest(v) for k, v in a.items()} == before
     assert [_digest(v) for lp in params for v in lp.arrays().values()] == p_before
@@ -817,7 +818,7 @@ def test_nan_inf_in_x_propagate_without_crash(bad, poison):
     outputs before t = 2 and everything of sequence 1 are unchanged; NaN makes sequence 0 NaN
     from t = 2 on; ±Inf gives what the NumPy reference gives (NaN where it gives NaN)."""
     topo = Topology(I, H)
-    params = Params.random(topo, np.float64, seed=3)
+    params = Network.random(topo, np.float64, seed=3)
     x = np.random.default_rng(4).standard_normal((T, N, I))
     clean = forward(params, x, training=True)
     xb = x.copy()
@@ -897,7 +898,7 @@ def test_masked_arrays_are_refused(arg):
     else:
         lp = params[0]
         with _raises(TypeError, "params[0].W:", "masked array"):
-            Params(TOPO, [LayerParams(np.ma.masked_array(lp.W), lp.R, lp.b_W, lp.b_R)]
+            Network(TOPO, [LayerParams(np.ma.masked_array(lp.W), lp.R, lp.b_W, lp.b_R)]
                    + list(params)[1:])
         return
     with _raises(TypeError, f"{arg}:", "masked array"):
@@ -913,9 +914,9 @@ def test_activation_parameters_beyond_float32(act):
     p32 = _case(np.float32)[0]
     x32 = np.zeros((T, N, I), np.float32)
     with _raises(ValueError, "cell.g:", "float32"):
-        forward(p32, x32, cell=cell)
+        forward(p32.with_cell(cell), x32)
     p64, x64, _ = _f64()
-    forward(p64, x64, cell=cell)
+    forward(p64.with_cell(cell), x64)
 
 
 # --- 5. no silent copies: a network keeps the caller's arrays ------------------------------------
@@ -928,7 +929,7 @@ def test_network_keeps_the_callers_arrays_in_any_layout():
     R = rng.standard_normal((H, 3 * H)).T                # a transposed view
     b_W = rng.standard_normal(6 * H)[::2]                # a strided view
     b_R = rng.standard_normal(3 * H)
-    net = Params(topo, [LayerParams(W, R, b_W, b_R)])
+    net = Network(topo, [LayerParams(W, R, b_W, b_R)])
     assert net[0].W is W and net[0].R is R and net[0].b_W is b_W
     x = rng.standard_normal((T, N, I))
     y1 = forward(net, x).y
@@ -945,7 +946,7 @@ def test_dparams_of_any_layout_receive_the_gradients_in_place():
     layers = [LayerParams(*(np.asfortranarray(np.ones_like(a)) if a.ndim == 2 else
                             np.ones(2 * a.size)[::2] for a in lp.arrays().values()))
               for lp in want]
-    dparams = Params(TOPO, layers)
+    dparams = Network(TOPO, layers)
     held = [a for lp in dparams for a in lp.arrays().values()]
     got = backward(params, x, reserve, dparams=dparams, accumulate=True).dparams
     assert got is dparams

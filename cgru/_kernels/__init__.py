@@ -12,3 +12,23 @@
 (AVX-512, AVX2+FMA, baseline) and chosen at run time: a new ISA is one more entry in its
 dispatch (``cgru_isa``).  A new cell kind is one more module beside ``gru`` using ``loops``.
 """
+import glob as _glob
+import importlib.machinery as _machinery
+import os as _os
+
+
+def _unbuilt():
+    """The ``.pyx`` sources here without their compiled module (a source checkout that was
+    never built; a wheel holds every module)."""
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    return sorted(_os.path.basename(pyx) for pyx in _glob.glob(_os.path.join(here, "*.pyx"))
+                  if not any(_os.path.exists(_os.path.splitext(pyx)[0] + suffix)
+                             for suffix in _machinery.EXTENSION_SUFFIXES))
+
+
+if _unbuilt():
+    raise ImportError(
+        f"cgru's compiled kernels are not built in {_os.path.dirname(_os.path.abspath(__file__))}"
+        f" ({', '.join(_unbuilt())} without their extension modules): in a source checkout, "
+        f"run `pip install -e .` first (or `python setup.py build_ext --inplace`). The "
+        f"pure-Python parts (cgru.core.reference, the cells and networks) import without them.")

@@ -10,6 +10,8 @@ in its own system's words builds the value once the same way (``check`` with its
 backprop ops do) and runs it — one check, one copy of the weights and one MAC of each array
 per call.
 """
+import warnings
+
 import numpy as np
 
 from cgru.core import kinds, reserve as reserve_mod, validate, weights
@@ -110,6 +112,13 @@ def check_dparams(dparams, net, accumulate):
     return dparams
 
 
+def warn_dropout_unused(p, stacklevel):
+    """Inter-layer dropout on one layer does nothing: say so, as PyTorch does."""
+    warnings.warn(f"cgru.forward: dropout={p} has no effect on a 1-layer network (dropout "
+                  f"applies between layers, to every layer's output but the last)",
+                  UserWarning, stacklevel=stacklevel)
+
+
 # --- the call values -----------------------------------------------------------------------
 class ForwardCall:
     """A checked forward: ``net`` (the caller's network), ``cell`` and ``kind`` (what it
@@ -134,6 +143,8 @@ class ForwardCall:
         c0 = check_c(c0, "c0", net, dtype, N)
         lengths = validate.lengths(lengths, T, N)
         p, s1, s2 = validate.dropout_and_seed(dropout, seed)
+        if training and p > 0 and topo.num_layers == 1:
+            warn_dropout_unused(p, stacklevel)
         return cls.of(net, cell, time_major(x, batch_major), h0, c0, lengths, mask,
                       p if training else 0.0, s1, s2, training, batch_major,
                       resolve_num_threads(num_threads))
