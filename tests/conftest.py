@@ -225,11 +225,10 @@ def run_torch_rnn(net, x, h0=None, c0=None, *, lengths=None, batch_first=False, 
 
 # Test files still calling the deprecated ``cell=`` form with a network: cgru's deprecation
 # warnings are shown there, as warnings, instead of failing the run as pyproject.toml's
-# filterwarnings makes them everywhere else.  test_threads.py and test_faults.py are being
-# reworked elsewhere; test_fuzz.py waits for its directional-derivative check to hold on
-# exploding cells (its derandomized examples follow its source: the current form draws one,
+# filterwarnings makes them everywhere else.  test_fuzz.py waits for its directional-derivative
+# check to hold on exploding cells (its derandomized examples follow its source: the current form draws one,
 # a 3-layer GRU with identity activations, where the check fails whichever form calls it).
-DEPRECATED_CELL_FORM_FILES = {"test_threads.py", "test_faults.py", "test_fuzz.py"}
+DEPRECATED_CELL_FORM_FILES = {"test_fuzz.py"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import cgru
-from cgru import Cell, Params, Topology
+from cgru import Cell, Network, Topology
 from cgru.core import engine, plan
 from cgru.core.backend import BACKEND
 from cgru.core.kinds.gru import KIND as GRU_KIND
@@ -46,13 +46,13 @@ def _digest(a):
 
 def _problem(cell=Cell(), mask=False):
     rng = np.random.default_rng(3)
-    params = Params.random(TOPO, np.float64, seed=4)
+    params = Network.random(TOPO, np.float64, seed=4, cell=cell)
     x = rng.standard_normal((T, N, I))
     h0 = rng.standard_normal((TOPO.num_layer_directions, N, H))
     dy = rng.standard_normal((T, N, TOPO.output_size))
     dhy = rng.standard_normal(h0.shape)
     m = rng.uniform(0.5, 1.5, (T, N, TOPO.output_size)) if mask else None
-    kw = dict(cell=cell, state_mask=m)
+    kw = dict(state_mask=m)
     fkw = dict(kw, lengths=np.array([5, 2, 0]), training=True, dropout=0.25, seed=(1, 2))
     return params, x, h0, dy, dhy, fkw, kw
 
@@ -166,7 +166,7 @@ def test_backward_fault_leaves_dparams_untouched(monkeypatch, exc, where, accumu
     params, x, h0, dy, dhy, fkw, kw = _problem()
     f = cgru.forward(params, x, h0, **fkw)
     grad = cgru.backward(params, x, f.reserve, dy, dhy, **kw).dparams
-    dparams = Params.random(TOPO, np.float64, seed=9)       # gradients accumulated so far
+    dparams = Network.random(TOPO, np.float64, seed=9)       # gradients accumulated so far
     held = dparams.flat().copy()
     _backward_fault(monkeypatch, where, exc)
     with pytest.raises(exc, match="injected fault"):
@@ -185,7 +185,7 @@ def test_backward_with_accumulate_adds_exactly_once_without_faults():
     params, x, h0, dy, dhy, fkw, kw = _problem()
     f = cgru.forward(params, x, h0, **fkw)
     grad = cgru.backward(params, x, f.reserve, dy, dhy, **kw).dparams.flat()
-    dparams = Params.random(TOPO, np.float64, seed=9)
+    dparams = Network.random(TOPO, np.float64, seed=9)
     held = dparams.flat().copy()
     for _ in range(2):
         cgru.backward(params, x, f.reserve, dy, dhy, **kw, dparams=dparams, accumulate=True)
@@ -235,7 +235,7 @@ T_LONG = 400
 
 def _long_problem(layers, N=1, H=16):
     topo = Topology(8, H, layers)
-    params = Params.random(topo, np.float32, seed=1)
+    params = Network.random(topo, np.float32, seed=1)
     x = np.random.default_rng(2).standard_normal((T_LONG, N, 8)).astype(np.float32)
     return params, x
 
@@ -245,7 +245,7 @@ def test_interrupt_between_kernel_calls(monkeypatch, blas_three, interrupt_at):
     layer's time loop at the next step and never starts the second layer; afterwards
     everything works as before."""
     params, x = _long_problem(2)
-    small = Params.random(Topology(3, 2), np.float64, seed=5)
+    small = Network.random(Topology(3, 2), np.float64, seed=5)
     xs = np.random.default_rng(6).standard_normal((4, 2, 3))
     want = cgru.forward(small, xs, training=True)
     counter = _Counter(BACKEND.kernels(GRU_KIND))
@@ -304,7 +304,7 @@ def test_interrupt_inside_a_whole_sequence_gemm(interrupt_gemm_at, fn, num_threa
     run between them (a run used to go on 11.8 s after SIGINT).  Counts sub-chunks."""
     from cgru._kernels import blas
     topo = Topology(64, 32, 1)
-    params = Params.random(topo, np.float32, seed=1)
+    params = Network.random(topo, np.float32, seed=1)
     x = np.random.default_rng(2).standard_normal((256, 8, 64)).astype(np.float32)
     f = cgru.forward(params, x, training=True)
     run = (lambda: cgru.forward(params, x, num_threads=num_threads)) if fn == "forward" else \

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import cgru
-from cgru import Cell, Params, Topology
+from cgru import Cell, Network, Topology
 from cgru.core import calls, engine
 
 INT_MAX = 2 ** 31 - 1
@@ -49,7 +49,7 @@ def _peak_bytes(fn):
 @pytest.mark.parametrize("fn", ["forward", "backward"])
 def test_rows_beyond_int32_are_refused_before_allocating(fn, batch_major):
     topo = Topology(2, 3)
-    params = Params.random(topo, np.float32)
+    params = Network.random(topo, np.float32)
     shape = (BIG_N, BIG_T, 2) if batch_major else (BIG_T, BIG_N, 2)
     x = np.broadcast_to(np.zeros((1, 1, 2), np.float32), shape)      # no memory
     if fn == "forward":
@@ -143,7 +143,7 @@ _CHILD = textwrap.dedent(r"""
     import json, mmap, resource, sys, tracemalloc
     import numpy as np
     import cgru
-    from cgru import Params, LayerParams, Topology, tf, mps, arraymancer as am
+    from cgru import Network, LayerParams, Topology, tf, mps, arraymancer as am
     from cgru import onnx as connx
 
     T, N = %(T)d, %(N)d
@@ -182,7 +182,7 @@ _CHILD = textwrap.dedent(r"""
             zeros((T, N, 1)), small(1, N, 1), small(3, 1), small(0, 3, 1), small(1, 3, 1),
             small(1, 1, 3), small(1, 1, 3)),
         "cgru.forward-input_width": lambda: cgru.forward(
-            Params(Topology(2 ** 31, 1), [LayerParams(zeros((3, 2 ** 31)), small(3, 1),
+            Network(Topology(2 ** 31, 1), [LayerParams(zeros((3, 2 ** 31)), small(3, 1),
                                                       small(3), small(3))]),
             zeros((1, 1, 2 ** 31))),
     }
@@ -237,13 +237,13 @@ def _small_calls():
     rng = np.random.default_rng(0)
     topo1, topo2 = Topology(3, 4), Topology(3, 4, 2, "bidirectional")
     cell2 = Cell(reset_after=False, g="softsign", clip=2.0)
-    p1 = Params.random(topo1, np.float32)
-    p2 = Params.random(topo2, np.float64, cell=cell2)
+    p1 = Network.random(topo1, np.float32)
+    p2 = Network.random(topo2, np.float64, cell=cell2)
     x1, x2 = rng.standard_normal((5, 3, 3)).astype(np.float32), rng.standard_normal((5, 3, 3))
     dy1, dy2 = rng.standard_normal((5, 3, 4)).astype(np.float32), rng.standard_normal((5, 3, 8))
     m2 = rng.uniform(0, 1, (5, 3, 8))
     lengths = np.array([5, 2, 0])
-    dp1 = Params.zeros(topo1, np.float32)
+    dp1 = Network.zeros(topo1, np.float32)
 
     def simple():
         f = cgru.forward(p1, x1, training=True, num_threads=1)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import cgru
-from cgru import Cell, Params, Topology
+from cgru import Cell, Network, Topology
 from cgru.core import engine
 
 threadpool_limits = pytest.importorskip("threadpoolctl").threadpool_limits
@@ -46,7 +46,7 @@ def _configs():
 def _problem(cfg, seed, T=6, N=4):
     topo, dt = cfg["topo"], cfg["dtype"]
     rng = np.random.default_rng(seed)
-    params = Params.random(topo, dt, seed=seed)
+    params = Network.random(topo, dt, seed=seed, cell=cfg["cell"])
     x = rng.standard_normal((T, N, topo.input_size)).astype(dt)
     h0 = rng.standard_normal((topo.num_layer_directions, N, topo.hidden_size)).astype(dt)
     mask = rng.uniform(0.2, 1.2, (T, N, topo.output_size)).astype(dt) if cfg["mask"] else None
@@ -58,9 +58,9 @@ def _problem(cfg, seed, T=6, N=4):
 
 def _run(cfg, prob):
     params, x, h0, mask, dy, dhy, lengths = prob
-    f = cgru.forward(params, x, h0, cell=cfg["cell"], lengths=lengths, state_mask=mask,
+    f = cgru.forward(params, x, h0, lengths=lengths, state_mask=mask,
                      training=True, dropout=cfg["dropout"], seed=(7, 8), num_threads=cfg["nt"])
-    g = cgru.backward(params, x, f.reserve, dy, dhy, cell=cfg["cell"], state_mask=mask,
+    g = cgru.backward(params, x, f.reserve, dy, dhy, state_mask=mask,
                       num_threads=cfg["nt"])
     return [f.y, f.hy, f.reserve, g.dx, g.dh0, g.dparams.flat()]
 
@@ -105,7 +105,7 @@ def _big_problem(seed, dtype=np.float32):
     whole-sequence GEMM (and change its last bits) if cgru did not hold it at one thread."""
     topo = Topology(16, 32, 2, "bidirectional")
     rng = np.random.default_rng(seed)
-    params = Params.random(topo, dtype, seed=seed)
+    params = Network.random(topo, dtype, seed=seed)
     x = rng.standard_normal((40, 64, 16)).astype(dtype)
     dy = rng.standard_normal((40, 64, topo.output_size)).astype(dtype)
     return params, x, dy
