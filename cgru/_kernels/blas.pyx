@@ -134,6 +134,7 @@ cdef int MIN_CHUNK_ROWS = 64
 cdef int _probe_at = -1
 cdef int _probe_chunks = 0
 cdef int _probe_poll_now = 0
+cdef int _probe_fired = 0      # the probe raised SIGINT and no poll has seen it yet
 
 
 def gemm_chunk_flops(value=None):
@@ -149,8 +150,8 @@ def gemm_chunk_flops(value=None):
 def gemm_probe(int at=-1):
     """Arm (``at`` ≥ 0) or disarm (-1) the GEMM test probe: SIGINT is raised as the sub-chunk
     numbered ``at`` of the next products starts; resets the count."""
-    global _probe_at, _probe_chunks, _probe_poll_now
-    _probe_at, _probe_chunks, _probe_poll_now = at, 0, 0
+    global _probe_at, _probe_chunks, _probe_poll_now, _probe_fired
+    _probe_at, _probe_chunks, _probe_poll_now, _probe_fired = at, 0, 0, 0
 
 
 def gemm_probe_chunks():
@@ -191,6 +192,7 @@ cdef void gemm_poll(void *ctx) noexcept nogil:
         except BaseException as e:
             (<list>J.errors).append(e)
             cgru_gstore(&J.abort, 1)
+            cgru_gstore(&_probe_fired, 0)
 
 
 cdef bint chunk_start(GemmJob *J) noexcept nogil:
@@ -202,14 +204,22 @@ cdef bint chunk_start(GemmJob *J) noexcept nogil:
     if _probe_at >= 0:
         c = cgru_gadd(&_probe_chunks, 1) - 1
         if c == _probe_at:
-            # as Ctrl-C would: the signal, then the poll that notices it — on a worker, wait
-            # (bounded) until the caller has polled, so that where the product stops does not
-            # depend on scheduling
+            # as Ctrl-C would: the signal, then the poll that notices it
+            cgru_gstore(&_probe_fired, 1)
             raise_signal(SIGINT)
             cgru_gstore(&_probe_poll_now, 1)
-            if is_worker():
-                until = wtime() + 60.0
+        if cgru_gload(&_probe_fired):
+            # From the signal to the caller's poll that sees it, no sub-chunk starts, so that
+            # where the product stops does not depend on scheduling (the signal handler may
+            # take a while on another thread, the caller may wait for the GIL): the caller waits
+            # (bounded) until the signal has been raised and then polls, the others until the
+            # poll has stopped the GEMM.
+            until = wtime() + 60.0
+            if is_worker() or not J.poll:
                 while not cgru_gload(&J.abort) and wtime() < until:
+                    pass
+            else:
+                while not cgru_gload(&_probe_poll_now) and wtime() < until:
                     pass
     gemm_poll(J)
     return not cgru_gload(&J.abort)
