@@ -111,8 +111,14 @@ def openmp_works(compiler, cflags, ldflags):
 
 def build_ext_openmp(base):
     """``base`` that first probes the compiler's OpenMP and adds its flags to the kernels (or
-    warns and builds them serially)."""
+    warns and builds them serially), and compiles on every core unless told ``-j``."""
     class build_ext_with_openmp(base):
+        def finalize_options(self):
+            # compile the extensions in parallel (pip's builds pass no -j)
+            if self.parallel is None:
+                self.parallel = os.cpu_count() or 1
+            super().finalize_options()
+
         def build_extensions(self):
             kernels = [e for e in self.extensions if e.name.startswith("cgru._kernels.")]
             if os.environ.get("CGRU_OPENMP", "1") == "0":
