@@ -12,6 +12,9 @@
   autograd gradients of ``Σ y·dy + Σ hy·dhy``: ``dx``, ``dh0`` (also when ``h0`` is None: the
   gradient at h0 = 0) and ``dparams`` (a ``cgru.Network``).
 """
+import glob
+import os
+
 import numpy as np
 import pytest
 
@@ -235,3 +238,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in DEPRECATED_CELL_FORM_FILES:
             item.add_marker(pytest.mark.filterwarnings("default:cell=:DeprecationWarning"))
+
+
+def find_libomp():
+    """LLVM's OpenMP runtime (``CGRU_TEST_LIBOMP``, or a system install), or None: the fork and
+    threadpoolctl tests run again with it preloaded in place of the runtime cgru was built with."""
+    candidates = [os.environ.get("CGRU_TEST_LIBOMP", "")]
+    candidates += sorted(glob.glob("/usr/lib/llvm-*/lib/libomp.so.5"), reverse=True)
+    candidates += glob.glob("/usr/lib/*-linux-gnu/libomp.so.5") + glob.glob("/usr/lib/libomp.so*")
+    return next((c for c in candidates if c and os.path.exists(c)), None)
+
+
+def preload(library):
+    """``LD_PRELOAD`` with ``library`` after what is preloaded already (the sanitizer runtime of
+    a debug build must stay first)."""
+    before = os.environ.get("LD_PRELOAD", "")
+    return f"{before}:{library}" if before else library

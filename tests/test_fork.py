@@ -5,7 +5,10 @@ PyTorch's DataLoader workers, joblib and Dask start workers.  GNU libgomp's thre
 not survive a fork: a child whose forking thread had started an OpenMP team waits forever in
 its next team.  cgru's fork handlers end the forking thread's pool before the fork (the child
 then runs teams at full width) or, where that cannot be done, make the child run serially
-(cgru/_kernels/parallel.h); LLVM's libomp re-initialises itself in a child.
+(cgru/_kernels/parallel.h); LLVM's libomp re-initialises itself in a child.  Every scenario
+runs twice where LLVM's libomp is installed: on the runtime cgru was built with, and with libomp
+preloaded (LD_PRELOAD), which then serves the kernels' OpenMP calls (libomp implements libgomp's
+entry points) — the way Intel and LLVM document swapping the runtime of a GCC-built program.
 
 Each scenario runs in a separate Python process under a timeout, so that a regression fails
 (with the scenario's output) instead of hanging the test run.  The child's results must be
@@ -17,6 +20,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import find_libomp, preload as _preload
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -55,12 +59,27 @@ PRELUDE = textwrap.dedent("""
 """)
 
 
-def _run(body):
+LIBOMP = find_libomp()
+RUNTIMES = ["built", pytest.param("libomp", marks=pytest.mark.skipif(
+    LIBOMP is None, reason="LLVM's libomp is not installed (Debian: libomp-dev)"))]
+
+
+@pytest.fixture(params=RUNTIMES)
+def run(request):
+    """``run(body)``: the scenario on the runtime cgru was built with, or under libomp."""
+    if request.param == "built":
+        return _run
+    env = dict(os.environ, LD_PRELOAD=_preload(LIBOMP))
+    check = 'assert info["runtime"] == "libomp", info\n'
+    return lambda body: _run(check + textwrap.dedent(body), env)
+
+
+def _run(body, env=None):
     """Run PRELUDE + body in a fresh interpreter; it must print OK and exit 0 in time."""
     code = PRELUDE + textwrap.dedent(body)
     try:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=TIMEOUT, cwd=ROOT)
+                             timeout=TIMEOUT, cwd=ROOT, env=env)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the scenario hung (killed after {TIMEOUT} s); output so far:\n"
                     f"{e.stdout}\n{e.stderr}")
@@ -68,12 +87,12 @@ def _run(body):
         f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
 
 
-def test_os_fork_child_computes_the_parents_bits():
+def test_os_fork_child_computes_the_parents_bits(run):
     """A fork from the main thread, then one from a Python thread that has run teams (its own
     OpenMP pool) while the main thread has one too: each child, whose only thread is the
     forking one, computes the parent's bits, with teams where the runtime allows; the parent's
     threads go on with their teams."""
-    _run("""
+    run("""
         pid = os.fork()
         if pid == 0:
             before = teams()
@@ -109,10 +128,10 @@ def test_os_fork_child_computes_the_parents_bits():
     """)
 
 
-def test_children_and_grandchildren_of_forks_run_teams():
+def test_children_and_grandchildren_of_forks_run_teams(run):
     """A child that ran teams forks again: the grandchild too computes the parent's bits (with
     teams where the runtime allows), three generations deep."""
-    _run("""
+    run("""
         def generation(depth):
             before = teams()
             if not same(call(), want) or (teams() > before) != CHILD_TEAMS:
@@ -132,14 +151,14 @@ def test_children_and_grandchildren_of_forks_run_teams():
     """)
 
 
-def test_a_child_whose_runtime_could_not_be_paused_runs_serially():
+def test_a_child_whose_runtime_could_not_be_paused_runs_serially(run):
     """Where the forking thread's OpenMP pool cannot be ended before the fork (a fork inside
     an OpenMP region, a runtime without omp_pause_resource_all; forced here), the child marks
     itself serial: it never enters the runtime's stale pool, computes the parent's bits on one
     thread, and so do its own children.  The parent keeps its teams."""
-    _run("""
+    run("""
         if info["runtime"] != "libgomp":
-            print("OK (the pause is libgomp's)")
+            print("the pause is libgomp's: nothing to test, OK")
             sys.exit(0)
         threads._fork_pause(False)
         pid = os.fork()
@@ -160,8 +179,8 @@ def test_a_child_whose_runtime_could_not_be_paused_runs_serially():
     """)
 
 
-def test_multiprocessing_fork_pool():
-    _run("""
+def test_multiprocessing_fork_pool(run):
+    run("""
         import multiprocessing as mp
 
         def work(nt):
@@ -174,8 +193,8 @@ def test_multiprocessing_fork_pool():
     """)
 
 
-def test_process_pool_executor_with_fork():
-    _run("""
+def test_process_pool_executor_with_fork(run):
+    run("""
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
@@ -189,10 +208,10 @@ def test_process_pool_executor_with_fork():
     """)
 
 
-def test_fork_while_another_thread_is_inside_a_call():
+def test_fork_while_another_thread_is_inside_a_call(run):
     """A thread of the parent is inside a parallel cgru call when another thread forks: the
     child (which has only the forking thread) still works."""
-    _run("""
+    run("""
         import threading
         stop = threading.Event()
 
@@ -242,10 +261,10 @@ def test_torch_dataloader_workers():
     """)
 
 
-def test_a_child_forked_while_a_buffer_lock_is_held_does_not_hang():
+def test_a_child_forked_while_a_buffer_lock_is_held_does_not_hang(run):
     """Another thread of the parent may hold the lock of cgru's buffer pool or of its kept
     weights at the moment of the fork; the child gets fresh locks."""
-    _run("""
+    run("""
         from cgru.core import plan, weights
         with plan._pool_lock, weights._lock:        # held across the fork, as by a thread
             pid = os.fork()
@@ -257,11 +276,11 @@ def test_a_child_forked_while_a_buffer_lock_is_held_does_not_hang():
     """)
 
 
-def test_a_child_forked_while_another_thread_binds_blas_does_not_hang():
+def test_a_child_forked_while_another_thread_binds_blas_does_not_hang(run):
     """The first call's binding of BLAS (the threadpoolctl path does it lazily, under a lock)
     may be under way in another thread at the fork: the child gets a fresh lock and binds
     itself.  The lock is held across the fork here, as that thread would hold it."""
-    _run("""
+    run("""
         with threads._bind_lock:
             pid = os.fork()
             if pid == 0:

@@ -22,6 +22,7 @@ import pytest
 
 import cgru
 from cgru._kernels import loops, threads
+from conftest import find_libomp, preload as _preload
 
 threadpoolctl = pytest.importorskip("threadpoolctl")
 
@@ -68,6 +69,40 @@ def test_threadpool_limits_one_makes_cgru_single_threaded_with_the_same_bits():
         assert _teams() == before, "a team ran under threadpool_limits(1)"
     np.testing.assert_array_equal(limited.y, wide.y)
     np.testing.assert_array_equal(limited.hy, wide.hy)
+
+
+@pytest.mark.skipif(_cores() < 2, reason="needs two usable cores for a team")
+def test_under_llvm_libomp_threadpoolctl_sees_and_limits_cgru():
+    """The same two promises with LLVM's libomp serving the kernels' OpenMP calls (preloaded,
+    in a fresh process): threadpool_info lists it as the runtime cgru uses, and
+    threadpool_limits(1) makes cgru single-threaded with the same bits."""
+    LIBOMP = find_libomp()
+    if LIBOMP is None:
+        pytest.skip("LLVM's libomp is not installed (Debian: libomp-dev)")
+    code = textwrap.dedent("""
+        import os, numpy as np, threadpoolctl, cgru
+        from cgru._kernels import threads
+        info = threads.parallel_info()
+        assert info["runtime"] == "libomp" and not info["serial"], info
+        libs = [l for l in threadpoolctl.threadpool_info() if l["user_api"] == "openmp"]
+        assert any(os.path.samefile(l["filepath"], info["path"]) for l in libs), libs
+        net = cgru.Network.random(cgru.Topology(8, 256), np.float32, seed=1)
+        x = np.random.default_rng(1).standard_normal((12, 1, 8)).astype(np.float32)
+        teams = lambda: threads._counters()["teams"]
+        with threadpoolctl.threadpool_limits(2, user_api="openmp"):
+            before = teams()
+            wide = cgru.forward(net, x)
+            assert teams() > before, "no team at the default width"
+        with threadpoolctl.threadpool_limits(1):
+            before = teams()
+            limited = cgru.forward(net, x)
+            assert teams() == before, "a team ran under threadpool_limits(1)"
+        assert np.array_equal(limited.y, wide.y) and np.array_equal(limited.hy, wide.hy)
+        print("OK")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, LD_PRELOAD=_preload(LIBOMP)))
+    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout + res.stderr
 
 
 # --- concurrent calls share the cores ----------------------------------------------------------
