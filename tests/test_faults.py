@@ -284,15 +284,16 @@ def test_interrupt_inside_one_long_time_loop(monkeypatch, interrupt_at, fn, num_
 @pytest.fixture
 def interrupt_gemm_at():
     """``interrupt_gemm_at(chunk)``: SIGINT is raised as the whole-sequence GEMMs' sub-chunk
-    ``chunk`` (counted over the call) starts; sub-chunks of 2^16 flops (for tests)."""
+    ``chunk`` (counted over the call) starts; sub-chunks of 2^16 flops and at least 64 rows
+    (for tests)."""
     from cgru._kernels import blas
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals are delivered to the main thread only")
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    old_flops = blas.gemm_chunk_flops(1 << 16)
+    old_flops, old_rows = blas.gemm_chunk_flops(1 << 16, min_rows=64)
     yield blas.gemm_probe
     blas.gemm_probe(-1)
-    blas.gemm_chunk_flops(old_flops)
+    blas.gemm_chunk_flops(old_flops, old_rows)
     signal.signal(signal.SIGINT, old)
 
 

@@ -122,13 +122,22 @@ def gemm_rm(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
 
 
 # --- whole-sequence GEMMs as blocks on an OpenMP team ---------------------------------------
-# Each block runs as sub-chunks of at most about CHUNK_FLOPS flops (one BLAS call each), so that
-# a signal handler (Ctrl-C) is run and stops the product within one sub-chunk: the calling
-# thread runs Python's signal handlers between its sub-chunks (main-thread calls only) and
-# while it waits, every POLL_SECONDS; an exception stops every block at its next sub-chunk.
+# Each block runs as sub-chunks of about CHUNK_FLOPS flops (one BLAS call each), so that a
+# signal handler (Ctrl-C) is run and stops the product within one sub-chunk: the calling thread
+# runs Python's signal handlers between its sub-chunks (main-thread calls only) and while it
+# waits, every POLL_SECONDS; an exception stops every block at its next sub-chunk.
+#
+# A sub-chunk is never shorter than MIN_CHUNK_ROWS rows of C (or steps of k), because each one
+# costs again what one call costs once: OpenBLAS packs the whole right-hand operand — the
+# weights, K×N — for every call, and a stretch of k reads and writes all of C.  That costs
+# about as much as 25 rows of multiply-adds (about 1 ns per element against 2 flops per
+# element and row at 50 GFLOP/s), so 512 rows keep it near 5 %.  With 64 (the old floor) an
+# H=1024 layer's input projection packed its 12 MB of weights eleven times and ran 20 % slower.
+# The price: a sub-chunk of a very wide layer takes longer (H=1024: about 3 GFLOP, 60 ms on
+# one core), so Ctrl-C can take that long to stop it.
 cdef double CHUNK_FLOPS = <double>(1 << 27)
 cdef double POLL_SECONDS = 0.05
-cdef int MIN_CHUNK_ROWS = 64
+cdef int MIN_CHUNK_ROWS = 512
 
 # Test probe: raise SIGINT before sub-chunk `at` (counted over the call), and count them.
 cdef int _probe_at = -1
@@ -137,13 +146,15 @@ cdef int _probe_poll_now = 0
 cdef int _probe_fired = 0      # the probe raised SIGINT and no poll has seen it yet
 
 
-def gemm_chunk_flops(value=None):
-    """The flops per sub-chunk of the whole-sequence GEMMs (``value``: set it, for tests);
-    returns the previous value."""
-    global CHUNK_FLOPS
-    old = CHUNK_FLOPS
+def gemm_chunk_flops(value=None, min_rows=None):
+    """The flops per sub-chunk of the whole-sequence GEMMs, and the fewest rows (or steps of
+    k) a sub-chunk has (set them, for tests); returns the previous ``(flops, min_rows)``."""
+    global CHUNK_FLOPS, MIN_CHUNK_ROWS
+    old = (CHUNK_FLOPS, MIN_CHUNK_ROWS)
     if value is not None:
         CHUNK_FLOPS = float(value)
+    if min_rows is not None:
+        MIN_CHUNK_ROWS = max(1, int(min_rows))
     return old
 
 
