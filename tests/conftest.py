@@ -226,20 +226,6 @@ def run_torch_rnn(net, x, h0=None, c0=None, *, lengths=None, batch_first=False, 
     return out
 
 
-# Test files still calling the deprecated ``cell=`` form with a network: cgru's deprecation
-# warnings are shown there, as warnings, instead of failing the run as pyproject.toml's
-# filterwarnings makes them everywhere else.  test_fuzz.py waits for its directional-derivative
-# check to hold on exploding cells (its derandomized examples follow its source: the current form draws one,
-# a 3-layer GRU with identity activations, where the check fails whichever form calls it).
-DEPRECATED_CELL_FORM_FILES = {"test_fuzz.py"}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in DEPRECATED_CELL_FORM_FILES:
-            item.add_marker(pytest.mark.filterwarnings("default:cell=:DeprecationWarning"))
-
-
 def find_libomp():
     """LLVM's OpenMP runtime (``CGRU_TEST_LIBOMP``, or a system install), or None: the fork and
     threadpoolctl tests run again with it preloaded in place of the runtime cgru was built with."""
