@@ -223,6 +223,21 @@ def _cgru_cell(name):
     return cgru.RNNCell(name[len("rnn_"):])
 
 
+def _tensors_key(tensors):
+    """What identifies ``tensors`` and their contents' version (``None`` entries included),
+    or None when one of them has no memory of its own (inside ``vmap``)."""
+    key = []
+    for t in tensors:
+        if t is None:
+            key.append(None)
+            continue
+        try:
+            key.append((id(t), t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version))
+        except RuntimeError:
+            return None
+    return tuple(key)
+
+
 class _Call:
     """What one forward computes besides its tensors: the network's topology, cell and
     weight names, the sequence lengths, the layout, dropout, seed and threads."""
@@ -240,12 +255,13 @@ class _Call:
         self.dropout, self.seed = dropout, seed
         self.num_threads = None if threads < 0 else threads
         self.training = training        # cgru's training forward (a reserve, dropout)
+        self._weights_network = None    # (key of the weight tensors, their cgru.Network)
 
     @property
     def lstm(self):
         return self.cell.has_cell_state
 
-    def network(self, tensors, fill, view=_weight_numpy):
+    def network(self, tensors, fill):
         """A ``cgru.Network`` of NumPy views of ``tensors`` (in ``self.names`` order); a slot
         without a tensor (no bias, or ``None``) gets ``fill(shape, dtype)``."""
         by_name = dict(zip(self.names, tensors))
@@ -258,13 +274,27 @@ class _Call:
             for slot, prefix in _SLOTS:
                 if slot in shapes:
                     t = by_name.get(prefix + suffix)
-                    arrays[slot] = fill(shapes[slot], self.dtype) if t is None else view(t)
+                    arrays[slot] = fill(shapes[slot], self.dtype) if t is None else _weight_numpy(t)
             layers.append(cgru.LayerParams(**arrays))
         return cgru.Network(self.topology, layers, self.cell)
 
+    def weights_network(self, weights):
+        """``self.network(weights, np.zeros)``, built once for a forward and its backward:
+        the last one built is used again while every weight tensor is the same tensor at the
+        same storage, shape, strides, dtype and version (an in-place change bumps the version,
+        so it gets a network of its own, which cgru's byte proof then refuses)."""
+        key = _tensors_key(weights)
+        last = self._weights_network
+        if key is not None and last is not None and last[0] == key:
+            return last[1]
+        net = self.network(weights, np.zeros)
+        if key is not None:
+            self._weights_network = (key, net)      # one assignment: a consistent pair
+        return net
+
     def forward(self, x, h0, c0, weights):
         """``((y, hy[, cy]), reserve)``: cgru's forward, outputs as tensors (zero-copy)."""
-        r = cgru.forward(self.network(weights, np.zeros), _numpy(x), _numpy(h0),
+        r = cgru.forward(self.weights_network(weights), _numpy(x), _numpy(h0),
                          c0=_numpy(c0), lengths=self.lengths, batch_major=self.batch_major,
                          training=self.training, dropout=self.dropout, seed=self.seed,
                          num_threads=self.num_threads)
@@ -272,26 +302,30 @@ class _Call:
         return outs, r.reserve
 
     def backward(self, x, weights, reserve, dy, dhy, dcy, need_weights):
-        """``(dx, dh0, dc0, [dweight or None])``: cgru's backward; the gradients of the
-        weights in ``need_weights`` are written into new tensors through NumPy views."""
-        grads = [torch.empty_like(w) if need else None for w, need in zip(weights, need_weights)]
-        dparams = self.network(grads, np.empty, _numpy) if any(need_weights) else None
-        g = cgru.backward(self.network(weights, np.zeros), _numpy(x), _numpy(reserve),
+        """``(dx, dh0, dc0, [dweight or None])``: cgru's backward; the weight gradients are
+        the engine's own result arrays as tensors (zero-copy), ``None`` where
+        ``need_weights`` says they are not needed."""
+        g = cgru.backward(self.weights_network(weights), _numpy(x), _numpy(reserve),
                           _numpy(dy), _numpy(dhy), dcy=_numpy(dcy),
-                          batch_major=self.batch_major, dparams=dparams,
-                          num_threads=self.num_threads)
+                          batch_major=self.batch_major, num_threads=self.num_threads)
+        grads = [_tensor(getattr(g.dparams[i], slot)) if need else None
+                 for (i, slot), need in zip(self.weight_slots(), need_weights)]
         return _tensor(g.dx), _tensor(g.dh0), _tensor(g.dc0), grads
 
-
-    def weight_shapes(self):
-        """The shape of each weight, in ``self.names`` order."""
+    def weight_slots(self):
+        """``(layer-direction, slot)`` of each weight, in ``self.names`` order."""
         D = self.topology.num_directions
         by_name = {}
         for i in range(self.topology.num_layer_directions):
             suffix = f"_l{i // D}" + ("_reverse" if i % D else "")
-            for slot, shape in self.topology.shapes(i, self.cell.gates).items():
-                by_name[dict(_SLOTS)[slot] + suffix] = tuple(shape)
+            for slot in self.topology.shapes(i, self.cell.gates):
+                by_name[dict(_SLOTS)[slot] + suffix] = (i, slot)
         return [by_name[n] for n in self.names]
+
+    def weight_shapes(self):
+        """The shape of each weight, in ``self.names`` order."""
+        return [tuple(self.topology.shapes(i, self.cell.gates)[slot])
+                for i, slot in self.weight_slots()]
 
 
 def _no_storage(t):

@@ -101,3 +101,40 @@ def test_core_calls_take_each_array_once(counts):
     cgru.backward(net, x, f.reserve, np.ones_like(f.y))
     assert counts["freeze"] == 1 and counts["proofs"] == 8 and counts["copies"] == 0
     assert counts["macs"][b"x"] == 1
+
+
+def test_a_torch_training_step_takes_each_weight_once(counts, monkeypatch):
+    """``cgru.torch.LSTM`` forward then backward: the weights' network is built once for both
+    (the backward finds it by the tensors' identity and version), copied once by the forward
+    and proved once by the backward; the weight gradients are the engine's arrays as tensors
+    (no dparams network, no copy into torch-made buffers)."""
+    torch = pytest.importorskip("torch")
+    import cgru.torch
+    built = []
+    real_network = cgru.torch._Call.network
+
+    def network(self, tensors, fill):
+        built.append(len(tensors))
+        return real_network(self, tensors, fill)
+    monkeypatch.setattr(cgru.torch._Call, "network", network)
+    torch.manual_seed(0)
+    m = cgru.torch.LSTM(3, 4, num_layers=2, dtype=torch.float64)
+    x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    arrays = 4 * 2
+    counts["reset"]()
+    y, _ = m(x)
+    assert built == [arrays] and counts["freeze"] == 1 and counts["copies"] == arrays
+    assert counts["macs"][b"x"] == 1 and counts["proofs"] == 0
+    counts["reset"]()
+    y.sum().backward()
+    assert built == [arrays] and counts["freeze"] == 1 and counts["proofs"] == arrays
+    assert counts["copies"] == 0 and counts["macs"][b"x"] == 1
+    # an in-place change of a weight (an optimizer step) is a new version: a network of its own
+    with torch.no_grad():
+        m.weight_hh_l1.mul_(0.5)
+    y2, _ = m(x)
+    y2.sum().backward()
+    assert built == [arrays, arrays]
+    ref = torch.nn.LSTM(3, 4, num_layers=2, dtype=torch.float64)
+    ref.load_state_dict(m.state_dict())
+    torch.testing.assert_close(y2, ref(x)[0], rtol=1e-12, atol=1e-12)
