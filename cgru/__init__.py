@@ -5,7 +5,7 @@ use, so that the pure-Python parts (``cgru.core.reference``, the cells and netwo
 even where the extensions are not built.
 """
 from cgru.core.cells import Activation, ACTIVATION_NAMES, Cell, GRUCell, LSTMCell, RNNCell
-from cgru.core.network import LayerParams, Network, Params, Topology
+from cgru.core.network import LayerParams, Network, Topology
 
 __version__ = "0.2.0"
 
@@ -19,11 +19,14 @@ _COMPILED = {
 }
 
 __all__ = ["Activation", "ACTIVATION_NAMES", "Cell", "GRUCell", "LSTMCell", "RNNCell",
-           "LayerParams", "Network",
-           "Params", "Topology", *_COMPILED, "__version__"]
+           "LayerParams", "Network", "Topology", *_COMPILED, "__version__"]
 
 
 def __getattr__(name):
+    if name == "Params":
+        from cgru.core import network
+        network.warn_params()
+        return Network
     module = _COMPILED.get(name)
     if module is None:
         raise AttributeError(f"module 'cgru' has no attribute {name!r}")

@@ -10,7 +10,9 @@ from cgru.core.cells import (ACTIVATION_NAMES as ACTIVATION_NAMES, Activation as
                              Cell as Cell, GRUCell as GRUCell, LSTMCell as LSTMCell,
                              RNNCell as RNNCell)
 from cgru.core.network import (LayerParams as LayerParams, Network as Network,
-                               Params as Params, Topology as Topology)
+                               Topology as Topology)
+
+Params = Network     # the old name: deprecated, a DeprecationWarning; removed in 0.4.0
 
 __version__: str
 __all__: list[str]

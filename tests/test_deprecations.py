@@ -54,13 +54,25 @@ def test_a_redundant_cell_keyword_warns():
     np.testing.assert_array_equal(got.y, cgru.forward(net, x).y)
 
 
-def test_params_is_the_old_name_of_network():
-    """``cgru.Params`` is kept as the old name of ``cgru.Network`` (the same class): it gives
-    no warning (a class alias cannot warn on use), and the CHANGELOG says so."""
+def test_params_is_the_old_name_of_network_and_warns():
+    """``cgru.Params`` is the old name of ``cgru.Network`` (the same class); every way of
+    naming it warns at the caller's line and says when it goes, and ``cgru``'s own names do
+    not include it."""
+    with pytest.warns(DeprecationWarning, match="removed in cgru 0.4.0") as seen:
+        assert cgru.Params is cgru.Network
+    assert seen[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match="cgru.Params is deprecated"):
+        from cgru import Params
+    assert Params is cgru.Network
+    with pytest.warns(DeprecationWarning, match="cgru.Params is deprecated") as seen:
+        from cgru.core.network import Params as P2
+    assert P2 is cgru.Network and seen[0].filename == __file__
+    assert "Params" not in cgru.__all__ and "Params" not in dir(cgru)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert cgru.Params is cgru.Network
-        cgru.Params.random(cgru.Topology(2, 3), np.float32)
+        namespace = {}
+        exec("from cgru import *", namespace)
+        assert "Params" not in namespace and namespace["Network"] is cgru.Network
 
 
 def test_cgru_warnings_fail_the_test_run():

@@ -34,7 +34,7 @@ import numpy as np
 from cgru.core import kinds, validate
 from cgru.core.cells import GRUCell, is_cell
 
-__all__ = ["Topology", "LayerParams", "Network", "Params", "DIRECTIONS", "INPUT_MODES", "DTYPES", "as_dtype"]
+__all__ = ["Topology", "LayerParams", "Network", "DIRECTIONS", "INPUT_MODES", "DTYPES", "as_dtype"]
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 INPUT_MODES = ("linear", "skip", "projected")
@@ -182,7 +182,7 @@ class Network:
     cuDNN's GRU cell); its kind fixes the gate blocks of every matrix.  ``forward`` and
     ``backward`` compute with it, and a ``cell=`` argument that contradicts it is an error.
     The arrays are validated (shapes, one float dtype) and kept as given: no copies.
-    ``cgru.Params`` is the same class (its old name).
+    ``cgru.Params`` is its old name (deprecated, removed in 0.4.0).
     """
 
     def __init__(self, topology, layers, cell=None):
@@ -260,7 +260,8 @@ class Network:
         if not self._cell_given:
             warnings.warn("cell=: passing a cell along with a network is deprecated; build the "
                           "network with it (cgru.Network(topology, layers, cell=...), "
-                          "Network.random(..., cell=...)) — cgru.convert.from_* already do",
+                          "Network.random(..., cell=...)) — cgru.convert.from_* already do. The "
+                          "argument will be removed in cgru 0.4.0",
                           DeprecationWarning, stacklevel=stacklevel)
             if cell.gates != self.cell.gates:
                 raise ValueError(f"cell: a {cell.kind} cell ({cell.gates} gates) cannot run "
@@ -270,7 +271,8 @@ class Network:
             raise ValueError(f"cell: {cell} contradicts the network's own cell {self.cell}; "
                              f"the network carries its cell — drop the cell= argument (or "
                              f"build the network with the cell you mean)")
-        warnings.warn("cell=: redundant, the network carries its cell; drop the argument",
+        warnings.warn("cell=: redundant, the network carries its cell; drop the argument "
+                      "(it will be removed in cgru 0.4.0)",
                       DeprecationWarning, stacklevel=stacklevel)
         return cell
 
@@ -411,4 +413,15 @@ class Network:
         return cls(topology, [LayerParams(**a) for a in layers], cell)
 
 
-Params = Network    # the old name
+def warn_params():
+    """The warning of ``Params``, the old name of ``Network`` (deprecated in 0.2.0, removed in
+    0.4.0), at the line that named it."""
+    warnings.warn("cgru.Params is deprecated; use cgru.Network (the same class). "
+                  "cgru.Params will be removed in cgru 0.4.0", DeprecationWarning, stacklevel=3)
+
+
+def __getattr__(name):
+    if name == "Params":
+        warn_params()
+        return Network
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

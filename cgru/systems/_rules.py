@@ -119,7 +119,7 @@ def option(value, what, choices, note=""):
 def topology_of(net):
     """The topology of ``net``, a ``cgru.Network`` (``TypeError`` otherwise)."""
     if not isinstance(net, Network):
-        raise TypeError(f"params: expected a cgru.Network (cgru.Params), got "
+        raise TypeError(f"params: expected a cgru.Network, got "
                         f"{type(net).__name__}")
     return net.topology
 
