@@ -7,10 +7,14 @@
 * ``loops``    what every cell kind's time loops share: signal polling, test probes, weight
                packing for the packed GEMM (``simd.h``), vector math, ``fingerprint``
 * ``gru``      the GRU's fused forward/backward time loops
+* ``lstm``     the LSTM's (peepholes, the recurrent projection, coupled gates)
+* ``rnn``      the vanilla RNN's
 
 ``simd.h`` holds the packed-weight GEMM and the vectorised activations, compiled for each ISA
-(AVX-512, AVX2+FMA, baseline) and chosen at run time: a new ISA is one more entry in its
-dispatch (``cgru_isa``).  A new cell kind is one more module beside ``gru`` using ``loops``.
+(AVX-512, AVX2+FMA, baseline) and chosen at run time: the GEMM by an explicit switch on
+``cgru_isa()`` (a new ISA is one more case there), the activations by the compiler's
+``target_clones``.  ``hash.h`` is the fingerprint behind the reserves' MACs, ``team.h`` the
+team that shares one direction's per-step products, ``parallel.h`` the OpenMP regions.  A new cell kind is one more module beside ``gru`` using ``loops``.
 """
 import glob as _glob
 import importlib.machinery as _machinery

@@ -9,7 +9,9 @@
  *   2. Vectorised sigmoid and tanh, float32 and float64, for the fused gate loops.
  *
  * Each hot function is compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the
- * baseline, and the loader picks one for the machine (target_clones).
+ * baseline.  The GEMM picks its version by an explicit switch on cgru_isa() (asked once,
+ * at import; a test can force a lower level to compare them); the activations are
+ * target_clones, picked by the loader.
  */
 #ifndef CGRU_SIMD_H
 #define CGRU_SIMD_H

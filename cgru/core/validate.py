@@ -127,7 +127,7 @@ def shape_text(shape):
     return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
 
 
-def array(a, what, dtype, shape=None, like="(the dtype of params)"):
+def array(a, what, dtype, shape=None, like="(the network's dtype)"):
     """``a`` as an ndarray of ``dtype``; shape checked (``None`` in ``shape`` = any)."""
     plain_array(a, what)
     if a.dtype != dtype:
@@ -195,7 +195,7 @@ def cell_for_dtype(cell, dtype, what="cell"):
                                  f"params; at most {limit:.4g} in magnitude)")
     clip = getattr(cell, "clip", None)
     if clip is not None and clip > limit:
-        raise ValueError(f"{what}.clip: {clip} does not fit {dtype} (the dtype of params)")
+        raise ValueError(f"{what}.clip: {clip} does not fit {dtype} (the network's dtype)")
 
 
 # --- sequences -----------------------------------------------------------------------------
@@ -231,7 +231,7 @@ def broadcast_mask(mask, what, dtype, shape, time_major_axes=None):
     broadcast, ``TypeError`` for another dtype."""
     plain_array(mask, what)
     if mask.dtype != dtype:
-        raise TypeError(f"{what}: expected dtype {dtype} (the dtype of params), got "
+        raise TypeError(f"{what}: expected dtype {dtype} (the network's dtype), got "
                         f"{mask.dtype}")
     try:
         return np.broadcast_to(mask, shape)
