@@ -52,7 +52,7 @@ extensions = [
         extra_compile_args=compile_args,
         extra_link_args=link_args,
         depends=[f"{KERNELS}/{h}" for h in ("simd.h", "hash.h", "team.h", "threads.pxd",
-                                            "blas.pxd", "loops.pxd", "entry.pxi")
+                                            "blas.pxd", "loops.pxd", "entry.pxi", "driver.pxi")
                  + (("parallel.h",) if name == "threads" else ())],
     )
     for name in ("threads", "blas", "loops", "gru", "lstm", "rnn")

@@ -6,15 +6,20 @@
                whole-sequence GEMMs as blocks on an OpenMP team
 * ``loops``    what every cell kind's time loops share: signal polling, test probes, weight
                packing for the packed GEMM (``simd.h``), vector math, ``fingerprint``
-* ``gru``      the GRU's fused forward/backward time loops
+* ``gru``      the GRU's fused gate math of one step, forward and backward
 * ``lstm``     the LSTM's (peepholes, the recurrent projection, coupled gates)
 * ``rnn``      the vanilla RNN's
+
+Each of the three includes ``driver.pxi``, the time loop of a work item written once for every
+kind (state slots, masks, padded rows, the output, the backward's carry and recurrent product,
+the scratch, signal polling), and ``entry.pxi``, the Python entry points.
 
 ``simd.h`` holds the packed-weight GEMM and the vectorised activations, compiled for each ISA
 (AVX-512, AVX2+FMA, baseline) and chosen at run time: the GEMM by an explicit switch on
 ``cgru_isa()`` (a new ISA is one more case there), the activations by the compiler's
 ``target_clones``.  ``hash.h`` is the fingerprint behind the reserves' MACs, ``team.h`` the
-team that shares one direction's per-step products, ``parallel.h`` the OpenMP regions.  A new cell kind is one more module beside ``gru`` using ``loops``.
+team that shares one direction's per-step products, ``parallel.h`` the OpenMP regions.  A new
+cell kind is one more module beside ``gru``: its step, and the two includes.
 """
 import glob as _glob
 import importlib.machinery as _machinery

@@ -1,7 +1,8 @@
 # The Python entry points of one cell kind's time loops, shared word for word by gru.pyx,
-# lstm.pyx and rnn.pyx (each includes this file after defining its CellSpec, Layer,
-# make_cell, make_layer, forward_item and backward_item): the per-item trampolines (threads.parallel_for) for
-# float32 and float64, and forward_layer / backward_layer.
+# lstm.pyx and rnn.pyx (each includes this file after defining its CellSpec, Layer, make_cell
+# and make_layer, and including driver.pxi, which defines forward_item and backward_item):
+# the per-item trampolines (threads.parallel_for) for float32 and float64, and forward_layer /
+# backward_layer.
 
 cdef void forward_item_f(void *ctx, int item) noexcept nogil:
     cdef Job *J = <Job *>ctx
@@ -39,7 +40,7 @@ def forward_layer(dtype, int T, int N, int H, int S, int n_chunks, int num_threa
     cdef CellSpec C = make_cell(cell)
     cdef int abort = 0
     cdef list errors = []
-    cdef Layer L = make_layer(T, N, H, S, n_chunks, lengths, mask, y, None, dirs, &abort,
+    cdef Layer L = make_layer(&C, T, N, H, S, n_chunks, lengths, mask, y, None, dirs, &abort,
                               errors)
     cdef Job J
     J.layer, J.cell, J.loop, J.training, J.failed = &L, &C, &L.loop, training, 0
@@ -54,7 +55,7 @@ def backward_layer(dtype, int T, int N, int H, int S, int n_chunks, int num_thre
     cdef CellSpec C = make_cell(cell)
     cdef int abort = 0
     cdef list errors = []
-    cdef Layer L = make_layer(T, N, H, S, n_chunks, lengths, mask, None, dy, dirs, &abort,
+    cdef Layer L = make_layer(&C, T, N, H, S, n_chunks, lengths, mask, None, dy, dirs, &abort,
                               errors)
     cdef Job J
     J.layer, J.cell, J.loop, J.training, J.failed = &L, &C, &L.loop, False, 0

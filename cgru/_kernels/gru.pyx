@@ -32,6 +32,9 @@ Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
     dgh_nᵀ·(r ⊙ h ⊙ m), which the backward writes into ws_rhm), db_W = Σ dgx, db_R = Σ dgh,
     dX = dgx·W.
 
+This file holds the kind's own part: the fused gate math of one step (fwd_step, bwd_step);
+the time loop around it is driver.pxi's, the same for every kind.
+
 Parallelism: the work items (direction, batch chunk) run on an OpenMP team (threads.pyx);
 each item runs the whole time loop for its rows.  A layer with one item (one direction, a
 small batch) shares its per-step products with the spare threads instead (a team, team.h:
@@ -63,28 +66,22 @@ cdef struct CellSpec:
 # --- the arguments of one layer --------------------------------------------------------------
 cdef struct Dir:
     # per direction; every pointer is to the dtype's elements, rows as documented
-    bint reverse
+    States st                # h0, hy, states, dhy, dh0, hm (loops.pxd); dG = dgh (reset-after)
+                             # or dgx's r, z columns; Rb = R (reset-after) or R_rz, packed
     const void *gx           # [T·N, 3H], row stride ldgx       (IN)
     Py_ssize_t ldgx
     const void *Rp           # forward: R_rzn (reset-after) or R_rz, packed for h·Rᵀ (IN)
     const void *Rp_n         # forward, reset-before: R_n packed for (r⊙h⊙m)·R_nᵀ      (IN)
-    const void *Rb           # backward: R [3H, H] (reset-after) or R_rz [2H, H], packed (IN)
     const void *Rb_n         # backward, reset-before: R_n [H, H], packed              (IN)
     const void *b_rzn        # [3H] b_r, b_z, b_n (see step 3/4) (IN)
     const void *b_hn         # [H]  b_Rn (reset-after)           (IN)
-    const void *h0           # [N, H]                           (IN)
-    void *hy                 # [N, H]                           (OUT)
     void *gates              # [T·N, 3H] or NULL (inference)    (OUT)
     void *pre                # [T·N, 3H] or NULL                (OUT)
     void *hn                 # [T·N, H] or NULL                 (OUT)
-    void *states             # [(T+1)·N, H] or NULL             (OUT)
     # backward
-    const void *dhy          # [N, H] or NULL                   (IN)
-    void *dh0                # [N, H]                           (OUT)
     void *dgx                # [T·N, 3H]                        (OUT)
     void *dgh                # [T·N, 3H] (reset-after)          (OUT)
     void *rhm                # [T·N, H]  (reset-before: r⊙h⊙m)  (OUT)
-    void *hm                 # [T·N, H]  h⊙m (mask) or h (padding), 0 when inactive (OUT)
 
 
 cdef struct Layer:
@@ -128,31 +125,29 @@ cdef void general_gates(const CellSpec *C, int H, const floating *gxr, const flo
             pre3[2 * H + j] = pn
 
 
-cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C, int item,
-                      bint training) noexcept nogil:
-    """Whole time loop for one (direction, batch chunk) work item.  Returns 0, or -1 if out of
-    memory."""
+cdef inline size_t fwd_work(const Layer *L, int rows) noexcept nogil:
+    # gh [rows, 3H] | g3 [rows, 3H] (inference gates) | rh [rows, H] (reset-before: r ⊙ h ⊙ m)
+    return <size_t>rows * 7 * L.loop.H
+
+
+cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d, int t,
+                          int b0, int rows, const floating *h_src, const floating *h_prev,
+                          floating *h_next, const floating *c_prev, floating *c_next,
+                          floating *work, bint training) noexcept nogil:
+    """Steps 2-5 of time t for the active rows (the time loop: driver.pxi)."""
     cdef const Loop *Lp = &L.loop
-    cdef int T = Lp.T, N = Lp.N, H = Lp.H, D = Lp.D
-    cdef int d, b0, b1
-    item_rows(Lp, item, &d, &b0, &b1)
-    cdef int rows = b1 - b0
-    cdef const Dir *P = &L.dirs[d]
+    cdef int N = Lp.N, H = Lp.H
     cdef const floating *gx = <const floating *>P.gx
-    cdef const floating *Rp = <const floating *>P.Rp
-    cdef const floating *Rp_n = <const floating *>P.Rp_n
     cdef const floating *b_rzn = <const floating *>P.b_rzn
     cdef const floating *b_hn = <const floating *>P.b_hn
     cdef const floating *mask = <const floating *>Lp.mask
-    cdef floating *y = <floating *>Lp.y
-    cdef floating *states = <floating *>P.states
     cdef floating *ws_gates = <floating *>P.gates
     cdef floating *ws_pre = <floating *>P.pre
     cdef floating *ws_hn = <floating *>P.hn
-    cdef Py_ssize_t H3 = 3 * H, DH = D * H, ldgx = P.ldgx
+    cdef Py_ssize_t H3 = 3 * H, ldgx = P.ldgx
     cdef floating clipv = <floating>C.clip
     cdef bint has_clip = C.has_clip, flip = C.flip_z, fast = C.fast
-    cdef int s, t, i, j, b
+    cdef int i, j, b
     cdef Py_ssize_t row
     cdef const floating *gxr
     cdef const floating *mrow
@@ -163,131 +158,81 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
     cdef floating *hn
     cdef floating *pre3
     cdef floating pn
-    if rows <= 0:
-        return 0
-    # scratch: gh [rows, 3H] | hm [rows, H] | g3 [rows, 3H] (inference gates) |
-    #          h_a, h_b [rows, H] (inference: the state, ping-pong)
-    cdef floating *scratch = <floating *>malloc((<size_t>rows) * 9 * H * sizeof(floating) + 64)
-    if scratch == NULL:
-        return -1
-    cdef floating *gh = scratch
-    cdef floating *hm = gh + <size_t>rows * H3
-    cdef floating *g3s = hm + <size_t>rows * H
-    cdef floating *h_a = g3s + <size_t>rows * H3
-    cdef floating *h_b = h_a + <size_t>rows * H
-    cdef floating *h_prev
-    cdef floating *h_next
-    cdef const floating *h_src
-
-    # initial state
-    if training:
-        h_prev = states + (<size_t>(T if P.reverse else 0) * N + b0) * H
-    else:
-        h_prev = h_a
-    memcpy(h_prev, <const floating *>P.h0 + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
-
-    cdef double next_poll = first_poll()
-    for s in range(T):
-        if loop_step(Lp, &next_poll, item, s):
-            break
-        t = T - 1 - s if P.reverse else s
-        if training:
-            h_next = states + (<size_t>(t if P.reverse else t + 1) * N + b0) * H
-        else:
-            h_next = h_b if h_prev == h_a else h_a
-        # 2. gh = (h ⊙ m)·Rᵀ
-        h_src = h_prev
-        if mask != NULL:
-            for i in range(rows):
-                mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
-                for j in range(H):
-                    hm[i * H + j] = h_prev[i * H + j] * mrow[j]
-            h_src = hm
-        # gh[rows, 3H (reset-after) or 2H] = h_src[rows, H] · R[3H or 2H, H]ᵀ
-        loop_gemm(Lp, rows, 3 * H if C.reset_after else 2 * H, H, h_src, H, Rp, False, gh, H3)
-        if not C.reset_after:
-            # reset-before, 3.: r, z; then hm = r ⊙ h ⊙ m for the candidate's product
-            for i in range(rows):
-                b = b0 + i
-                row = <Py_ssize_t>t * N + b
-                hp = h_prev + i * H
-                g3 = (ws_gates + row * H3) if training else (g3s + i * H3)
-                if t >= Lp.lengths[b]:
-                    memset(hm + i * H, 0, H * sizeof(floating))
-                    continue
-                gxr = gx + row * ldgx
-                ghr = gh + i * H3
-                for j in range(2 * H):
-                    g3[j] = gxr[j] + ghr[j] + b_rzn[j]
-                if fast:
-                    sigmoid_inplace(g3, 2 * H)
-                else:
-                    if training:
-                        memcpy(ws_pre + row * H3, g3, 2 * H * sizeof(floating))
-                    for j in range(H):
-                        g3[j] = activate(&C.f_r, clamp(g3[j], has_clip, clipv))
-                        g3[H + j] = activate(&C.f_z, clamp(g3[H + j], has_clip, clipv))
-                mrow = mask + (<size_t>t * N + b) * DH + <size_t>d * H if mask != NULL else NULL
-                if mrow != NULL:
-                    for j in range(H):
-                        hm[i * H + j] = g3[j] * hp[j] * mrow[j]
-                else:
-                    for j in range(H):
-                        hm[i * H + j] = g3[j] * hp[j]
-            # gh_n[rows, H] = hm[rows, H] · R_n[H, H]ᵀ
-            loop_gemm(Lp, rows, H, H, hm, H, Rp_n, False, gh + 2 * H, H3)
+    cdef floating *gh = work
+    cdef floating *g3s = gh + <size_t>rows * H3
+    cdef floating *rh = g3s + <size_t>rows * H3
+    # gh[rows, 3H (reset-after) or 2H] = h_src[rows, H] · R[3H or 2H, H]ᵀ
+    loop_gemm(Lp, rows, 3 * H if C.reset_after else 2 * H, H, h_src, H,
+              <const floating *>P.Rp, False, gh, H3)
+    if not C.reset_after:
+        # reset-before, 3.: r, z; then rh = r ⊙ h ⊙ m for the candidate's product
         for i in range(rows):
             b = b0 + i
             row = <Py_ssize_t>t * N + b
             hp = h_prev + i * H
-            hnew = h_next + i * H
+            g3 = (ws_gates + row * H3) if training else (g3s + i * H3)
             if t >= Lp.lengths[b]:
-                # inactive: the state passes through, the output is 0
-                memcpy(hnew, hp, H * sizeof(floating))
-                memset(y + row * DH + d * H, 0, H * sizeof(floating))
-                if training:
-                    memset(ws_gates + row * H3, 0, H3 * sizeof(floating))
-                    if ws_hn != NULL:
-                        memset(ws_hn + row * H, 0, H * sizeof(floating))
-                    if ws_pre != NULL:
-                        memset(ws_pre + row * H3, 0, H3 * sizeof(floating))
+                memset(rh + i * H, 0, H * sizeof(floating))
                 continue
             gxr = gx + row * ldgx
             ghr = gh + i * H3
-            g3 = (ws_gates + row * H3) if training else (g3s + i * H3)
-            if C.reset_after:
-                hn = (ws_hn + row * H) if training else (ghr + 2 * H)
-                if fast:
-                    # 3. r, z
-                    for j in range(2 * H):
-                        g3[j] = gxr[j] + ghr[j] + b_rzn[j]
-                    sigmoid_inplace(g3, 2 * H)
-                    # 4. hn = gh_n + b_Rn, n = tanh(gx_n + b_Wn + r ⊙ hn)
-                    for j in range(H):
-                        hn[j] = ghr[2 * H + j] + b_hn[j]
-                        g3[2 * H + j] = gxr[2 * H + j] + b_rzn[2 * H + j] + g3[j] * hn[j]
-                    tanh_inplace(g3 + 2 * H, H)
-                else:
-                    pre3 = (ws_pre + row * H3) if training else NULL
-                    general_gates(C, H, gxr, ghr, b_rzn, b_hn, g3, hn, pre3)
+            for j in range(2 * H):
+                g3[j] = gxr[j] + ghr[j] + b_rzn[j]
+            if fast:
+                sigmoid_inplace(g3, 2 * H)
             else:
-                # 4. n = g(gx_n + gh_n + b_Wn + b_Rn)
+                if training:
+                    memcpy(ws_pre + row * H3, g3, 2 * H * sizeof(floating))
                 for j in range(H):
-                    g3[2 * H + j] = gxr[2 * H + j] + ghr[2 * H + j] + b_rzn[2 * H + j]
-                if fast:
-                    tanh_inplace(g3 + 2 * H, H)
-                else:
-                    for j in range(H):
-                        pn = g3[2 * H + j]
-                        if training:
-                            ws_pre[row * H3 + 2 * H + j] = pn
-                        g3[2 * H + j] = activate(&C.g, clamp(pn, has_clip, clipv))
-            blend(hnew, hp, g3 + H, g3 + 2 * H, H, flip)
-            memcpy(y + row * DH + d * H, hnew, H * sizeof(floating))
-        h_prev = h_next
-    memcpy(<floating *>P.hy + <size_t>b0 * H, h_prev, <size_t>rows * H * sizeof(floating))
-    free(scratch)
-    return 0
+                    g3[j] = activate(&C.f_r, clamp(g3[j], has_clip, clipv))
+                    g3[H + j] = activate(&C.f_z, clamp(g3[H + j], has_clip, clipv))
+            mrow = mask_row(Lp, mask, t, b, d)
+            if mrow != NULL:
+                for j in range(H):
+                    rh[i * H + j] = g3[j] * hp[j] * mrow[j]
+            else:
+                for j in range(H):
+                    rh[i * H + j] = g3[j] * hp[j]
+        # gh_n[rows, H] = rh[rows, H] · R_n[H, H]ᵀ
+        loop_gemm(Lp, rows, H, H, rh, H, <const floating *>P.Rp_n, False, gh + 2 * H, H3)
+    for i in range(rows):
+        b = b0 + i
+        if t >= Lp.lengths[b]:
+            continue
+        row = <Py_ssize_t>t * N + b
+        hp = h_prev + i * H
+        hnew = h_next + i * H
+        gxr = gx + row * ldgx
+        ghr = gh + i * H3
+        g3 = (ws_gates + row * H3) if training else (g3s + i * H3)
+        if C.reset_after:
+            hn = (ws_hn + row * H) if training else (ghr + 2 * H)
+            if fast:
+                # 3. r, z
+                for j in range(2 * H):
+                    g3[j] = gxr[j] + ghr[j] + b_rzn[j]
+                sigmoid_inplace(g3, 2 * H)
+                # 4. hn = gh_n + b_Rn, n = tanh(gx_n + b_Wn + r ⊙ hn)
+                for j in range(H):
+                    hn[j] = ghr[2 * H + j] + b_hn[j]
+                    g3[2 * H + j] = gxr[2 * H + j] + b_rzn[2 * H + j] + g3[j] * hn[j]
+                tanh_inplace(g3 + 2 * H, H)
+            else:
+                pre3 = (ws_pre + row * H3) if training else NULL
+                general_gates(C, H, gxr, ghr, b_rzn, b_hn, g3, hn, pre3)
+        else:
+            # 4. n = g(gx_n + gh_n + b_Wn + b_Rn)
+            for j in range(H):
+                g3[2 * H + j] = gxr[2 * H + j] + ghr[2 * H + j] + b_rzn[2 * H + j]
+            if fast:
+                tanh_inplace(g3 + 2 * H, H)
+            else:
+                for j in range(H):
+                    pn = g3[2 * H + j]
+                    if training:
+                        ws_pre[row * H3 + 2 * H + j] = pn
+                    g3[2 * H + j] = activate(&C.g, clamp(pn, has_clip, clipv))
+        blend(hnew, hp, g3 + H, g3 + 2 * H, H, flip)
 
 
 # --- backward ------------------------------------------------------------------------------
@@ -336,184 +281,117 @@ cdef inline void bwd_row_fast_ra(int H, const floating *g3, const floating *hp,
             dgh[2 * H + j] = dpn * r
 
 
-cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C,
-                       int item) noexcept nogil:
-    """Backward time loop for one (direction, batch chunk) work item (see the module
-    docstring).  Returns 0, or -1 if out of memory."""
+cdef inline size_t bwd_work(const Layer *L, int rows) noexcept nogil:
+    return 0
+
+
+cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d, int t,
+                          int b0, int rows, const floating *hps, const floating *hns,
+                          const floating *cp, const floating *cn, floating *dh, floating *dc,
+                          floating *tmp, floating *work) noexcept nogil:
+    """bwd of 5, 4, 3 of time t for the active rows, and reset-before's candidate product
+    (the time loop and bwd of 2: driver.pxi)."""
     cdef const Loop *Lp = &L.loop
-    cdef int T = Lp.T, N = Lp.N, H = Lp.H, D = Lp.D
-    cdef int d, b0, b1
-    item_rows(Lp, item, &d, &b0, &b1)
-    cdef int rows = b1 - b0
-    cdef const Dir *P = &L.dirs[d]
-    cdef const floating *Rb = <const floating *>P.Rb
-    cdef const floating *Rb_n = <const floating *>P.Rb_n
+    cdef int N = Lp.N, H = Lp.H
     cdef const floating *mask = <const floating *>Lp.mask
-    cdef const floating *dy = <const floating *>Lp.dy
-    cdef const floating *states = <const floating *>P.states
     cdef const floating *ws_gates = <const floating *>P.gates
     cdef const floating *ws_pre = <const floating *>P.pre
     cdef const floating *ws_hn = <const floating *>P.hn
     cdef floating *dgx = <floating *>P.dgx
     cdef floating *dgh = <floating *>P.dgh if C.reset_after else <floating *>P.dgx
     cdef floating *rhm = <floating *>P.rhm
-    cdef floating *hm = <floating *>P.hm
-    cdef Py_ssize_t H3 = 3 * H, DH = D * H
+    cdef Py_ssize_t H3 = 3 * H
     cdef floating clipv = <floating>C.clip
     cdef bint has_clip = C.has_clip, flip = C.flip_z, fast = C.fast
-    cdef int s, t, i, j, b
+    cdef int i, j, b
     cdef Py_ssize_t row
-    cdef const floating *hp
+    cdef const floating *hp = hps
     cdef const floating *g3
     cdef const floating *pre3
     cdef const floating *mrow
     cdef floating *dxr
     cdef floating *dhr
     cdef floating r, z, n, hv, dhv, dn, dz, dpn, dpr, dpz, dr, m
-    if rows <= 0:
-        return 0
-    # scratch: dh [rows, H] (the carry) | tmp [rows, H] (GEMM result)
-    cdef floating *scratch = <floating *>malloc((<size_t>rows) * 2 * H * sizeof(floating) + 64)
-    if scratch == NULL:
-        return -1
-    cdef floating *dh = scratch
-    cdef floating *tmp = dh + <size_t>rows * H
-    if P.dhy != NULL:
-        memcpy(dh, <const floating *>P.dhy + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
-    else:
-        memset(dh, 0, <size_t>rows * H * sizeof(floating))
-
-    cdef double next_poll = first_poll()
-    for s in range(T):
-        if loop_step(Lp, &next_poll, item, s):
-            break
-        t = s if P.reverse else T - 1 - s
-        # h_prev of time t: slot t (forward) or t+1 (reversed)
-        hp = states + (<size_t>(t + 1 if P.reverse else t) * N + b0) * H
+    for i in range(rows):
+        b = b0 + i
+        if t >= Lp.lengths[b]:
+            continue
+        row = <Py_ssize_t>t * N + b
+        dhr = dh + i * H
+        dxr = dgx + row * H3
+        mrow = mask_row(Lp, mask, t, b, d)
+        g3 = ws_gates + row * H3
+        pre3 = ws_pre + row * H3 if ws_pre != NULL else NULL
+        if fast and C.reset_after:
+            # the common cell: branch-free, so that the compiler vectorises it
+            bwd_row_fast_ra(H, g3, hp + i * H, ws_hn + row * H, dhr, dxr, dgh + row * H3, flip)
+            continue
+        for j in range(H):
+            r = g3[j]
+            z = g3[H + j]
+            n = g3[2 * H + j]
+            hv = hp[i * H + j]
+            dhv = dhr[j]
+            # bwd of 5
+            if flip:
+                dn = dhv * z
+                dz = dhv * (n - hv)
+                dhr[j] = dhv * (1 - z)
+            else:
+                dn = dhv * (1 - z)
+                dz = dhv * (hv - n)
+                dhr[j] = dhv * z
+            # bwd of 4 (candidate), 3 (update gate)
+            if fast:
+                dpn = dn * (1 - n * n)
+                dpz = dz * z * (1 - z)
+            else:
+                dpn = dn * activate_grad(&C.g, clamp(pre3[2 * H + j], has_clip, clipv), n) \
+                    * clip_grad(pre3[2 * H + j], has_clip, clipv)
+                dpz = dz * activate_grad(&C.f_z, clamp(pre3[H + j], has_clip, clipv), z) \
+                    * clip_grad(pre3[H + j], has_clip, clipv)
+            dxr[H + j] = dpz
+            dxr[2 * H + j] = dpn
+            if C.reset_after:
+                dr = dpn * ws_hn[row * H + j]
+                if fast:
+                    dpr = dr * r * (1 - r)
+                else:
+                    dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
+                        * clip_grad(pre3[j], has_clip, clipv)
+                dxr[j] = dpr
+                dgh[row * H3 + j] = dpr
+                dgh[row * H3 + H + j] = dpz
+                dgh[row * H3 + 2 * H + j] = dpn * r
+            else:
+                m = mrow[j] if mrow != NULL else 1
+                rhm[row * H + j] = r * hv * m
+    if not C.reset_after:
+        # bwd of 4 (reset-before): drh[rows, H] = dgx_n[rows, H] · R_n[H, H]
+        loop_gemm(Lp, rows, H, H, dgx + (<size_t>t * N + b0) * H3 + 2 * H, H3,
+                  <const floating *>P.Rb_n, False, tmp, H)
         for i in range(rows):
             b = b0 + i
-            row = <Py_ssize_t>t * N + b
-            dhr = dh + i * H
-            dxr = dgx + row * H3
-            mrow = mask + (<size_t>t * N + b) * DH + <size_t>d * H if mask != NULL else NULL
             if t >= Lp.lengths[b]:
-                # inactive: the state passes through; no gate gradients, and zeros in every
-                # operand row of the weight-gradient GEMMs (padding never reaches dW, dR)
-                if hm != NULL:
-                    memset(hm + row * H, 0, H * sizeof(floating))
-                memset(dxr, 0, H3 * sizeof(floating))
-                if C.reset_after:
-                    memset(dgh + row * H3, 0, H3 * sizeof(floating))
-                else:
-                    memset(rhm + row * H, 0, H * sizeof(floating))
                 continue
-            if hm != NULL:
-                # h_prev as it entered the recurrent product: h ⊙ m (or h), for dR
-                if mrow != NULL:
-                    for j in range(H):
-                        hm[row * H + j] = hp[i * H + j] * mrow[j]
-                else:
-                    memcpy(hm + row * H, hp + i * H, H * sizeof(floating))
-            if dy != NULL:
-                for j in range(H):
-                    dhr[j] += dy[row * DH + d * H + j]
+            row = <Py_ssize_t>t * N + b
             g3 = ws_gates + row * H3
             pre3 = ws_pre + row * H3 if ws_pre != NULL else NULL
-            if fast and C.reset_after:
-                # the common cell: branch-free, so that the compiler vectorises it
-                bwd_row_fast_ra(H, g3, hp + i * H, ws_hn + row * H, dhr, dxr, dgh + row * H3, flip)
-                continue
+            mrow = mask_row(Lp, mask, t, b, d)
             for j in range(H):
                 r = g3[j]
-                z = g3[H + j]
-                n = g3[2 * H + j]
-                hv = hp[i * H + j]
-                dhv = dhr[j]
-                # bwd of 5
-                if flip:
-                    dn = dhv * z
-                    dz = dhv * (n - hv)
-                    dhr[j] = dhv * (1 - z)
-                else:
-                    dn = dhv * (1 - z)
-                    dz = dhv * (hv - n)
-                    dhr[j] = dhv * z
-                # bwd of 4 (candidate), 3 (update gate)
+                m = mrow[j] if mrow != NULL else 1
+                dr = tmp[i * H + j] * hp[i * H + j] * m
+                dh[i * H + j] += tmp[i * H + j] * r * m
                 if fast:
-                    dpn = dn * (1 - n * n)
-                    dpz = dz * z * (1 - z)
+                    dpr = dr * r * (1 - r)
                 else:
-                    dpn = dn * activate_grad(&C.g, clamp(pre3[2 * H + j], has_clip, clipv), n) \
-                        * clip_grad(pre3[2 * H + j], has_clip, clipv)
-                    dpz = dz * activate_grad(&C.f_z, clamp(pre3[H + j], has_clip, clipv), z) \
-                        * clip_grad(pre3[H + j], has_clip, clipv)
-                dxr[H + j] = dpz
-                dxr[2 * H + j] = dpn
-                if C.reset_after:
-                    dr = dpn * ws_hn[row * H + j]
-                    if fast:
-                        dpr = dr * r * (1 - r)
-                    else:
-                        dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
-                            * clip_grad(pre3[j], has_clip, clipv)
-                    dxr[j] = dpr
-                    dgh[row * H3 + j] = dpr
-                    dgh[row * H3 + H + j] = dpz
-                    dgh[row * H3 + 2 * H + j] = dpn * r
-                else:
-                    m = mrow[j] if mrow != NULL else 1
-                    rhm[row * H + j] = r * hv * m
-        if C.reset_after:
-            # bwd of 2: dh_prev += m ⊙ (dgh[rows, 3H] · R[3H, H])
-            if mask == NULL:
-                loop_gemm(Lp, rows, H, 3 * H, dgh + (<size_t>t * N + b0) * H3, H3, Rb, True, dh, H)
-            else:
-                loop_gemm(Lp, rows, H, 3 * H, dgh + (<size_t>t * N + b0) * H3, H3, Rb, False,
-                            tmp, H)
-                for i in range(rows):
-                    if t >= Lp.lengths[b0 + i]:
-                        continue            # the mask of a padded step is never read
-                    mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
-                    for j in range(H):
-                        dh[i * H + j] += mrow[j] * tmp[i * H + j]
-        else:
-            # bwd of 4 (reset-before): drh[rows, H] = dgx_n[rows, H] · R_n[H, H]
-            loop_gemm(Lp, rows, H, H, dgx + (<size_t>t * N + b0) * H3 + 2 * H, H3, Rb_n, False,
-                        tmp, H)
-            for i in range(rows):
-                b = b0 + i
-                if t >= Lp.lengths[b]:
-                    continue
-                row = <Py_ssize_t>t * N + b
-                g3 = ws_gates + row * H3
-                pre3 = ws_pre + row * H3 if ws_pre != NULL else NULL
-                mrow = mask + (<size_t>t * N + b) * DH + <size_t>d * H if mask != NULL else NULL
-                for j in range(H):
-                    r = g3[j]
-                    m = mrow[j] if mrow != NULL else 1
-                    dr = tmp[i * H + j] * hp[i * H + j] * m
-                    dh[i * H + j] += tmp[i * H + j] * r * m
-                    if fast:
-                        dpr = dr * r * (1 - r)
-                    else:
-                        dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
-                            * clip_grad(pre3[j], has_clip, clipv)
-                    dgx[row * H3 + j] = dpr
-            # bwd of 2: dh_prev += m ⊙ (dgx_rz[rows, 2H] · R_rz[2H, H])
-            if mask == NULL:
-                loop_gemm(Lp, rows, H, 2 * H, dgx + (<size_t>t * N + b0) * H3, H3, Rb, True, dh, H)
-            else:
-                loop_gemm(Lp, rows, H, 2 * H, dgx + (<size_t>t * N + b0) * H3, H3, Rb, False,
-                            tmp, H)
-                for i in range(rows):
-                    if t >= Lp.lengths[b0 + i]:
-                        continue            # the mask of a padded step is never read
-                    mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
-                    for j in range(H):
-                        dh[i * H + j] += mrow[j] * tmp[i * H + j]
-    memcpy(<floating *>P.dh0 + <size_t>b0 * H, dh, <size_t>rows * H * sizeof(floating))
-    free(scratch)
-    return 0
+                    dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
+                        * clip_grad(pre3[j], has_clip, clipv)
+                dgx[row * H3 + j] = dpr
+
+
+include "driver.pxi"
 
 
 # --- Python entry points -------------------------------------------------------------------
@@ -560,26 +438,35 @@ cdef class Direction:
         self.dhy, self.dh0, self.dgx, self.dgh, self.rhm, self.hm = dhy, dh0, dgx, dgh, rhm, hm
 
 
-cdef Layer make_layer(int T, int N, int H, int S, int n_chunks, object lengths,
-                      object mask, object y, object dy, list dirs, int *abort,
+cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunks,
+                      object lengths, object mask, object y, object dy, list dirs, int *abort,
                       list errors):
     # (S, the state width, is H for this kind)
     cdef Layer L
     cdef Dir *P
     cdef Direction a
+    cdef bint reset_after = C.reset_after
     memset(&L, 0, sizeof(Layer))
-    L.loop = make_loop(T, N, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
+    L.loop = make_loop(T, N, H, H, 0, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
                        3)
     for d in range(len(dirs)):
         a = <Direction?>dirs[d]
         P = &L.dirs[d]
-        P.reverse = a.reverse
+        bind_states(&P.st, a.reverse, a.h0, a.hy, None, None, a.states, None, a.dhy, a.dh0,
+                    None, None, a.hm)
+        set_rows(&P.st.saved[0], a.gates, 3 * H)
+        set_rows(&P.st.saved[1], a.pre, 3 * H)
+        set_rows(&P.st.saved[2], a.hn, H)
+        set_rows(&P.st.zeroed[0], a.dgx, 3 * H)
+        # the backward's recurrent product: dgh·R (reset-after) or dgx_rz·R_rz
+        set_rows(&P.st.zeroed[1], a.dgh if reset_after else a.rhm, 3 * H if reset_after else H)
+        P.st.dG = ptr(a.dgh) if reset_after else ptr(a.dgx)
+        P.st.ldG, P.st.KG, P.st.Rb = 3 * H, 3 * H if reset_after else 2 * H, ptr(a.Rb)
         P.gx, P.ldgx = ptr(a.gx), a.ldgx if a.ldgx else 3 * H
-        P.Rp, P.Rp_n, P.Rb, P.Rb_n = ptr(a.Rp), ptr(a.Rp_n), ptr(a.Rb), ptr(a.Rb_n)
-        P.b_rzn, P.b_hn, P.h0, P.hy = ptr(a.b_rzn), ptr(a.b_hn), ptr(a.h0), ptr(a.hy)
-        P.gates, P.pre, P.hn, P.states = ptr(a.gates), ptr(a.pre), ptr(a.hn), ptr(a.states)
-        P.dhy, P.dh0, P.dgx, P.dgh = ptr(a.dhy), ptr(a.dh0), ptr(a.dgx), ptr(a.dgh)
-        P.rhm, P.hm = ptr(a.rhm), ptr(a.hm)
+        P.Rp, P.Rp_n, P.Rb_n = ptr(a.Rp), ptr(a.Rp_n), ptr(a.Rb_n)
+        P.b_rzn, P.b_hn = ptr(a.b_rzn), ptr(a.b_hn)
+        P.gates, P.pre, P.hn = ptr(a.gates), ptr(a.pre), ptr(a.hn)
+        P.dgx, P.dgh, P.rhm = ptr(a.dgx), ptr(a.dgh), ptr(a.rhm)
     return L
 
 

@@ -49,6 +49,8 @@ cdef struct Loop:
     int T
     int N
     int H
+    int S                      # the width of the state h (an LSTM's projection size, else H)
+    int C                      # the width of the second state c (an LSTM's H), or 0
     int D
     int n_chunks
     const long long *lengths   # [N]
@@ -57,6 +59,36 @@ cdef struct Loop:
     const void *dy             # [T, N, D·H] or NULL             (IN, backward)
     cgru_team *team            # spare threads sharing the per-step products, or NULL
     bint use_team              # the caller allows a team (the products are big enough)
+
+
+cdef struct Rows:
+    # one [T·N, width] array of a direction, addressed by row t·N + b
+    void *p
+    int width
+
+
+cdef struct States:
+    # What the time-loop driver (driver.pxi) reads and writes of one direction; each kind's
+    # Dir struct starts with one.  Pointers to the dtype's elements, NULL for what a call does
+    # not use; S and C are the Loop's state widths.
+    bint reverse
+    const void *h0             # [N, S]                                        (IN)
+    const void *c0             # [N, C]                                        (IN)
+    void *hy                   # [N, S]                                        (OUT)
+    void *cy                   # [N, C]                                        (OUT)
+    void *states               # [(T+1)·N, S] the reserve's h slots (training) (OUT; IN bwd)
+    void *cstates              # [(T+1)·N, C] the same for c
+    Rows saved[3]              # forward, training: the reserve's rows per step (0 when inactive)
+    const void *dhy            # [N, S]                                        (IN, backward)
+    const void *dcy            # [N, C]                                        (IN)
+    void *dh0                  # [N, S]                                        (OUT)
+    void *dc0                  # [N, C]                                        (OUT)
+    void *hm                   # [T·N, S] h ⊙ m (or h) for dR, 0 when inactive (OUT)
+    Rows zeroed[3]             # backward: gradient operand rows, 0 when inactive (OUT)
+    const void *dG             # the recurrent product dh_prev += m ⊙ (dG·R): dG [T·N, KG]
+    Py_ssize_t ldG             #   rows of stride ldG (IN: the kind's step writes it)
+    int KG
+    const void *Rb             #   R [KG, S], packed for dG·R                  (IN)
 
 
 # --- activations -----------------------------------------------------------------------------
@@ -213,8 +245,14 @@ cdef void poll_while_waiting(void *ctx) noexcept nogil
 # Set (atomically) *flag = 1.
 cdef void set_flag(int *flag) noexcept nogil
 # A loop description for one layer call (arrays as given, NULL for None).
-cdef Loop make_loop(int T, int N, int H, int D, int n_chunks, object lengths, object mask,
-                    object y, object dy, int *abort, list errors, int gates=*)
+cdef Loop make_loop(int T, int N, int H, int S, int C, int D, int n_chunks, object lengths,
+                    object mask, object y, object dy, int *abort, list errors, int gates)
+# The mask row [S] of (time t, batch row b, direction d), or NULL without a mask.
+cdef inline const floating *mask_row(const Loop *L, const floating *mask, int t, int b,
+                                     int d) noexcept nogil:
+    if mask == NULL:
+        return NULL
+    return mask + (<size_t>t * L.N + b) * L.D * L.S + <size_t>d * L.S
 # The data pointer of an ndarray, or NULL for None.
 cdef void *ptr(object a)
 

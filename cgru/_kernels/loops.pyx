@@ -77,8 +77,8 @@ cdef void *ptr(object a):
     return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
 
 
-cdef Loop make_loop(int T, int N, int H, int D, int n_chunks, object lengths, object mask,
-                    object y, object dy, int *abort, list errors, int gates=1):
+cdef Loop make_loop(int T, int N, int H, int S, int C, int D, int n_chunks, object lengths,
+                    object mask, object y, object dy, int *abort, list errors, int gates):
     cdef Loop L
     L.team = NULL
     # a team pays when one step's product is big enough to split (a few µs); the choice
@@ -87,7 +87,7 @@ cdef Loop make_loop(int T, int N, int H, int D, int n_chunks, object lengths, ob
     L.abort = abort
     L.errors = <PyObject *>errors
     L.poll = threading.current_thread() is threading.main_thread()
-    L.T, L.N, L.H, L.D, L.n_chunks = T, N, H, D, n_chunks
+    L.T, L.N, L.H, L.S, L.C, L.D, L.n_chunks = T, N, H, S, C, D, n_chunks
     L.lengths = <const long long *>ptr(lengths)
     L.mask = ptr(mask)
     L.y = ptr(y)

@@ -39,6 +39,9 @@ Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
     After the loop (engine): dW = daᵀ·X, dR = daᵀ·(h ⊙ m), db_W = db_R = Σ da,
     dW_p = dhpᵀ·hf, dX = da·W, dP = Σ (da_i ⊙ c, da_f ⊙ c, da_o ⊙ c') ("ifgo": Σ da ⊙ c).
 
+This file holds the kind's own part: the fused gate math of one step (fwd_step, bwd_step);
+the time loop around it is driver.pxi's, the same for every kind.
+
 Parallelism: the work items (direction, batch chunk) run on an OpenMP team; each item
 runs the whole time loop for its rows, or, when a layer has one item, shares its per-step
 products with the spare threads (team.h).  Results are bitwise identical for every thread
@@ -72,37 +75,25 @@ cdef struct CellSpec:
 # --- the arguments of one layer --------------------------------------------------------------
 cdef struct Dir:
     # per direction; every pointer is to the dtype's elements, rows as documented
-    bint reverse
+    States st                # h0 [N, S], c0 [N, H], hy, cy, states, cstates, dhy, dcy, dh0,
+                             # dc0, hm (loops.pxd); dG = dgx, Rb = R [4H, S] packed for da·R
     const void *gx           # [T·N, 4H], row stride ldgx       (IN)
     Py_ssize_t ldgx
     const void *Rp           # R [4H, S] packed for h·Rᵀ          (IN, forward)
-    const void *Rb           # R [4H, S] packed for da·R          (IN, backward)
     const void *Wpp          # W_p [P, H] packed for hf·W_pᵀ      (IN, forward, projection)
     const void *Wpb          # W_p [P, H] packed for dh·W_p       (IN, backward, projection)
     const void *b            # [4H] b_W + b_R                    (IN)
     const void *P            # [3H] ("ifo") or [4H] ("ifgo") peepholes, or NULL        (IN)
-    const void *h0           # [N, S]                            (IN)
-    const void *c0           # [N, H]                            (IN)
-    void *hy                 # [N, S]                            (OUT)
-    void *cy                 # [N, H]                            (OUT)
     void *gates              # [T·N, 4H] or NULL (inference)     (OUT)
     void *pre                # [T·N, 4H] or NULL                 (OUT)
-    void *states             # [(T+1)·N, S] or NULL              (OUT)
-    void *cstates            # [(T+1)·N, H] or NULL              (OUT)
     void *hf                 # [T·N, H] or NULL (projection)     (OUT)
     # backward
-    const void *dhy          # [N, S] or NULL                    (IN)
-    const void *dcy          # [N, H] or NULL                    (IN)
-    void *dh0                # [N, S]                            (OUT)
-    void *dc0                # [N, H]                            (OUT)
     void *dgx                # [T·N, 4H]                         (OUT)
-    void *hm                 # [T·N, S]  h⊙m (mask) or h (padding), 0 when inactive (OUT)
     void *dhp                # [T·N, P]  dh before the projection, 0 when inactive (OUT)
 
 
 cdef struct Layer:
-    Loop loop                  # what every kind's loop shares (loops.pxd)
-    int S                      # the state width: P with a projection, else H
+    Loop loop                  # what every kind's loop shares (loops.pxd); S = P or H
     bint proj
     Dir dirs[2]
 
@@ -156,124 +147,56 @@ cdef inline void gates_and_cell(const CellSpec *C, int H, const floating *gxr,
         hf[j] = g4[3 * H + j] * activate(&C.h, cn[j])
 
 
-cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C, int item,
-                      bint training) noexcept nogil:
-    """Whole time loop for one (direction, batch chunk) work item.  Returns 0, or -1 if out of
-    memory."""
+cdef inline size_t fwd_work(const Layer *L, int rows) noexcept nogil:
+    # gh [rows, 4H] | g4 [rows, 4H] (inference gates) | hf [rows, H] | hp [rows, S] (the
+    # projection's result) | tmp [H]
+    cdef size_t H = L.loop.H
+    return <size_t>rows * (9 * H + L.loop.S) + H
+
+
+cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d, int t,
+                          int b0, int rows, const floating *h_src, const floating *h_prev,
+                          floating *h_next, const floating *c_prev, floating *c_next,
+                          floating *work, bint training) noexcept nogil:
+    """Steps 2-6 of time t for the active rows (the time loop: driver.pxi)."""
     cdef const Loop *Lp = &L.loop
-    cdef int T = Lp.T, N = Lp.N, H = Lp.H, D = Lp.D, S = L.S
-    cdef int d, b0, b1
-    item_rows(Lp, item, &d, &b0, &b1)
-    cdef int rows = b1 - b0
-    cdef const Dir *P = &L.dirs[d]
+    cdef int N = Lp.N, H = Lp.H, S = Lp.S
     cdef const floating *gx = <const floating *>P.gx
-    cdef const floating *Rp = <const floating *>P.Rp
-    cdef const floating *Wpp = <const floating *>P.Wpp
-    cdef const floating *bias = <const floating *>P.b
-    cdef const floating *peep = <const floating *>P.P
-    cdef const floating *mask = <const floating *>Lp.mask
-    cdef floating *y = <floating *>Lp.y
-    cdef floating *states = <floating *>P.states
-    cdef floating *cstates = <floating *>P.cstates
     cdef floating *ws_gates = <floating *>P.gates
     cdef floating *ws_pre = <floating *>P.pre
     cdef floating *ws_hf = <floating *>P.hf
-    cdef Py_ssize_t H4 = 4 * H, DS = D * S, ldgx = P.ldgx
-    cdef int s, t, i, j, b
+    cdef Py_ssize_t H4 = 4 * H, ldgx = P.ldgx
+    cdef int i, b
     cdef Py_ssize_t row
-    cdef const floating *mrow
     cdef floating *g4
     cdef floating *hfr
-    if rows <= 0:
-        return 0
-    # scratch: gh [rows, 4H] | hm [rows, S] | g4 [rows, 4H] (inference gates) | hf [rows, H] |
-    #          hp [rows, S] (projection result) | tmp [H] | h_a, h_b [rows, S] | c_a, c_b [rows, H]
-    cdef size_t n_scratch = (<size_t>rows) * (2 * H4 + 4 * S + 3 * H) + H
-    cdef floating *scratch = <floating *>malloc(n_scratch * sizeof(floating) + 64)
-    if scratch == NULL:
-        return -1
-    cdef floating *gh = scratch
-    cdef floating *hm = gh + <size_t>rows * H4
-    cdef floating *g4s = hm + <size_t>rows * S
+    cdef floating *gh = work
+    cdef floating *g4s = gh + <size_t>rows * H4
     cdef floating *hfs = g4s + <size_t>rows * H4
     cdef floating *hps = hfs + <size_t>rows * H
     cdef floating *tmp = hps + <size_t>rows * S
-    cdef floating *h_a = tmp + H
-    cdef floating *h_b = h_a + <size_t>rows * S
-    cdef floating *c_a = h_b + <size_t>rows * S
-    cdef floating *c_b = c_a + <size_t>rows * H
-    cdef floating *h_prev
-    cdef floating *h_next
-    cdef floating *c_prev
-    cdef floating *c_next
-    cdef const floating *h_src
-
-    # initial state
-    if training:
-        h_prev = states + (<size_t>(T if P.reverse else 0) * N + b0) * S
-        c_prev = cstates + (<size_t>(T if P.reverse else 0) * N + b0) * H
-    else:
-        h_prev, c_prev = h_a, c_a
-    memcpy(h_prev, <const floating *>P.h0 + <size_t>b0 * S, <size_t>rows * S * sizeof(floating))
-    memcpy(c_prev, <const floating *>P.c0 + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
-
-    cdef double next_poll = first_poll()
-    for s in range(T):
-        if loop_step(Lp, &next_poll, item, s):
-            break
-        t = T - 1 - s if P.reverse else s
-        if training:
-            h_next = states + (<size_t>(t if P.reverse else t + 1) * N + b0) * S
-            c_next = cstates + (<size_t>(t if P.reverse else t + 1) * N + b0) * H
-        else:
-            h_next = h_b if h_prev == h_a else h_a
-            c_next = c_b if c_prev == c_a else c_a
-        # 2. gh = (h ⊙ m)·Rᵀ
-        h_src = h_prev
-        if mask != NULL:
-            for i in range(rows):
-                mrow = mask + (<size_t>t * N + b0 + i) * DS + <size_t>d * S
-                for j in range(S):
-                    hm[i * S + j] = h_prev[i * S + j] * mrow[j]
-            h_src = hm
-        # gh[rows, 4H] = h_src[rows, S] · R[4H, S]ᵀ
-        loop_gemm(Lp, rows, 4 * H, S, h_src, S, Rp, False, gh, H4)
-        # 3.–5. per row
+    # 2. gh[rows, 4H] = h_src[rows, S] · R[4H, S]ᵀ
+    loop_gemm(Lp, rows, 4 * H, S, h_src, S, <const floating *>P.Rp, False, gh, H4)
+    # 3.–5. per row
+    for i in range(rows):
+        b = b0 + i
+        row = <Py_ssize_t>t * N + b
+        g4 = (ws_gates + row * H4) if training else (g4s + i * H4)
+        hfr = (ws_hf + row * H) if (training and L.proj) else (hfs + i * H)
+        if t >= Lp.lengths[b]:
+            memset(hfr, 0, H * sizeof(floating))     # an operand row of the projection
+            continue
+        gates_and_cell(C, H, gx + row * ldgx, gh + i * H4, <const floating *>P.b,
+                       <const floating *>P.P, c_prev + i * H, g4,
+                       (ws_pre + row * H4) if (training and ws_pre != NULL) else NULL,
+                       c_next + i * H, hfr if L.proj else h_next + i * S, tmp)
+    # 6. projection: h'[rows, P] = hf[rows, H] · W_p[P, H]ᵀ
+    if L.proj:
+        loop_gemm(Lp, rows, S, H, (ws_hf + (<size_t>t * N + b0) * H) if training else hfs,
+                  H, <const floating *>P.Wpp, False, hps, S)
         for i in range(rows):
-            b = b0 + i
-            row = <Py_ssize_t>t * N + b
-            g4 = (ws_gates + row * H4) if training else (g4s + i * H4)
-            hfr = (ws_hf + row * H) if (training and L.proj) else (hfs + i * H)
-            if t >= Lp.lengths[b]:
-                # inactive: the states pass through, the output is 0
-                memcpy(h_next + i * S, h_prev + i * S, S * sizeof(floating))
-                memcpy(c_next + i * H, c_prev + i * H, H * sizeof(floating))
-                memset(y + row * DS + d * S, 0, S * sizeof(floating))
-                memset(hfr, 0, H * sizeof(floating))
-                if training:
-                    memset(g4, 0, H4 * sizeof(floating))
-                    if ws_pre != NULL:
-                        memset(ws_pre + row * H4, 0, H4 * sizeof(floating))
-                continue
-            gates_and_cell(C, H, gx + row * ldgx, gh + i * H4, bias, peep, c_prev + i * H, g4,
-                           (ws_pre + row * H4) if (training and ws_pre != NULL) else NULL,
-                           c_next + i * H, hfr if L.proj else h_next + i * S, tmp)
-        # 6. projection: h'[rows, P] = hf[rows, H] · W_p[P, H]ᵀ
-        if L.proj:
-            loop_gemm(Lp, rows, S, H, (ws_hf + (<size_t>t * N + b0) * H) if training else hfs,
-                        H, Wpp, False, hps, S)
-        for i in range(rows):
-            b = b0 + i
-            if t >= Lp.lengths[b]:
-                continue
-            if L.proj:
+            if t < Lp.lengths[b0 + i]:
                 memcpy(h_next + i * S, hps + i * S, S * sizeof(floating))
-            memcpy(y + (<size_t>t * N + b) * DS + d * S, h_next + i * S, S * sizeof(floating))
-        h_prev, c_prev = h_next, c_next
-    memcpy(<floating *>P.hy + <size_t>b0 * S, h_prev, <size_t>rows * S * sizeof(floating))
-    memcpy(<floating *>P.cy + <size_t>b0 * H, c_prev, <size_t>rows * H * sizeof(floating))
-    free(scratch)
-    return 0
 
 
 # --- backward ------------------------------------------------------------------------------
@@ -337,119 +260,49 @@ cdef inline void bwd_row(const CellSpec *C, int H, const floating *g4, const flo
                 dc[j] = dc[j] + da[2 * H + j] * P[2 * H + j] + da[3 * H + j] * P[3 * H + j]
 
 
-cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C,
-                       int item) noexcept nogil:
-    """Backward time loop for one (direction, batch chunk) work item (see the module
-    docstring).  Returns 0, or -1 if out of memory."""
+cdef inline size_t bwd_work(const Layer *L, int rows) noexcept nogil:
+    # dhf [rows, H] | tmp [H]
+    return (<size_t>rows + 1) * L.loop.H
+
+
+cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d, int t,
+                          int b0, int rows, const floating *hp, const floating *hn,
+                          const floating *cp, const floating *cn, floating *dh, floating *dc,
+                          floating *tmpS, floating *work) noexcept nogil:
+    """bwd of 6, 5, 4, 3 of time t for the active rows (the time loop and bwd of 2:
+    driver.pxi)."""
     cdef const Loop *Lp = &L.loop
-    cdef int T = Lp.T, N = Lp.N, H = Lp.H, D = Lp.D, S = L.S
-    cdef int d, b0, b1
-    item_rows(Lp, item, &d, &b0, &b1)
-    cdef int rows = b1 - b0
-    cdef const Dir *P = &L.dirs[d]
-    cdef const floating *Rb = <const floating *>P.Rb
-    cdef const floating *Wpb = <const floating *>P.Wpb
-    cdef const floating *peep = <const floating *>P.P
-    cdef const floating *mask = <const floating *>Lp.mask
-    cdef const floating *dy = <const floating *>Lp.dy
-    cdef const floating *states = <const floating *>P.states
-    cdef const floating *cstates = <const floating *>P.cstates
+    cdef int N = Lp.N, H = Lp.H, S = Lp.S
     cdef const floating *ws_gates = <const floating *>P.gates
     cdef const floating *ws_pre = <const floating *>P.pre
     cdef floating *dgx = <floating *>P.dgx
-    cdef floating *hm = <floating *>P.hm
     cdef floating *dhp = <floating *>P.dhp
-    cdef Py_ssize_t H4 = 4 * H, DS = D * S
-    cdef int s, t, i, j, b
+    cdef Py_ssize_t H4 = 4 * H
+    cdef int i, b
     cdef Py_ssize_t row
-    cdef const floating *hp
-    cdef const floating *cp
-    cdef const floating *cn
-    cdef const floating *mrow
     cdef const floating *dhfr
-    cdef floating *dhr
-    if rows <= 0:
-        return 0
-    # scratch: dh [rows, S] (the carry) | dc [rows, H] (the carry) | dhf [rows, H] |
-    #          tmpS [rows, S] (GEMM result) | tmp [H]
-    cdef size_t n_scratch = (<size_t>rows) * (2 * S + 2 * H) + H
-    cdef floating *scratch = <floating *>malloc(n_scratch * sizeof(floating) + 64)
-    if scratch == NULL:
-        return -1
-    cdef floating *dh = scratch
-    cdef floating *dc = dh + <size_t>rows * S
-    cdef floating *dhf = dc + <size_t>rows * H
-    cdef floating *tmpS = dhf + <size_t>rows * H
-    cdef floating *tmp = tmpS + <size_t>rows * S
-    if P.dhy != NULL:
-        memcpy(dh, <const floating *>P.dhy + <size_t>b0 * S, <size_t>rows * S * sizeof(floating))
-    else:
-        memset(dh, 0, <size_t>rows * S * sizeof(floating))
-    if P.dcy != NULL:
-        memcpy(dc, <const floating *>P.dcy + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
-    else:
-        memset(dc, 0, <size_t>rows * H * sizeof(floating))
+    cdef floating *dhf = work
+    cdef floating *tmp = dhf + <size_t>rows * H
+    # bwd of 6
+    if L.proj:
+        for i in range(rows):
+            if t < Lp.lengths[b0 + i]:
+                memcpy(dhp + (<size_t>t * N + b0 + i) * S, dh + i * S, S * sizeof(floating))
+        # dhf[rows, H] = dh[rows, P] · W_p[P, H]
+        loop_gemm(Lp, rows, H, S, dh, S, <const floating *>P.Wpb, False, dhf, H)
+    for i in range(rows):
+        b = b0 + i
+        if t >= Lp.lengths[b]:
+            continue
+        row = <Py_ssize_t>t * N + b
+        dhfr = (dhf + i * H) if L.proj else (dh + i * S)
+        bwd_row(C, H, ws_gates + row * H4, (ws_pre + row * H4) if ws_pre != NULL else NULL,
+                <const floating *>P.P, cp + i * H, cn + i * H, dhfr, dc + i * H,
+                dgx + row * H4, tmp)
+        memset(dh + i * S, 0, S * sizeof(floating))   # h enters only through the gates
 
-    cdef double next_poll = first_poll()
-    for s in range(T):
-        if loop_step(Lp, &next_poll, item, s):
-            break
-        t = s if P.reverse else T - 1 - s
-        # h_prev and c of time t: slot t (forward) or t+1 (reversed); c' the other one
-        hp = states + (<size_t>(t + 1 if P.reverse else t) * N + b0) * S
-        cp = cstates + (<size_t>(t + 1 if P.reverse else t) * N + b0) * H
-        cn = cstates + (<size_t>(t if P.reverse else t + 1) * N + b0) * H
-        for i in range(rows):
-            b = b0 + i
-            if t < Lp.lengths[b] and dy != NULL:
-                for j in range(S):
-                    dh[i * S + j] += dy[(<size_t>t * N + b) * DS + d * S + j]
-        # bwd of 6
-        if L.proj:
-            for i in range(rows):
-                row = <Py_ssize_t>t * N + b0 + i
-                if t >= Lp.lengths[b0 + i]:
-                    memset(dhp + row * S, 0, S * sizeof(floating))
-                else:
-                    memcpy(dhp + row * S, dh + i * S, S * sizeof(floating))
-            # dhf[rows, H] = dh[rows, P] · W_p[P, H]
-            loop_gemm(Lp, rows, H, S, dh, S, Wpb, False, dhf, H)
-        for i in range(rows):
-            b = b0 + i
-            row = <Py_ssize_t>t * N + b
-            if t >= Lp.lengths[b]:
-                # inactive: the states pass through; zeros in every operand row of the
-                # weight-gradient GEMMs (padding never reaches dW, dR)
-                memset(dgx + row * H4, 0, H4 * sizeof(floating))
-                if hm != NULL:
-                    memset(hm + row * S, 0, S * sizeof(floating))
-                continue
-            mrow = mask + (<size_t>t * N + b) * DS + <size_t>d * S if mask != NULL else NULL
-            if hm != NULL:
-                if mrow != NULL:
-                    for j in range(S):
-                        hm[row * S + j] = hp[i * S + j] * mrow[j]
-                else:
-                    memcpy(hm + row * S, hp + i * S, S * sizeof(floating))
-            dhfr = (dhf + i * H) if L.proj else (dh + i * S)
-            bwd_row(C, H, ws_gates + row * H4, (ws_pre + row * H4) if ws_pre != NULL else NULL,
-                    peep, cp + i * H, cn + i * H, dhfr, dc + i * H, dgx + row * H4, tmp)
-            memset(dh + i * S, 0, S * sizeof(floating))   # h enters only through the gates
-        # bwd of 2: dh_prev = m ⊙ (da[rows, 4H] · R[4H, S])
-        if mask == NULL:
-            loop_gemm(Lp, rows, S, 4 * H, dgx + (<size_t>t * N + b0) * H4, H4, Rb, True, dh, S)
-        else:
-            loop_gemm(Lp, rows, S, 4 * H, dgx + (<size_t>t * N + b0) * H4, H4, Rb, False, tmpS, S)
-            for i in range(rows):
-                if t >= Lp.lengths[b0 + i]:
-                    continue            # the mask of a padded step is never read
-                mrow = mask + (<size_t>t * N + b0 + i) * DS + <size_t>d * S
-                for j in range(S):
-                    dh[i * S + j] += mrow[j] * tmpS[i * S + j]
-    memcpy(<floating *>P.dh0 + <size_t>b0 * S, dh, <size_t>rows * S * sizeof(floating))
-    memcpy(<floating *>P.dc0 + <size_t>b0 * H, dc, <size_t>rows * H * sizeof(floating))
-    free(scratch)
-    return 0
+
+include "driver.pxi"
 
 
 # --- Python entry points -------------------------------------------------------------------
@@ -500,28 +353,31 @@ cdef class Direction:
         self.dgx, self.hm, self.dhp = dgx, hm, dhp
 
 
-cdef Layer make_layer(int T, int N, int H, int S, int n_chunks, object lengths, object mask,
-                      object y, object dy, list dirs, int *abort, list errors):
+cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunks,
+                      object lengths, object mask, object y, object dy, list dirs, int *abort,
+                      list errors):
     cdef Layer L
     cdef Dir *P
     cdef Direction a
     memset(&L, 0, sizeof(Layer))
-    L.loop = make_loop(T, N, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
+    L.loop = make_loop(T, N, H, S, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
                        4)
-    L.S = S
     L.proj = (<Direction?>dirs[0]).Wpp is not None or (<Direction>dirs[0]).Wpb is not None
     for d in range(len(dirs)):
         a = <Direction?>dirs[d]
         P = &L.dirs[d]
-        P.reverse = a.reverse
+        bind_states(&P.st, a.reverse, a.h0, a.hy, a.c0, a.cy, a.states, a.cstates, a.dhy, a.dh0,
+                    a.dcy, a.dc0, a.hm)
+        set_rows(&P.st.saved[0], a.gates, 4 * H)
+        set_rows(&P.st.saved[1], a.pre, 4 * H)
+        set_rows(&P.st.zeroed[0], a.dgx, 4 * H)
+        set_rows(&P.st.zeroed[1], a.dhp, S)
+        P.st.dG, P.st.ldG, P.st.KG, P.st.Rb = ptr(a.dgx), 4 * H, 4 * H, ptr(a.Rb)
         P.gx, P.ldgx = ptr(a.gx), a.ldgx if a.ldgx else 4 * H
-        P.Rp, P.Rb, P.Wpp, P.Wpb, P.b = ptr(a.Rp), ptr(a.Rb), ptr(a.Wpp), ptr(a.Wpb), ptr(a.b)
+        P.Rp, P.Wpp, P.Wpb, P.b = ptr(a.Rp), ptr(a.Wpp), ptr(a.Wpb), ptr(a.b)
         P.P = ptr(a.P)
-        P.h0, P.c0, P.hy, P.cy = ptr(a.h0), ptr(a.c0), ptr(a.hy), ptr(a.cy)
-        P.gates, P.pre, P.states = ptr(a.gates), ptr(a.pre), ptr(a.states)
-        P.cstates, P.hf = ptr(a.cstates), ptr(a.hf)
-        P.dhy, P.dcy, P.dh0, P.dc0 = ptr(a.dhy), ptr(a.dcy), ptr(a.dh0), ptr(a.dc0)
-        P.dgx, P.hm, P.dhp = ptr(a.dgx), ptr(a.hm), ptr(a.dhp)
+        P.gates, P.pre, P.hf = ptr(a.gates), ptr(a.pre), ptr(a.hf)
+        P.dgx, P.dhp = ptr(a.dgx), ptr(a.dhp)
     return L
 
 

@@ -19,6 +19,9 @@ Backward (steps in reverse processing order)::
     dh += dy_t;  da = dh ⊙ act'(…) (⊙ clip') → dgx;  dh_prev = m ⊙ (da·R)
     After the loop (engine): dW = daᵀ·X, dR = daᵀ·(h ⊙ m), db_W = db_R = Σ da, dX = da·W.
 
+This file holds the kind's own part: the fused gate math of one step (fwd_step, bwd_step);
+the time loop around it is driver.pxi's, the same for every kind.
+
 Parallelism as for the other kinds: (direction, batch chunk) work items on an OpenMP team, or
 one item whose per-step products a thread team shares (team.h).
 """
@@ -42,20 +45,13 @@ cdef struct CellSpec:
 
 
 cdef struct Dir:
-    bint reverse
+    States st                # h0, hy, states, dhy, dh0, hm (loops.pxd); dG = dgx
     const void *gx           # [T·N, H], row stride ldgx        (IN)
     Py_ssize_t ldgx
     const void *Rp           # R [H, H] packed for h·Rᵀ          (IN, forward)
-    const void *Rb           # R [H, H] packed for da·R          (IN, backward)
     const void *b            # [H] b_W + b_R                    (IN)
-    const void *h0           # [N, H]                           (IN)
-    void *hy                 # [N, H]                           (OUT)
     void *pre                # [T·N, H] or NULL                 (OUT)
-    void *states             # [(T+1)·N, H] or NULL             (OUT)
-    const void *dhy          # [N, H] or NULL                   (IN)
-    void *dh0                # [N, H]                           (OUT)
     void *dgx                # [T·N, H]                         (OUT)
-    void *hm                 # [T·N, H]  h⊙m (mask) or h (padding), 0 when inactive (OUT)
 
 
 cdef struct Layer:
@@ -63,183 +59,84 @@ cdef struct Layer:
     Dir dirs[2]
 
 
-cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C, int item,
-                      bint training) noexcept nogil:
-    cdef const Loop *Lp = &L.loop
-    cdef int T = Lp.T, N = Lp.N, H = Lp.H, D = Lp.D
-    cdef int d, b0, b1
-    item_rows(Lp, item, &d, &b0, &b1)
-    cdef int rows = b1 - b0
-    cdef const Dir *P = &L.dirs[d]
-    cdef const floating *gx = <const floating *>P.gx
-    cdef const floating *Rp = <const floating *>P.Rp
-    cdef const floating *bias = <const floating *>P.b
-    cdef const floating *mask = <const floating *>Lp.mask
-    cdef floating *y = <floating *>Lp.y
-    cdef floating *states = <floating *>P.states
-    cdef floating *ws_pre = <floating *>P.pre
-    cdef Py_ssize_t DH = D * H, ldgx = P.ldgx
-    cdef floating clipv = <floating>C.clip
-    cdef int s, t, i, j, b
-    cdef Py_ssize_t row
-    cdef const floating *gxr
-    cdef const floating *mrow
-    cdef floating *hn
-    if rows <= 0:
-        return 0
-    # scratch: gh [rows, H] | hm [rows, H] | h_a, h_b [rows, H] (inference ping-pong)
-    cdef floating *scratch = <floating *>malloc((<size_t>rows) * 4 * H * sizeof(floating) + 64)
-    if scratch == NULL:
-        return -1
-    cdef floating *gh = scratch
-    cdef floating *hm = gh + <size_t>rows * H
-    cdef floating *h_a = hm + <size_t>rows * H
-    cdef floating *h_b = h_a + <size_t>rows * H
-    cdef floating *h_prev
-    cdef floating *h_next
-    cdef const floating *h_src
-    if training:
-        h_prev = states + (<size_t>(T if P.reverse else 0) * N + b0) * H
-    else:
-        h_prev = h_a
-    memcpy(h_prev, <const floating *>P.h0 + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
+# --- one step (the time loops: driver.pxi) ---------------------------------------------------
+cdef inline size_t fwd_work(const Layer *L, int rows) noexcept nogil:
+    return <size_t>rows * L.loop.H                  # gh [rows, H]
 
-    cdef double next_poll = first_poll()
-    for s in range(T):
-        if loop_step(Lp, &next_poll, item, s):
-            break
-        t = T - 1 - s if P.reverse else s
-        if training:
-            h_next = states + (<size_t>(t if P.reverse else t + 1) * N + b0) * H
-        else:
-            h_next = h_b if h_prev == h_a else h_a
-        # 2. gh = (h ⊙ m)·Rᵀ
-        h_src = h_prev
-        if mask != NULL:
-            for i in range(rows):
-                mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
-                for j in range(H):
-                    hm[i * H + j] = h_prev[i * H + j] * mrow[j]
-            h_src = hm
-        loop_gemm(Lp, rows, H, H, h_src, H, Rp, False, gh, H)
-        for i in range(rows):
-            b = b0 + i
-            row = <Py_ssize_t>t * N + b
-            hn = h_next + i * H
-            if t >= Lp.lengths[b]:
-                memcpy(hn, h_prev + i * H, H * sizeof(floating))
-                memset(y + row * DH + d * H, 0, H * sizeof(floating))
-                if training and ws_pre != NULL:
-                    memset(ws_pre + row * H, 0, H * sizeof(floating))
-                continue
-            gxr = gx + row * ldgx
-            # 3. h' = act(clip(gx + gh + b))
+
+cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d, int t,
+                          int b0, int rows, const floating *h_src, const floating *h_prev,
+                          floating *h_next, const floating *c_prev, floating *c_next,
+                          floating *work, bint training) noexcept nogil:
+    cdef const Loop *Lp = &L.loop
+    cdef int H = Lp.H, i, j
+    cdef Py_ssize_t row
+    cdef const floating *bias = <const floating *>P.b
+    cdef floating *ws_pre = <floating *>P.pre
+    cdef floating *gh = work
+    cdef floating clipv = <floating>C.clip
+    cdef const floating *gxr
+    cdef floating *hn
+    # 2. gh = (h ⊙ m)·Rᵀ
+    loop_gemm(Lp, rows, H, H, h_src, H, <const floating *>P.Rp, False, gh, H)
+    for i in range(rows):
+        if t >= Lp.lengths[b0 + i]:
+            continue
+        row = <Py_ssize_t>t * Lp.N + b0 + i
+        gxr = <const floating *>P.gx + row * P.ldgx
+        hn = h_next + i * H
+        # 3. h' = act(clip(gx + gh + b))
+        for j in range(H):
+            hn[j] = gxr[j] + gh[i * H + j] + bias[j]
+        if C.fast == 1:
+            tanh_inplace(hn, H)
+        elif C.fast == 2:
             for j in range(H):
-                hn[j] = gxr[j] + gh[i * H + j] + bias[j]
-            if C.fast == 1:
-                tanh_inplace(hn, H)
-            elif C.fast == 2:
-                for j in range(H):
-                    hn[j] = hn[j] if hn[j] > 0 else 0
-            else:
-                if training:
-                    memcpy(ws_pre + row * H, hn, H * sizeof(floating))
-                for j in range(H):
-                    hn[j] = activate(&C.act, clamp(hn[j], C.has_clip, clipv))
-            memcpy(y + row * DH + d * H, hn, H * sizeof(floating))
-        h_prev = h_next
-    memcpy(<floating *>P.hy + <size_t>b0 * H, h_prev, <size_t>rows * H * sizeof(floating))
-    free(scratch)
+                hn[j] = hn[j] if hn[j] > 0 else 0
+        else:
+            if training:
+                memcpy(ws_pre + row * H, hn, H * sizeof(floating))
+            for j in range(H):
+                hn[j] = activate(&C.act, clamp(hn[j], C.has_clip, clipv))
+
+
+cdef inline size_t bwd_work(const Layer *L, int rows) noexcept nogil:
     return 0
 
 
-cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C,
-                       int item) noexcept nogil:
+cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d, int t,
+                          int b0, int rows, const floating *hp, const floating *hn,
+                          const floating *cp, const floating *cn, floating *dh, floating *dc,
+                          floating *tmp, floating *work) noexcept nogil:
+    # da = dh ⊙ act'(…) (⊙ clip') → dgx; h enters the previous step only through R
     cdef const Loop *Lp = &L.loop
-    cdef int T = Lp.T, N = Lp.N, H = Lp.H, D = Lp.D
-    cdef int d, b0, b1
-    item_rows(Lp, item, &d, &b0, &b1)
-    cdef int rows = b1 - b0
-    cdef const Dir *P = &L.dirs[d]
-    cdef const floating *Rb = <const floating *>P.Rb
-    cdef const floating *mask = <const floating *>Lp.mask
-    cdef const floating *dy = <const floating *>Lp.dy
-    cdef const floating *states = <const floating *>P.states
-    cdef const floating *ws_pre = <const floating *>P.pre
-    cdef floating *dgx = <floating *>P.dgx
-    cdef floating *hm = <floating *>P.hm
-    cdef Py_ssize_t DH = D * H
-    cdef floating clipv = <floating>C.clip
-    cdef int s, t, i, j, b
+    cdef int H = Lp.H, i, j
     cdef Py_ssize_t row
-    cdef const floating *hp
-    cdef const floating *hn
-    cdef const floating *mrow
+    cdef const floating *ws_pre = <const floating *>P.pre
+    cdef floating clipv = <floating>C.clip
+    cdef const floating *hr
     cdef floating *dar
     cdef floating v
-    if rows <= 0:
-        return 0
-    # scratch: dh [rows, H] (the carry) | tmp [rows, H] (GEMM result)
-    cdef floating *scratch = <floating *>malloc((<size_t>rows) * 2 * H * sizeof(floating) + 64)
-    if scratch == NULL:
-        return -1
-    cdef floating *dh = scratch
-    cdef floating *tmp = dh + <size_t>rows * H
-    if P.dhy != NULL:
-        memcpy(dh, <const floating *>P.dhy + <size_t>b0 * H, <size_t>rows * H * sizeof(floating))
-    else:
-        memset(dh, 0, <size_t>rows * H * sizeof(floating))
+    for i in range(rows):
+        if t >= Lp.lengths[b0 + i]:
+            continue
+        row = <Py_ssize_t>t * Lp.N + b0 + i
+        dar = <floating *>P.dgx + row * H
+        hr = hn + i * H
+        for j in range(H):
+            v = dh[i * H + j]
+            if C.fast == 1:
+                dar[j] = v * (1 - hr[j] * hr[j])
+            elif C.fast == 2:
+                dar[j] = v if hr[j] > 0 else 0
+            else:
+                dar[j] = v * activate_grad(&C.act, clamp(ws_pre[row * H + j], C.has_clip,
+                                                         clipv), hr[j]) \
+                    * clip_grad(ws_pre[row * H + j], C.has_clip, clipv)
+            dh[i * H + j] = 0
 
-    cdef double next_poll = first_poll()
-    for s in range(T):
-        if loop_step(Lp, &next_poll, item, s):
-            break
-        t = s if P.reverse else T - 1 - s
-        hp = states + (<size_t>(t + 1 if P.reverse else t) * N + b0) * H    # h of time t−1
-        hn = states + (<size_t>(t if P.reverse else t + 1) * N + b0) * H    # h' of time t
-        for i in range(rows):
-            b = b0 + i
-            row = <Py_ssize_t>t * N + b
-            dar = dgx + row * H
-            if t >= Lp.lengths[b]:
-                memset(dar, 0, H * sizeof(floating))
-                if hm != NULL:
-                    memset(hm + row * H, 0, H * sizeof(floating))
-                continue
-            mrow = mask + (<size_t>t * N + b) * DH + <size_t>d * H if mask != NULL else NULL
-            if hm != NULL:
-                if mrow != NULL:
-                    for j in range(H):
-                        hm[row * H + j] = hp[i * H + j] * mrow[j]
-                else:
-                    memcpy(hm + row * H, hp + i * H, H * sizeof(floating))
-            for j in range(H):
-                v = dh[i * H + j]
-                if dy != NULL:
-                    v = v + dy[row * DH + d * H + j]
-                if C.fast == 1:
-                    dar[j] = v * (1 - hn[i * H + j] * hn[i * H + j])
-                elif C.fast == 2:
-                    dar[j] = v if hn[i * H + j] > 0 else 0
-                else:
-                    dar[j] = v * activate_grad(&C.act, clamp(ws_pre[row * H + j], C.has_clip,
-                                                             clipv), hn[i * H + j]) \
-                        * clip_grad(ws_pre[row * H + j], C.has_clip, clipv)
-                dh[i * H + j] = 0          # h enters the next state only through R
-        # dh_prev = m ⊙ (da[rows, H] · R[H, H])
-        if mask == NULL:
-            loop_gemm(Lp, rows, H, H, dgx + (<size_t>t * N + b0) * H, H, Rb, True, dh, H)
-        else:
-            loop_gemm(Lp, rows, H, H, dgx + (<size_t>t * N + b0) * H, H, Rb, False, tmp, H)
-            for i in range(rows):
-                if t >= Lp.lengths[b0 + i]:
-                    continue
-                mrow = mask + (<size_t>t * N + b0 + i) * DH + <size_t>d * H
-                for j in range(H):
-                    dh[i * H + j] += mrow[j] * tmp[i * H + j]
-    memcpy(<floating *>P.dh0 + <size_t>b0 * H, dh, <size_t>rows * H * sizeof(floating))
-    free(scratch)
-    return 0
+
+include "driver.pxi"
 
 
 # --- Python entry points -------------------------------------------------------------------
@@ -275,24 +172,26 @@ cdef class Direction:
         self.pre, self.states, self.dhy, self.dh0, self.dgx, self.hm = pre, states, dhy, dh0, dgx, hm
 
 
-cdef Layer make_layer(int T, int N, int H, int S, int n_chunks, object lengths,
-                      object mask, object y, object dy, list dirs, int *abort,
+cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunks,
+                      object lengths, object mask, object y, object dy, list dirs, int *abort,
                       list errors):
     # (S, the state width, is H for this kind)
     cdef Layer L
     cdef Dir *P
     cdef Direction a
     memset(&L, 0, sizeof(Layer))
-    L.loop = make_loop(T, N, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
+    L.loop = make_loop(T, N, H, H, 0, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
                        1)
     for d in range(len(dirs)):
         a = <Direction?>dirs[d]
         P = &L.dirs[d]
-        P.reverse = a.reverse
+        bind_states(&P.st, a.reverse, a.h0, a.hy, None, None, a.states, None, a.dhy, a.dh0,
+                    None, None, a.hm)
+        set_rows(&P.st.saved[0], a.pre, H)
+        set_rows(&P.st.zeroed[0], a.dgx, H)
+        P.st.dG, P.st.ldG, P.st.KG, P.st.Rb = ptr(a.dgx), H, H, ptr(a.Rb)
         P.gx, P.ldgx = ptr(a.gx), a.ldgx if a.ldgx else H
-        P.Rp, P.Rb, P.b, P.h0, P.hy = ptr(a.Rp), ptr(a.Rb), ptr(a.b), ptr(a.h0), ptr(a.hy)
-        P.pre, P.states, P.dhy, P.dh0 = ptr(a.pre), ptr(a.states), ptr(a.dhy), ptr(a.dh0)
-        P.dgx, P.hm = ptr(a.dgx), ptr(a.hm)
+        P.Rp, P.b, P.pre, P.dgx = ptr(a.Rp), ptr(a.b), ptr(a.pre), ptr(a.dgx)
     return L
 
 
