@@ -121,3 +121,16 @@ def test_readme_c_example_is_the_tested_example():
     example = open(os.path.join(ROOT, "examples", "gru_forward.c"), encoding="utf-8").read()
     assert blocks[0][1] == example, ("the README's C block differs from examples/gru_forward.c, "
                                      "which tests/test_capi.py builds and runs")
+
+
+def test_readme_test_command_installs_what_ci_installs():
+    """The README's test command installs the test extra at the versions CI pins (without the
+    constraints, pip would take the newest torch, which need not be the build the tests were
+    made with), and CI runs that same install."""
+    commands = [code for _, code in _blocks("bash")]
+    test_cmd = [c for c in commands if "pytest" in c]
+    assert test_cmd, "the README starts with a command that installs and runs the tests"
+    assert '-e ".[test]" -c .ci/constraints.txt' in test_cmd[0], test_cmd[0]
+    ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
+    assert "constraints=(-c .ci/constraints.txt)" in ci
+    assert 'pip install --quiet -e ".[test]" "${constraints[@]}"' in ci
