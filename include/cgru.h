@@ -266,8 +266,11 @@ CGRU_API cgru_status_t cgru_get_weight_space_size(const cgru_rnn_desc_t *desc,
 
 /* Bytes of the workspace and of the reserve space of a forward in fwd_mode (and of the backward
  * calls that follow a training forward) for T = max_seq_length ≥ 1, N = batch_size ≥ 1.  The
- * reserve size is 0 for CGRU_FWD_MODE_INFERENCE.  The workspace size is 0 in this version
- * (cgru's engine allocates its temporaries itself); pass what the query returns.
+ * reserve size is 0 for CGRU_FWD_MODE_INFERENCE.  The workspace holds every temporary of the
+ * largest call of the sequence (the forward and, in training, backward_data): the input
+ * projections, gate gradients, the time loops' scratch; any address will do.  Passing
+ * work_space NULL or work_space_size 0 instead (what callers of ABI 0.1, whose query returned
+ * 0, pass) lets cgru take its temporaries from a pool of its own.
  *   desc                in, not NULL.
  *   work_space_size     out, may be NULL (not written).
  *   reserve_space_size  out, may be NULL (not written). */
@@ -310,8 +313,10 @@ CGRU_API cgru_status_t cgru_get_weight_params(const cgru_rnn_desc_t *desc, int32
  *                       NULL).
  *   weight_space_size   bytes of weight_space, ≥ cgru_get_weight_space_size.
  *   weight_space        in, not NULL.
- *   work_space_size     bytes of work_space, ≥ the query's work_space_size.
- *   work_space          scratch, may be NULL when work_space_size is 0.
+ *   work_space_size     bytes of work_space, ≥ the query's work_space_size (for this fwd_mode).
+ *   work_space          scratch (written, never read before), apart from every other buffer
+ *                       of the call; NULL (or work_space_size 0): cgru allocates its
+ *                       temporaries itself.
  *   reserve_space_size  bytes of reserve_space, ≥ the query's reserve_space_size (training).
  *   reserve_space       out (training), not NULL in training; not used (may be NULL) in
  *                       inference. */
@@ -383,7 +388,7 @@ CGRU_API cgru_status_t cgru_rnn_backward_data(const cgru_rnn_desc_t *desc, cgru_
  *   desc, layout, max_seq_length, batch_size, seq_lengths   as for the forward (the same).
  *   weight_space_size   bytes of dweight_space, ≥ cgru_get_weight_space_size.
  *   dweight_space       in/out (ADD) or out (SET), not NULL.
- *   work_space_size, work_space       as for the forward.
+ *   work_space_size, work_space       not used (this call needs no temporaries).
  *   reserve_space_size  bytes of reserve_space, as for backward_data.
  *   reserve_space       in, not NULL: the reserve space backward_data wrote. */
 CGRU_API cgru_status_t cgru_rnn_backward_weights(const cgru_rnn_desc_t *desc,

@@ -241,7 +241,11 @@ def test_size_queries_agree_with_the_python_api(example_results, dtype):
     assert weight_bytes == tf.params_size(L, H, I, dtype=dt, direction="bidirectional",
                                         rnn_mode="gru") * \
         dt.itemsize
-    assert (work_inf, reserve_inf, work_tr) == (0, 0, 0)
+    assert reserve_inf == 0
+    # the workspace: the engine's, for the largest call of the sequence
+    from cgru.core.engine import workspace_nbytes
+    assert work_inf == workspace_nbytes(topo, cgru.GRUCell(), dt, T, N, False) > 0
+    assert work_tr == workspace_nbytes(topo, cgru.GRUCell(), dt, T, N, True) >= work_inf
     # the training reserve holds the engine's reserve, a copy of x and the weight gradients
     assert reserve_tr >= cgru.reserve_nbytes(topo, T, N, dtype=dt) + T * N * I * dt.itemsize + \
         weight_bytes
@@ -897,9 +901,9 @@ class _Sequence:
 
     CALLS = ("forward", "backward_data", "backward_weights")
     ARGUMENTS = {"forward": ("seq_lengths", "x", "y", "hx", "hy", "weight_space",
-                             "reserve_space"),
+                             "work_space", "reserve_space"),
                  "backward_data": ("seq_lengths", "dy", "dx", "dhy", "dhx", "weight_space",
-                                   "reserve_space"),
+                                   "work_space", "reserve_space"),
                  "backward_weights": ("seq_lengths", "dweight_space", "reserve_space")}
 
     def __init__(self, lib, topo, *, T, N, dtype=np.float64, seed=0, **fields):
@@ -910,8 +914,9 @@ class _Sequence:
         _call(lib, "cgru_get_weight_space_size", ctypes.byref(self.desc), ctypes.byref(wbytes))
         _call(lib, "cgru_get_temp_space_sizes", ctypes.byref(self.desc), 1, T, N,
               ctypes.byref(work), ctypes.byref(rbytes))
-        assert work.value == 0
+        assert work.value > 0
         self.wbytes, self.rbytes = wbytes.value, rbytes.value
+        self.work_bytes = work.value        # what the calls pass (0: cgru's own pool)
         I, DH = topo.input_size, topo.output_size
         state = (topo.num_layer_directions, N, topo.hidden_size)
         self.shapes = {"x": (T, N, I), "y": (T, N, DH), "hx": state, "hy": state,
@@ -919,7 +924,8 @@ class _Sequence:
         self.sizes = {name: int(np.prod(s)) * self.dtype.itemsize
                       for name, s in self.shapes.items()}
         self.sizes.update(seq_lengths=4 * N, other_lengths=4 * N, weight_space=self.wbytes,
-                          dweight_space=self.wbytes, reserve_space=self.rbytes)
+                          dweight_space=self.wbytes, work_space=work.value,
+                          reserve_space=self.rbytes)
         self.offsets, pos = {}, 0
         for name, nbytes in self.sizes.items():
             self.offsets[name] = pos
@@ -939,7 +945,7 @@ class _Sequence:
     def array(self, name):
         """The buffer ``name`` as an array (a view of the arena)."""
         dtype = (np.int32 if name.endswith("lengths") else
-                 np.uint8 if name == "reserve_space" else self.dtype)
+                 np.uint8 if name in ("reserve_space", "work_space") else self.dtype)
         begin = self.start + self.offsets[name]
         a = self.memory[begin:begin + self.sizes[name]].view(dtype)
         return a.reshape(self.shapes[name]) if name in self.shapes else a
@@ -961,15 +967,21 @@ class _Sequence:
         return self.lib.cgru_rnn_forward(
             ctypes.byref(desc or self.desc), 1, layout, T or self.T, self.N, p["seq_lengths"],
             p["x"], p["y"], p["hx"], p["hy"], ctypes.c_size_t(self.wbytes), p["weight_space"],
-            ctypes.c_size_t(0), None, ctypes.c_size_t(self.rbytes), p["reserve_space"])
+            *self._work(p), ctypes.c_size_t(self.rbytes), p["reserve_space"])
 
     def backward_data(self, desc=None, layout=0, T=None, **moved):
         p = self._pointers(self.ARGUMENTS["backward_data"], moved)
         return self.lib.cgru_rnn_backward_data(
             ctypes.byref(desc or self.desc), layout, T or self.T, self.N, p["seq_lengths"],
             p["dy"], p["dx"], p["dhy"], p["dhx"], ctypes.c_size_t(self.wbytes),
-            p["weight_space"], ctypes.c_size_t(0), None, ctypes.c_size_t(self.rbytes),
+            p["weight_space"], *self._work(p), ctypes.c_size_t(self.rbytes),
             p["reserve_space"])
+
+    def _work(self, p):
+        """(work_space_size, work_space) of a call: the arena's work_space, or 0 and NULL."""
+        if not self.work_bytes:
+            return ctypes.c_size_t(0), None
+        return ctypes.c_size_t(self.work_bytes), p["work_space"]
 
     def backward_weights(self, desc=None, layout=0, T=None, **moved):
         p = self._pointers(self.ARGUMENTS["backward_weights"], moved)
@@ -1006,12 +1018,17 @@ OVERLAPS = [
     ("backward_data", "dhx", ("dhy", 0)),
     ("backward_data", "dhx", ("reserve_space", 128)),
     ("backward_data", "dy", ("reserve_space", 256)),
+    ("forward", "work_space", ("x", 0)),
+    ("forward", "y", ("work_space", 8)),
+    ("forward", "work_space", ("weight_space", 64)),
+    ("backward_data", "work_space", ("reserve_space", 64)),
+    ("backward_data", "dx", ("work_space", 0)),
     ("backward_weights", "dweight_space", ("reserve_space", 0)),
     ("backward_weights", "dweight_space", ("reserve_space", 512)),
 ]
 # the buffers each call writes (include/cgru.h: out, in/out)
-WRITTEN = {"forward": {"y", "hy", "reserve_space"},
-           "backward_data": {"dx", "dhx", "reserve_space"},
+WRITTEN = {"forward": {"y", "hy", "work_space", "reserve_space"},
+           "backward_data": {"dx", "dhx", "work_space", "reserve_space"},
            "backward_weights": {"dweight_space"}}
 _SMALL_TOPOLOGY = dict(input_size=5, hidden_size=4, num_layers=2, direction="bidirectional")
 
@@ -1055,6 +1072,49 @@ def test_inputs_may_share_memory(lib):
         assert status == 0, _message(lib)
     apart.run()
     assert shared.results() == apart.results()
+
+
+# --- the workspace ----------------------------------------------------------------------------
+def test_work_space_holds_the_calls_temporaries(lib):
+    """The forward and backward_data carve their temporaries from the caller's work_space: its
+    bytes change in each call, what it held before does not matter (bytes 0xFF are NaN in
+    either dtype), and the results are bitwise those of work_space_size 0 (cgru's pool)."""
+    topo = cgru.Topology(**_SMALL_TOPOLOGY)
+    results = []
+    for fill in (0x00, 0xFF):
+        seq = _Sequence(lib, topo, T=6, N=3, seed=4)
+        for call in seq.CALLS:
+            seq.array("work_space")[...] = fill
+            assert getattr(seq, call)() == 0, _message(lib)
+            written = (seq.array("work_space") != fill).any()
+            assert written == (call != "backward_weights"), call
+        results.append(seq.results())
+    pooled = _Sequence(lib, topo, T=6, N=3, seed=4)
+    pooled.work_bytes = 0
+    pooled.run()
+    assert results[0] == results[1] == pooled.results()
+
+
+@pytest.mark.parametrize("call", ["forward", "backward_data"])
+def test_work_space_too_small_is_refused_and_null_is_cgrus_own(lib, call):
+    """A work_space smaller than the query's size is BUFFER_TOO_SMALL naming both sizes, and
+    nothing is written; NULL with the query's size (a caller of ABI 0.1, whose query returned
+    0) runs on cgru's own pool."""
+    seq = _Sequence(lib, cgru.Topology(**_SMALL_TOPOLOGY), T=6, N=3)
+    if call != "forward":
+        seq.run(until="forward")
+    need = seq.work_bytes
+    before = seq.memory.copy()
+    seq.work_bytes = need - 1
+    assert getattr(seq, call)() == capi.BUFFER_TOO_SMALL
+    assert _message(lib).startswith(f"work_space_size: {need - 1} bytes is too small; "
+                                    f"work_space needs {need} bytes"), _message(lib)
+    assert np.array_equal(seq.memory, before), "a refused call wrote into the buffers"
+    seq.work_bytes = need
+    seq._work = lambda p: (ctypes.c_size_t(need), None)
+    assert getattr(seq, call)() == 0, _message(lib)
+    assert (seq.array("work_space") == before[seq.start + seq.offsets["work_space"]:][
+        :need]).all(), "the arena's work_space was written though NULL was passed"
 
 
 # --- the reserve space across the calls of one sequence ---------------------------------------

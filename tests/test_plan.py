@@ -129,3 +129,111 @@ def test_n_chunks_and_loop_threads_depend_on_shapes_only():
     assert plan.loop_threads(2, 100, 32, 256, 1, 3) == 2
 
 
+
+
+# --- one workspace per call ------------------------------------------------------------------
+_CALL_CASES = [
+    # (cell, topology, T, N, lengths, state_mask): several batch chunks, padding, a mask, two
+    # layers both ways, a projection; T·N ≥ 1024 so that the weight-gradient products split
+    (cgru.GRUCell(), cgru.Topology(5, 8, 2, direction="bidirectional"), 33, 40, "padded", False),
+    (cgru.LSTMCell(), cgru.Topology(5, 8, 1, proj_size=3), 40, 30, None, True),
+    (cgru.RNNCell(), cgru.Topology(5, 8, 2), 35, 33, "padded", False),
+]
+
+
+@pytest.mark.parametrize("cell,topo,T,N,lengths,masked", _CALL_CASES,
+                         ids=["gru", "lstm", "rnn"])
+def test_a_call_allocates_one_workspace_and_nothing_below_it(monkeypatch, cell, topo, T, N,
+                                                               lengths, masked):
+    """Every temporary of a forward or backward — the kernels' scratch and the products'
+    partial sums included — is a view of one workspace block per call: ``Workspace.allocate``
+    runs once, and every split weight-gradient product is handed its partial sums (it would
+    allocate them otherwise)."""
+    from cgru._kernels import blas
+    rng = np.random.default_rng(3)
+    net = cgru.Network.random(topo, np.float64, seed=2, cell=cell)
+    x = rng.standard_normal((T, N, topo.input_size))
+    lens = rng.integers(0, T + 1, N) if lengths else None
+    mask = (rng.random((T, N, topo.output_size)) > 0.3).astype(np.float64) if masked else None
+    allocations, products = [], []
+    real_allocate, real_gemm = plan.Workspace.allocate, blas.gemm_blocks
+
+    def allocate(self, block=None):
+        allocations.append(self.nbytes)
+        return real_allocate(self, block)
+
+    def gemm_blocks(ta, tb, alpha, A, B, beta, C, n_blocks, nt, partial=None):
+        products.append((ta, min(n_blocks, A.shape[0]) if ta else 1, partial is not None))
+        return real_gemm(ta, tb, alpha, A, B, beta, C, n_blocks, nt, partial)
+
+    monkeypatch.setattr(plan.Workspace, "allocate", allocate)
+    monkeypatch.setattr(blas, "gemm_blocks", gemm_blocks)
+    f = cgru.forward(net, x, lengths=lens, state_mask=mask, training=True)
+    assert len(allocations) == 1
+    g = cgru.backward(net, x, f.reserve, rng.standard_normal(f.y.shape), state_mask=mask)
+    assert len(allocations) == 2
+    split = [p for p in products if p[0] and p[1] > 1]
+    assert split, "no weight-gradient product was split: the case does not test the partials"
+    assert all(given for _, _, given in split)
+    assert np.isfinite(g.dx).all()
+
+
+def test_a_workspace_is_carved_from_a_block_at_any_address():
+    """``allocate(block)``: the views start 64-byte aligned whatever the block's address, lie
+    inside it, and a block smaller than ``block_bytes`` is refused."""
+    ws = plan.Workspace(np.float32).add("a", (3, 5)).add("b", (7,))
+    raw = np.zeros(ws.block_bytes + 64, np.uint8)
+    for shift in range(0, 64, 9):
+        block = raw[shift:shift + ws.block_bytes]
+        views = ws.allocate(block)
+        for name, shape in (("a", (3, 5)), ("b", (7,))):
+            v = views[name]
+            assert v.shape == shape and v.dtype == np.float32
+            assert v.ctypes.data % 64 == 0
+            assert block.ctypes.data <= v.ctypes.data
+            assert v.ctypes.data + v.nbytes <= block.ctypes.data + block.size
+    with pytest.raises(ValueError, match="workspace: .* too small"):
+        ws.allocate(raw[:ws.block_bytes - 1])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_partial_sums_in_a_given_buffer_are_bitwise_the_allocated_ones(dtype):
+    """``gemm`` with the call's ``partial`` gives bitwise the product it gives with partial
+    sums of its own; a buffer smaller than ``gemm_partial_size`` is refused."""
+    rng = np.random.default_rng(0)
+    k, m, n = 4096, 24, 10
+    A, B = rng.standard_normal((k, m)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    own, given = np.empty((m, n), dtype), np.empty((m, n), dtype)
+    plan.gemm(True, False, A, B, own, nt=2)
+    size = plan.gemm_partial_size(k, m * n)
+    assert size >= m * n                    # k = 4096 splits: there are partial sums
+    plan.gemm(True, False, A, B, given, nt=2, partial=np.full(size, np.nan, dtype))
+    assert own.tobytes() == given.tobytes()
+    with pytest.raises(ValueError, match="partial has"):
+        plan.gemm(True, False, A, B, given, nt=2, partial=np.empty(size - 1, dtype))
+
+
+@pytest.mark.parametrize("cell", [cgru.GRUCell(), cgru.LSTMCell(), cgru.RNNCell()],
+                         ids=["gru", "lstm", "rnn"])
+@pytest.mark.parametrize("training", [False, True])
+def test_the_time_loops_refuse_scratch_smaller_than_they_need(monkeypatch, cell, training):
+    """``forward_layer`` / ``backward_layer`` check the scratch they are given against their
+    own need before running (they would write past it): a workspace sized one element short
+    is refused with a ValueError, not overrun."""
+    from cgru.core import kinds
+    from cgru.core.backend import BACKEND
+    kernels = BACKEND.kernels(kinds.of(cell))
+    need = kernels.scratch_size(True, 40, 8, 8, 2, 2)
+    assert need > 0 and need % 64 == 0
+    assert need == 2 * kernels.scratch_size(True, 40, 8, 8, 2, 1)
+    net = cgru.Network.random(cgru.Topology(3, 8, 1, direction="bidirectional"), np.float64,
+                              seed=1, cell=cell)
+    x = np.random.default_rng(0).standard_normal((4, 40, 3))
+    f = cgru.forward(net, x, training=True)
+    real = kernels.scratch_size
+    monkeypatch.setattr(kernels, "scratch_size", lambda forward, *a: real(forward, *a) - 1)
+    with pytest.raises(ValueError, match="scratch: .* too small; the (forward|backward) loops"):
+        if training:
+            cgru.backward(net, x, f.reserve, np.ones_like(f.y))
+        else:
+            cgru.forward(net, x)

@@ -12,7 +12,8 @@
 
 Each of the three includes ``driver.pxi``, the time loop of a work item written once for every
 kind (state slots, masks, padded rows, the output, the backward's carry and recurrent product,
-the scratch, signal polling), and ``entry.pxi``, the Python entry points.
+each work item's scratch in the call's workspace, signal polling), and ``entry.pxi``, the
+Python entry points (``scratch_size``, ``forward_layer``, ``backward_layer``).
 
 ``simd.h`` holds the packed-weight GEMM and the vectorised activations, compiled for each ISA
 (AVX-512, AVX2+FMA, baseline) and chosen at run time: the GEMM by an explicit switch on

@@ -308,14 +308,16 @@ cdef void sum_item_d(void *ctx, int part) noexcept nogil:
 
 def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
                 const floating[:, :] B, double beta, floating[:, :] C, int n_blocks,
-                int num_threads):
+                int num_threads, floating[::1] partial=None):
     """``gemm_rm`` as ``n_blocks`` blocks of single-threaded BLAS calls spread over
     a team of up to ``num_threads`` OpenMP threads (``threads.parallel_for``).
 
     Without ``trans_a`` the rows of C are split (each block re-packs only B, the weights).
     With ``trans_a`` — ``C[m, n] = Aᵀ·op(B)`` with a long inner dimension k, the weight
     gradients — k is split instead: block 0 accumulates into C, the others into scratch
-    partial sums added to C afterwards in block order.  Each block runs as sub-chunks of at most
+    partial sums added to C afterwards in block order (``partial``: at least
+    ``(n_blocks − 1)·m·n`` elements of the call's workspace; ``None``: allocated here).  Each
+    block runs as sub-chunks of at most
     about ``gemm_chunk_flops()`` flops (rows of C, or a stretch of k added up in order), and a
     main-thread call runs Python's signal handlers between them: Ctrl-C stops the product
     within a sub-chunk (``KeyboardInterrupt``, C left partly written).  The split depends on
@@ -345,11 +347,14 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     errors = []
     J.errors = <PyObject *>errors
     num_threads = max(1, min(num_threads, J.n_blocks))
-    cdef floating[:, :, ::1] partial
+    cdef Py_ssize_t need = (<Py_ssize_t>J.n_blocks - 1) * J.m * J.n
     if trans_a and J.n_blocks > 1:
-        partial = np.empty((J.n_blocks - 1, J.m, J.n),
-                           dtype=np.float32 if floating is float else np.float64)
-        J.partial = &partial[0, 0, 0]
+        if partial is None:
+            partial = np.empty(need, dtype=np.float32 if floating is float else np.float64)
+        elif partial.shape[0] < need:
+            raise ValueError(f"gemm_blocks: partial has {partial.shape[0]} elements; the "
+                             f"{J.n_blocks} blocks of a [{J.m}, {J.n}] product need {need}")
+        J.partial = &partial[0]
     cdef item_fn item = gemm_item_f if floating is float else gemm_item_d
     cdef item_fn summ = sum_item_f if floating is float else sum_item_d
     with nogil:

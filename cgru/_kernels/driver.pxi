@@ -23,20 +23,38 @@
 #     rows and the gradient operands' rows 0 (padding never reaches dW or dR), dy_t not added;
 #   - y_t = h' for the active rows;
 #   - the backward's recurrent product dh_prev += m ⊙ (dG·R), on the loop's team if it has one;
-#   - the scratch: one allocation per work item, the driver's part first, then the kind's;
+#   - the scratch: each work item's region of the call's workspace (``item_scratch`` elements
+#     sized for the largest chunk), the driver's part first, then the kind's;
 #   - signal polling and the test probes at every step (loop_step).
 
 
-cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C, int item,
-                      bint training) noexcept nogil:
-    """The whole forward time loop of one work item.  Returns 0, or -1 if out of memory."""
+cdef inline size_t round_scratch(size_t n) noexcept nogil:
+    # whole 64-element blocks: every item's region starts 64-byte aligned (in an aligned block)
+    return (n + 63) & ~(<size_t>63)
+
+
+cdef size_t item_scratch(const Layer *L, bint forward) noexcept nogil:
+    """Elements of scratch one work item needs (the largest chunk's rows), in either dtype."""
+    cdef const Loop *Lp = &L.loop
+    cdef int rows = (Lp.N + Lp.n_chunks - 1) // Lp.n_chunks
+    cdef size_t S = Lp.S, W = Lp.C
+    if forward:
+        # hm [rows, S] | h_a, h_b [rows, S] | c_a, c_b [rows, C] (inference ping-pong) | the kind's
+        return round_scratch(<size_t>rows * (3 * S + 2 * W) + fwd_work(L, rows))
+    # dh [rows, S] | dc [rows, C] (the carries) | tmp [rows, S] | the kind's
+    return round_scratch(<size_t>rows * (2 * S + W) + bwd_work(L, rows))
+
+
+cdef void forward_item(const floating *sample, const Layer *L, const CellSpec *C, int item,
+                       bint training) noexcept nogil:
+    """The whole forward time loop of one work item."""
     cdef const Loop *Lp = &L.loop
     cdef int T = Lp.T, N = Lp.N, S = Lp.S, W = Lp.C
     cdef int d, b0, b1
     item_rows(Lp, item, &d, &b0, &b1)
     cdef int rows = b1 - b0
     if rows <= 0:
-        return 0
+        return
     cdef const Dir *P = &L.dirs[d]
     cdef const States *St = &P.st
     cdef const floating *mask = <const floating *>Lp.mask
@@ -48,13 +66,7 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
     cdef Py_ssize_t row
     cdef const floating *mrow
     cdef floating *yr
-    # scratch: hm [rows, S] | h_a, h_b [rows, S] | c_a, c_b [rows, C] (inference ping-pong) |
-    #          the kind's
-    cdef size_t n_scratch = <size_t>rows * (3 * S + 2 * W) + fwd_work(L, rows)
-    cdef floating *scratch = <floating *>malloc(n_scratch * sizeof(floating) + 64)
-    if scratch == NULL:
-        return -1
-    cdef floating *hm = scratch
+    cdef floating *hm = <floating *>Lp.scratch + <size_t>item * Lp.item_scratch
     cdef floating *h_a = hm + <size_t>rows * S
     cdef floating *h_b = h_a + <size_t>rows * S
     cdef floating *c_a = h_b + <size_t>rows * S
@@ -120,21 +132,18 @@ cdef int forward_item(const floating *sample, const Layer *L, const CellSpec *C,
     memcpy(<floating *>St.hy + <size_t>b0 * S, h_prev, <size_t>rows * S * sizeof(floating))
     if W:
         memcpy(<floating *>St.cy + <size_t>b0 * W, c_prev, <size_t>rows * W * sizeof(floating))
-    free(scratch)
-    return 0
 
 
-cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C,
-                       int item) noexcept nogil:
-    """The whole backward time loop of one work item (steps in reverse processing order).
-    Returns 0, or -1 if out of memory."""
+cdef void backward_item(const floating *sample, const Layer *L, const CellSpec *C,
+                        int item) noexcept nogil:
+    """The whole backward time loop of one work item (steps in reverse processing order)."""
     cdef const Loop *Lp = &L.loop
     cdef int T = Lp.T, N = Lp.N, S = Lp.S, W = Lp.C
     cdef int d, b0, b1
     item_rows(Lp, item, &d, &b0, &b1)
     cdef int rows = b1 - b0
     if rows <= 0:
-        return 0
+        return
     cdef const Dir *P = &L.dirs[d]
     cdef const States *St = &P.st
     cdef const floating *mask = <const floating *>Lp.mask
@@ -154,12 +163,7 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
     cdef const floating *mrow
     cdef const floating *dyr
     cdef floating *dhr
-    # scratch: dh [rows, S] | dc [rows, C] (the carries) | tmp [rows, S] | the kind's
-    cdef size_t n_scratch = <size_t>rows * (2 * S + W) + bwd_work(L, rows)
-    cdef floating *scratch = <floating *>malloc(n_scratch * sizeof(floating) + 64)
-    if scratch == NULL:
-        return -1
-    cdef floating *dh = scratch
+    cdef floating *dh = <floating *>Lp.scratch + <size_t>item * Lp.item_scratch
     cdef floating *dc = dh + <size_t>rows * S
     cdef floating *tmp = dc + <size_t>rows * W
     cdef floating *work = tmp + <size_t>rows * S
@@ -229,8 +233,6 @@ cdef int backward_item(const floating *sample, const Layer *L, const CellSpec *C
     memcpy(<floating *>St.dh0 + <size_t>b0 * S, dh, <size_t>rows * S * sizeof(floating))
     if W:
         memcpy(<floating *>St.dc0 + <size_t>b0 * W, dc, <size_t>rows * W * sizeof(floating))
-    free(scratch)
-    return 0
 
 
 cdef void bind_states(States *St, bint reverse, h0, hy, c0, cy, states, cstates, dhy, dh0,

@@ -42,7 +42,6 @@ small batch) shares its per-step products with the spare threads instead (a team
 which columns, so results are bitwise identical for every thread count.
 """
 from cython cimport floating
-from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 
 import numpy as np
@@ -438,6 +437,11 @@ cdef class Direction:
         self.dhy, self.dh0, self.dgx, self.dgh, self.rhm, self.hm = dhy, dh0, dgx, dgh, rhm, hm
 
 
+cdef inline int cell_width(int H) noexcept nogil:
+    # the width of the second state c (the driver's Loop.C)
+    return 0                   # one state, h
+
+
 cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunks,
                       object lengths, object mask, object y, object dy, list dirs, int *abort,
                       list errors):
@@ -447,7 +451,7 @@ cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunk
     cdef Direction a
     cdef bint reset_after = C.reset_after
     memset(&L, 0, sizeof(Layer))
-    L.loop = make_loop(T, N, H, H, 0, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
+    L.loop = make_loop(T, N, H, H, cell_width(H), len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
                        3)
     for d in range(len(dirs)):
         a = <Direction?>dirs[d]

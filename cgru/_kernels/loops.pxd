@@ -59,6 +59,8 @@ cdef struct Loop:
     const void *dy             # [T, N, D·H] or NULL             (IN, backward)
     cgru_team *team            # spare threads sharing the per-step products, or NULL
     bint use_team              # the caller allows a team (the products are big enough)
+    void *scratch              # the work items' scratch, item k's at scratch + k·item_scratch
+    size_t item_scratch        #   elements of the dtype per item (the call's workspace)
 
 
 cdef struct Rows:
@@ -242,8 +244,6 @@ cdef bint loop_step(const Loop *L, double *next_poll, int item, int s) noexcept 
 cdef double first_poll() noexcept nogil
 # For parallel_for: poll signals while the caller waits for the team's other threads.
 cdef void poll_while_waiting(void *ctx) noexcept nogil
-# Set (atomically) *flag = 1.
-cdef void set_flag(int *flag) noexcept nogil
 # A loop description for one layer call (arrays as given, NULL for None).
 cdef Loop make_loop(int T, int N, int H, int S, int C, int D, int n_chunks, object lengths,
                     object mask, object y, object dy, int *abort, list errors, int gates)
@@ -263,9 +263,8 @@ cdef struct Job:
     const void *cell           # the cell kind's CellSpec
     Loop *loop                 # &layer.loop
     bint training
-    int failed                 # set (atomically) when a work item ran out of memory
 
 # Run fn(job, item) for every work item of J's layer on a team of up to num_threads threads
-# (or its one loop with a thread team, team.h); raise the signal handler's exception, or
-# MemoryError, afterwards.
-cdef run_job(item_fn fn, Job *J, int num_threads, list errors, str what)
+# (or its one loop with a thread team, team.h); raise the signal handler's exception
+# afterwards.
+cdef run_job(item_fn fn, Job *J, int num_threads, list errors)

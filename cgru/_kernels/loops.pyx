@@ -69,10 +69,6 @@ cdef extern from *:
     int SIGINT
 
 
-cdef void set_flag(int *flag) noexcept nogil:
-    cgru_store(flag, 1)
-
-
 cdef void *ptr(object a):
     return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
 
@@ -84,6 +80,7 @@ cdef Loop make_loop(int T, int N, int H, int S, int C, int D, int n_chunks, obje
     # a team pays when one step's product is big enough to split (a few µs); the choice
     # depends on the shapes only (and the result on nothing: team.h)
     L.use_team = (<long long>(N // max(n_chunks, 1))) * gates * H * H >= TEAM_MIN_WORK
+    L.scratch, L.item_scratch = NULL, 0
     L.abort = abort
     L.errors = <PyObject *>errors
     L.poll = threading.current_thread() is threading.main_thread()
@@ -117,7 +114,7 @@ cdef void team_member(void *ctx, int tid, int size) noexcept nogil:
         cgru_team_help(TJ.team)
 
 
-cdef run_job(item_fn fn, Job *J, int num_threads, list errors, str what):
+cdef run_job(item_fn fn, Job *J, int num_threads, list errors):
     cdef int n_items = J.loop.D * J.loop.n_chunks
     cdef TeamJob TJ
     if n_items == 1 and num_threads > 1 and J.loop.use_team and not is_worker():
@@ -137,8 +134,6 @@ cdef run_job(item_fn fn, Job *J, int num_threads, list errors, str what):
             parallel_for(n_items, num_threads, fn, J, poll_while_waiting, J.loop)
     if errors:
         raise errors[0]
-    if J.failed:
-        raise MemoryError(f"cgru: out of memory for the per-thread scratch of the {what} loop")
 
 
 cdef void item_rows(const Loop *L, int item, int *d, int *b0, int *b1) noexcept nogil:

@@ -48,7 +48,6 @@ products with the spare threads (team.h).  Results are bitwise identical for eve
 count.
 """
 from cython cimport floating
-from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 
 import numpy as np
@@ -353,6 +352,11 @@ cdef class Direction:
         self.dgx, self.hm, self.dhp = dgx, hm, dhp
 
 
+cdef inline int cell_width(int H) noexcept nogil:
+    # the width of the second state c (the driver's Loop.C)
+    return H                   # the cell state c beside h
+
+
 cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunks,
                       object lengths, object mask, object y, object dy, list dirs, int *abort,
                       list errors):
@@ -360,7 +364,7 @@ cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunk
     cdef Dir *P
     cdef Direction a
     memset(&L, 0, sizeof(Layer))
-    L.loop = make_loop(T, N, H, S, H, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
+    L.loop = make_loop(T, N, H, S, cell_width(H), len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
                        4)
     L.proj = (<Direction?>dirs[0]).Wpp is not None or (<Direction>dirs[0]).Wpb is not None
     for d in range(len(dirs)):

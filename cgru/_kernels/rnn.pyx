@@ -26,7 +26,6 @@ Parallelism as for the other kinds: (direction, batch chunk) work items on an Op
 one item whose per-step products a thread team shares (team.h).
 """
 from cython cimport floating
-from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 
 import numpy as np
@@ -172,6 +171,11 @@ cdef class Direction:
         self.pre, self.states, self.dhy, self.dh0, self.dgx, self.hm = pre, states, dhy, dh0, dgx, hm
 
 
+cdef inline int cell_width(int H) noexcept nogil:
+    # the width of the second state c (the driver's Loop.C)
+    return 0                   # one state, h
+
+
 cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunks,
                       object lengths, object mask, object y, object dy, list dirs, int *abort,
                       list errors):
@@ -180,7 +184,7 @@ cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunk
     cdef Dir *P
     cdef Direction a
     memset(&L, 0, sizeof(Layer))
-    L.loop = make_loop(T, N, H, H, 0, len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
+    L.loop = make_loop(T, N, H, H, cell_width(H), len(dirs), n_chunks, lengths, mask, y, dy, abort, errors,
                        1)
     for d in range(len(dirs)):
         a = <Direction?>dirs[d]

@@ -25,7 +25,14 @@ The C ABI reserve space (training), carved by ``_plan`` (regions 64-byte aligned
 
 ``cgru_rnn_backward_data`` runs the whole engine backward (x from the copy, the weight gradients
 into ``dw``); ``cgru_rnn_backward_weights`` adds ``dw`` to the dweight space or copies it there.
-The workspace is not used (size 0): the engine allocates its temporaries itself.
+
+The workspace (cuDNN's contract): the size query reports the bytes of the engine's workspace
+for the largest call of the sequence (``engine.workspace_nbytes``: the forward and, in training,
+the backward), and a forward or backward_data with that many bytes carves all its temporaries
+— input projections, gate gradients, the time loops' scratch, the products' partial sums —
+from the caller's block (at any address).  ``work_space`` NULL or ``work_space_size`` 0
+(what callers of ABI 0.1, whose query reported 0, pass) still works: the engine then takes its
+temporaries from its own pool.
 
 The cell mode (``desc->cell_mode``: cuDNN's GRU, LSTM — with ``desc->proj_size`` —, RNN_TANH,
 RNN_RELU) picks the network's cell; the LSTM's cell states travel in cx/cy/dcy/dcx.
@@ -46,7 +53,8 @@ import threading
 import numpy as np
 
 from cgru.core.cells import GRUCell, LSTMCell, RNNCell
-from cgru.core.engine import backward, forward, reserve_nbytes
+from cgru.core.calls import BackwardCall, ForwardCall
+from cgru.core.engine import reserve_nbytes, run_backward, run_forward, workspace_nbytes
 from cgru.core.network import LayerParams, Network, Topology
 from cgru.core import reserve as _reserve
 from cgru._kernels.threads import MAX_THREADS
@@ -438,7 +446,7 @@ def temp_space_sizes(desc, fwd_mode, T, N):
                      "CGRU_FWD_MODE_INFERENCE (0) or CGRU_FWD_MODE_TRAINING (1)")
     T, N = _bounds(m, T, N)
     _weight_bytes(m)           # refused by every compute call: refused here too
-    return (0, _plan(m, T, N).total if training else 0)
+    return (_work_bytes(m, T, N, training), _plan(m, T, N).total if training else 0)
 
 
 @_entry
@@ -475,10 +483,27 @@ def weight_params(desc, pseudo_layer, size, addr, lin_layer_id):
 
 
 # --- forward and backward ------------------------------------------------------------------
-def _common(desc, layout, T, N, seq_lengths):
-    """What every compute call validates first: (model, batch_major, T, N, lengths).
+def _work_bytes(m, T, N, training):
+    """The workspace bytes of a sequence's calls (``cgru_get_temp_space_sizes``)."""
+    return workspace_nbytes(m.topo, m.cell, m.dtype, T, N, training)
 
-    (The workspace arguments are not checked: cgru needs none, its size query returns 0.)"""
+
+def _workspace(m, T, N, training, size, addr):
+    """The caller's workspace as uint8 (no copy), or ``None`` when ``work_space`` is NULL or
+    ``work_space_size`` 0 (the engine then uses its own pool: callers of ABI 0.1, whose query
+    returned 0, pass NULL with the size the query now returns)."""
+    if size == 0 or addr == 0:
+        return None
+    need = _work_bytes(m, T, N, training)
+    if size < need:
+        raise _Fail(BUFFER_TOO_SMALL, f"work_space_size: {size} bytes is too small; work_space "
+                                      f"needs {need} bytes (cgru_get_temp_space_sizes), or pass "
+                                      f"0 to let cgru allocate it")
+    return _bytes_at(addr, need)
+
+
+def _common(desc, layout, T, N, seq_lengths):
+    """What every compute call validates first: (model, batch_major, T, N, lengths)."""
     m = _model(desc)
     batch_major = _enum(layout, _LAYOUTS, "layout",
                         "CGRU_LAYOUT_TIME_MAJOR (0) or CGRU_LAYOUT_BATCH_MAJOR (1)")
@@ -609,16 +634,18 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, cx, cy,
     hya = _array(hy, "hy", *hs, m.dtype, writable=True, optional=True)
     c0 = _cell_states(m, cx, "cx", cs, False)
     cya = _cell_states(m, cy, "cy", cs, True)
+    work_block = _workspace(m, T, N, training, work_size, work)
     _refuse_overlaps([("seq_lengths", seq_lengths, 4 * N, False), ("x", x, xa.nbytes, False),
                       ("y", y, ya.nbytes, True), ("hx", hx, _nbytes(h0), False),
                       ("hy", hy, _nbytes(hya), True), ("cx", cx, _nbytes(c0), False),
                       ("cy", cy, _nbytes(cya), True),
                       ("weight_space", ws, _weight_bytes(m), False),
+                      ("work_space", work, _nbytes(work_block), True),
                       ("reserve_space", reserve, plan.total if training else 0, True)])
 
-    f = forward(params, xa, h0, c0=c0, lengths=lengths, batch_major=batch_major,
-                training=training, dropout=m.dropout, seed=(m.seed, m.seed2),
-                num_threads=m.num_threads)
+    f = run_forward(ForwardCall.check(
+        params, xa, h0, c0=c0, lengths=lengths, batch_major=batch_major, training=training,
+        dropout=m.dropout, seed=(m.seed, m.seed2), num_threads=m.num_threads), work_block)
     ya[...] = f.y
     if hya is not None:
         hya[...] = f.hy
@@ -651,11 +678,13 @@ def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, dcy, dc
     dhxa = _array(dhx, "dhx", *hs, m.dtype, writable=True, optional=True)
     dcya = _cell_states(m, dcy, "dcy", cs, False)
     dcxa = _cell_states(m, dcx, "dcx", cs, True)
+    work_block = _workspace(m, T, N, True, work_size, work)
     _refuse_overlaps([("seq_lengths", seq_lengths, 4 * N, False),
                       ("dy", dy, _nbytes(dya), False), ("dx", dx, dxa.nbytes, True),
                       ("dhy", dhy, _nbytes(dhya), False), ("dhx", dhx, _nbytes(dhxa), True),
                       ("dcy", dcy, _nbytes(dcya), False), ("dcx", dcx, _nbytes(dcxa), True),
                       ("weight_space", ws, _weight_bytes(m), False),
+                      ("work_space", work, _nbytes(work_block), True),
                       ("reserve_space", reserve, plan.total, True)])
 
     x_saved = space[plan.x:plan.x + plan.x_bytes].view(m.dtype).reshape(xs[1])
@@ -664,8 +693,9 @@ def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, dcy, dc
     head[2] = _STATE_FORWARD  # dw is being rewritten: not valid until this call succeeds
     head[_DW_MAC_SLOT] = 0
     head[_SEAL_SLOT] = _seal(head)
-    g = backward(params, x_saved, engine_reserve, dya, dhya, dcy=dcya, batch_major=batch_major,
-                 dparams=dparams, accumulate=False, num_threads=m.num_threads)
+    g = run_backward(BackwardCall.check(
+        params, x_saved, engine_reserve, dya, dhya, dcy=dcya, batch_major=batch_major,
+        dparams=dparams, accumulate=False, num_threads=m.num_threads), work_block)
     dxa[...] = g.dx
     if dhxa is not None:
         dhxa[...] = g.dh0

@@ -8,6 +8,7 @@ depends on the machine, and for nothing else:
 ``empty``            the buffers of a call (outputs; ``plan.empty``, which the tests poison)
 ``workspace``        a call's temporaries, sized by one function and carved in one place
 ``gemm``             ``C = op(A)·op(B) + beta·C`` on row-major views (the whole-sequence products)
+``with_partials``    this backend for one call: its products' partial sums in the call's workspace
 ``pack``             the recurrent weights packed for the kernels' GEMM (``weights`` keeps them)
 ``kernels(kind)``    a cell kind's compiled time loops: ``forward_layer``, ``backward_layer``,
                      ``Direction``
@@ -36,6 +37,11 @@ class CPU:
     workspace = staticmethod(plan.Workspace)
     gemm = staticmethod(plan.gemm)
 
+    def with_partials(self, partial):
+        """This backend for one call whose workspace holds ``partial``: its ``gemm`` keeps the
+        partial sums of a split inner dimension there (``plan.gemm_partial_size``)."""
+        return _CallBackend(self, partial)
+
     pack = staticmethod(weights.pack_rhs)
 
     def kernels(self, kind):
@@ -45,6 +51,19 @@ class CPU:
             module = importlib.import_module(kind.kernel_module)
             self._kernels[kind.name] = module
         return module
+
+
+class _CallBackend:
+    """A backend bound to one call's workspace (``CPU.with_partials``)."""
+
+    def __init__(self, backend, partial):
+        self._backend, self._partial = backend, partial
+
+    def gemm(self, ta, tb, A, B, C, beta=0.0, nt=1):
+        self._backend.gemm(ta, tb, A, B, C, beta, nt, self._partial)
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
 
 
 BACKEND = CPU()

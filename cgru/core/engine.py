@@ -26,16 +26,18 @@ training forward saves what the backward needs in the reserve (``reserve``).  No
 knows a cell kind by name.
 """
 from collections import defaultdict, namedtuple
+import math
 
 import numpy as np
 
-from cgru.core import dropout as dropout_mod, plan, reserve as reserve_mod
+from cgru.core import dropout as dropout_mod, kinds, plan, reserve as reserve_mod
 from cgru.core.backend import BACKEND
 from cgru.core.calls import BackwardCall, ForwardCall
 from cgru.core.network import Network
 
 __all__ = ["Forward", "Gradients", "forward", "backward", "run_forward", "run_backward",
-           "reserve_nbytes", "dropout_masks"]
+           "forward_workspace", "backward_workspace", "workspace_nbytes", "reserve_nbytes",
+           "dropout_masks"]
 
 reserve_nbytes = reserve_mod.reserve_nbytes
 dropout_masks = dropout_mod.dropout_masks
@@ -119,8 +121,29 @@ def forward(net, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major=Fa
         num_threads=num_threads))
 
 
-def run_forward(call):
-    """The forward of a checked call (``calls.ForwardCall``)."""
+def forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0=True, zero_c0=True):
+    """The workspace of a forward (``plan.Workspace``, not yet allocated): the input
+    projections, the zero initial states a call without ``h0`` / ``c0`` uses, the inner
+    layers' outputs of an inference and the time loops' scratch."""
+    H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
+    G, DS = cell.gates, topo.output_size
+    ws = BACKEND.workspace(dtype)
+    for d in range(D):
+        ws.add(f"gx{d}", (T * N, G * H))                     # input projections
+    if zero_h0:
+        ws.add("h0", (L * D, N, S))
+    if kind.has_cell_state and zero_c0:
+        ws.add("c0", (L * D, N, H))
+    if not training and L > 1:
+        ws.add("out0", (T, N, DS)).add("out1", (T, N, DS))   # inner layers, ping-pong
+    ws.add("scratch", (BACKEND.kernels(kind).scratch_size(True, N, H, S, plan.n_chunks(N, H), D),))
+    return ws
+
+
+def run_forward(call, workspace=None):
+    """The forward of a checked call (``calls.ForwardCall``); ``workspace``: the caller's
+    block for the temporaries (a uint8 array of ``forward_workspace(…).block_bytes``), else
+    one from the pool."""
     kind, cell, topo, net = call.kind, call.cell, call.net.topology, call.frozen.net
     dtype, T, N, nt, training = net.dtype, call.T, call.N, call.num_threads, call.training
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
@@ -133,16 +156,8 @@ def run_forward(call):
     chunks = plan.n_chunks(N, H)
     threads = plan.loop_threads(nt, T, N, H, D, G)
     X = call.x.reshape(T * N, topo.input_size)
-    ws = BACKEND.workspace(dtype)
-    for d in range(D):
-        ws.add(f"gx{d}", (T * N, G * H))                     # input projections
-    if h0 is None:
-        ws.add("h0", (L * D, N, S))
-    if lstm and c0 is None:
-        ws.add("c0", (L * D, N, H))
-    if not training and L > 1:
-        ws.add("out0", (T, N, DS)).add("out1", (T, N, DS))   # inner layers, ping-pong
-    buf = ws.allocate()
+    buf = forward_workspace(kind, cell, topo, dtype, T, N, training, h0 is None,
+                            c0 is None).allocate(workspace)
     if h0 is None:
         h0 = buf["h0"]
         h0[...] = 0
@@ -186,7 +201,7 @@ def run_forward(call):
                                                c0[i] if lstm else None,
                                                cy[i] if lstm else None))
         kernels.forward_layer(dtype, T, N, H, S, chunks, threads, cell, call.lengths, call.mask,
-                              out, dirs, training)
+                              out, dirs, training, buf["scratch"])
         if not last:
             if masks is not None:
                 np.multiply(out, masks[layer], out=out)
@@ -233,8 +248,45 @@ def backward(net, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, state_m
         num_threads=num_threads))
 
 
-def run_backward(call):
-    """The backward of a checked call (``calls.BackwardCall``)."""
+def backward_workspace(kind, cell, topo, dtype, T, N, need_hm=True):
+    """The workspace of a backward (``plan.Workspace``, not yet allocated): the kind's buffers
+    per direction (the gate gradients among them), h ⊙ m for dR (``need_hm``: a state mask or
+    padded sequences), the inner layers' input gradients, the time loops' scratch and the
+    partial sums of the weight-gradient products."""
+    H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
+    ws = BACKEND.workspace(dtype)
+    for d in range(D):
+        for name, shape in kind.backward_buffers(cell, topo, d, T * N):
+            ws.add(f"{name}{d}", shape)
+        if need_hm:
+            ws.add(f"hm{d}", (T * N, S))
+    if L > 1:
+        DS = topo.output_size
+        ws.add("dX0", (T * N, DS)).add("dX1", (T * N, DS))          # inner layers, ping-pong
+    ws.add("scratch", (BACKEND.kernels(kind).scratch_size(False, N, H, S, plan.n_chunks(N, H),
+                                                          D),))
+    # every weight-gradient product's C is one of a layer-direction's weight matrices, and
+    # the layers above the first all have layer 1's shapes (closed form: L may be huge)
+    largest = max(math.prod(shape) for i in {0, min(D, topo.num_layer_directions - 1)}
+                  for shape in topo.shapes(i, cell.gates).values())
+    ws.add("partial", (plan.gemm_partial_size(T * N, largest),))
+    return ws
+
+
+def workspace_nbytes(topo, cell, dtype, T, N, training):
+    """Bytes of a block at any address that holds the workspace of every call of a sequence
+    of ``T`` steps and ``N`` rows on a network of ``topo``, ``cell`` and ``dtype``: its forward
+    (``training`` or not) and, in training, its backward, whatever their optional arguments."""
+    kind = kinds.of(cell)
+    ws = [forward_workspace(kind, cell, topo, dtype, T, N, training)]
+    if training:
+        ws.append(backward_workspace(kind, cell, topo, dtype, T, N))
+    return max(w.block_bytes for w in ws)
+
+
+def run_backward(call, workspace=None):
+    """The backward of a checked call (``calls.BackwardCall``); ``workspace`` as for
+    ``run_forward``."""
     kind, cell, topo, net = call.kind, call.cell, call.net.topology, call.frozen.net
     dtype, T, N, nt, opened = net.dtype, call.T, call.N, call.num_threads, call.opened
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
@@ -254,19 +306,13 @@ def run_backward(call):
     # h_prev rows for dR, written by the backward loop with zeros at padded steps (the saved
     # states there may hold h0 of an empty sequence, NaN included)
     need_hm = mask is not None or padded
-    ws = BACKEND.workspace(dtype)
-    per_direction = [kind.backward_buffers(cell, topo, d, T * N) for d in range(D)]
-    for d in range(D):
-        for name, shape in per_direction[d]:
-            ws.add(f"{name}{d}", shape)
-        if need_hm:
-            ws.add(f"hm{d}", (T * N, S))
-    if L > 1:
-        ws.add("dX0", (T * N, DS)).add("dX1", (T * N, DS))          # inner layers, ping-pong
-    buf = ws.allocate()
+    buf = backward_workspace(kind, cell, topo, dtype, T, N, need_hm).allocate(workspace)
+    # the call's backend: the products' partial sums in the workspace
+    backend = BACKEND.with_partials(buf["partial"])
     # the backward's buffers by name, one per direction (None: the kind has none)
     ld = defaultdict(lambda: [None] * D)
-    for name in {name for names in per_direction for name, _ in names} | {"hm"}:
+    names = {name for d in range(D) for name, _ in kind.backward_buffers(cell, topo, d, T * N)}
+    for name in names | {"hm"}:
         ld[name] = [buf.get(f"{name}{d}") for d in range(D)]
     dh0 = BACKEND.empty((L * D, N, S), dtype)
     dc0 = BACKEND.empty((L * D, N, H), dtype) if lstm else None
@@ -294,9 +340,10 @@ def run_backward(call):
                                                 None if dcy is None else dcy[i],
                                                 dc0[i] if lstm else None))
         kernels.backward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask, d_out,
-                               dirs)
+                               dirs, buf["scratch"])
         dX = dx if layer == 0 else buf[f"dX{layer % 2}"]
-        _layer_gradients(topo, cell, kind, net, grads, layer, X, opened, ld, dX, nt, active)
+        _layer_gradients(backend, topo, cell, kind, net, grads, layer, X, opened, ld, dX, nt,
+                         active)
         if layer > 0:
             d_out = dX.reshape(T, N, DS)
             if masks is not None:
@@ -316,7 +363,8 @@ def run_backward(call):
     return Gradients(dx, dh0, grads, dc0)
 
 
-def _layer_gradients(topo, cell, kind, net, grads, layer, X, opened, ld, dX, nt, active=None):
+def _layer_gradients(backend, topo, cell, kind, net, grads, layer, X, opened, ld, dX, nt,
+                     active=None):
     """After one layer's backward loops: its weight gradients (into ``grads``) and the
     gradient of its input ``dX`` [T·N, in], all as whole-sequence GEMMs / column sums."""
     H, D, S, G = topo.hidden_size, topo.num_directions, topo.state_size, cell.gates
@@ -333,10 +381,10 @@ def _layer_gradients(topo, cell, kind, net, grads, layer, X, opened, ld, dX, nt,
         # db_W = Σ_rows dgx,  db_R = Σ_rows dgh (the recurrent side's)
         np.sum(dgx[d], axis=0, out=g.b_W)
         np.sum(kind.recurrent_side(cell, ld, d), axis=0, out=g.b_R)
-        kind.weight_gradients(BACKEND, g, cell, topo, d, saved, ld, h_in, nt, active)
+        kind.weight_gradients(backend, g, cell, topo, d, saved, ld, h_in, nt, active)
         if g.W.shape[1]:
             # dW[G·H, in] = dgxᵀ · X
-            BACKEND.gemm(True, False, dgx[d], X, g.W, nt=nt)
+            backend.gemm(True, False, dgx[d], X, g.W, nt=nt)
     if layer == 0 and topo.input_mode == "projected":
         for d in range(D):
             dX[:, d * G * H:(d + 1) * G * H] = dgx[d]
@@ -349,5 +397,5 @@ def _layer_gradients(topo, cell, kind, net, grads, layer, X, opened, ld, dX, nt,
     else:
         for d in range(D):
             # dX[T·N, in] (+)= dgx_d[T·N, G·H] · W_d[G·H, in]
-            BACKEND.gemm(False, False, dgx[d], net[layer * D + d].W, dX, 0.0 if d == 0 else 1.0,
+            backend.gemm(False, False, dgx[d], net[layer * D + d].W, dX, 0.0 if d == 0 else 1.0,
                          nt)

@@ -152,19 +152,33 @@ def loop_threads(nt, T, N, H, D, gates):
     return nt if T * N * D * H * (gates * H + 16) >= _MIN_PARALLEL_WORK else 1
 
 
-def gemm(ta, tb, A, B, C, beta=0.0, nt=1):
+def _gemm_blocks(ta, split):
+    """Blocks of a whole-sequence product whose split dimension (C's rows, or the inner
+    dimension k of ``Aᵀ·B``) is ``split``."""
+    return max(1, min(_MAX_GEMM_BLOCKS, split // (4 * _MIN_GEMM_ROWS if ta else _MIN_GEMM_ROWS)))
+
+
+def gemm_partial_size(k, c_size):
+    """Elements of the partial sums a weight-gradient product ``C = Aᵀ·B`` with inner dimension
+    ``k`` and ``c_size`` elements of C needs (``gemm``'s ``partial``)."""
+    return (min(_gemm_blocks(True, k), max(k, 1)) - 1) * c_size
+
+
+def gemm(ta, tb, A, B, C, beta=0.0, nt=1, partial=None):
     """``C = op(A)·op(B) + beta·C`` for row-major 2-D arrays (views with unit inner stride), as
-    blocks of single-threaded BLAS on up to ``nt`` pool threads.  BLAS is held at one thread
-    for the product only (``blas_single_threaded``), not for the rest of cgru's call."""
-    split = A.shape[0] if ta else C.shape[0]   # the inner dimension k, or C's rows
-    blocks = max(1, min(_MAX_GEMM_BLOCKS, split // (4 * _MIN_GEMM_ROWS if ta else _MIN_GEMM_ROWS)))
+    blocks of single-threaded BLAS on up to ``nt`` pool threads; ``partial`` (1-D, at least
+    ``gemm_partial_size`` elements, from the call's workspace) holds the partial sums of a split
+    inner dimension.  BLAS is held at one thread for the product only
+    (``blas_single_threaded``), not for the rest of cgru's call."""
+    blocks = _gemm_blocks(ta, A.shape[0] if ta else C.shape[0])
     with blas_single_threaded():
-        blas.gemm_blocks(ta, tb, 1.0, A, B, beta, C, blocks, nt)
+        blas.gemm_blocks(ta, tb, 1.0, A, B, beta, C, blocks, nt, partial)
 
 
 class Workspace:
     """A call's temporaries: ``add`` each buffer (name, shape), then ``allocate`` them all as
-    one block of 64-byte aligned views."""
+    one block of 64-byte aligned views — the kernels' scratch and the partial sums of the
+    products among them, so that nothing below the engine allocates."""
 
     def __init__(self, dtype):
         self.dtype = np.dtype(dtype)
@@ -176,10 +190,23 @@ class Workspace:
         self.nbytes += -(-math.prod(shape) * self.dtype.itemsize // _ALIGN) * _ALIGN
         return self
 
-    def allocate(self):
-        """``{name: view}``; every element uninitialised (each buffer is fully written by the
-        step that owns it)."""
-        block = recycled(self.nbytes)
+    @property
+    def block_bytes(self):
+        """Bytes of a block at any address that holds the workspace (``nbytes`` and room to
+        align its start to 64 bytes): what the C ABI's size query reports."""
+        return self.nbytes + _ALIGN if self.nbytes else 0
+
+    def allocate(self, block=None):
+        """``{name: view}``, carved from ``block`` (a writable uint8 array of at least
+        ``block_bytes``, the caller's) or from a block of the pool; every element uninitialised
+        (each buffer is fully written by the step that owns it)."""
+        if block is None:
+            block = recycled(self.block_bytes)
+        elif block.size < self.block_bytes:
+            raise ValueError(f"workspace: {block.size} bytes is too small; this call needs "
+                             f"{self.block_bytes}")
+        start = -block.ctypes.data % _ALIGN if block.size else 0
         item = self.dtype.itemsize
-        return {name: block[off:off + math.prod(shape) * item].view(self.dtype).reshape(shape)
+        return {name: block[start + off:start + off + math.prod(shape) * item]
+                .view(self.dtype).reshape(shape)
                 for name, (off, shape) in self._shapes.items()}

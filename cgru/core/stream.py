@@ -97,28 +97,41 @@ class Stream:
         h0, c0 = state if lstm and state is not None else (state, None)
         h0 = check_h(h0, "state h" if lstm else "state", topo, dtype, N)
         c0 = check_h(c0, "state c", topo, dtype, N, topo.hidden_size) if lstm else None
-        L, S, H = topo.num_layers, topo.state_size, topo.hidden_size
+        L, S, H, G = topo.num_layers, topo.state_size, topo.hidden_size, net.cell.gates
+        kernels = BACKEND.kernels(self._kind)
+        chunks = plan.n_chunks(N, H)
+        # the temporaries, one block: the input projection, the zero states, the inner layers'
+        # outputs (ping-pong) and the loops' scratch
+        ws = BACKEND.workspace(dtype).add("gx", (T * N, G * H))
         if h0 is None:
-            h0 = np.zeros((L, N, S), dtype)
+            ws.add("h0", (L, N, S))
         if lstm and c0 is None:
-            c0 = np.zeros((L, N, H), dtype)
-        hy = plan.empty((L, N, S), dtype)
-        cy = plan.empty((L, N, H), dtype) if lstm else None
+            ws.add("c0", (L, N, H))
+        if L > 1:
+            ws.add("out0", (T, N, S)).add("out1", (T, N, S))
+        ws.add("scratch", (kernels.scratch_size(True, N, H, S, chunks, 1),))
+        buf = ws.allocate()
+        if h0 is None:
+            h0 = buf["h0"]
+            h0[...] = 0
+        if lstm and c0 is None:
+            c0 = buf["c0"]
+            c0[...] = 0
+        hy = BACKEND.empty((L, N, S), dtype)
+        cy = BACKEND.empty((L, N, H), dtype) if lstm else None
+        y = BACKEND.empty((T, N, S), dtype)
         lengths = np.full(N, T, np.int64)
         X = np.ascontiguousarray(x3).reshape(T * N, topo.input_size)
-        chunks = plan.n_chunks(N, H)
+        gx = buf["gx"]
         for layer, Lr in enumerate(self._layers):
-            gx = plan.empty((T * N, Lr.G * H), dtype)
             # gx[T·N, G·H] = X[T·N, in] · W[G·H, in]ᵀ
-            gemm_packed_rm(X, Lr.Wp, Lr.G * H, gx, False)
-            y = plan.empty((T, N, S), dtype)
-            kw = dict(Lr.fixed, gx=gx, ldgx=Lr.G * H, h0=h0[layer], hy=hy[layer])
+            gemm_packed_rm(X, Lr.Wp, G * H, gx, False)
+            out = y if layer == L - 1 else buf[f"out{layer % 2}"]
+            kw = dict(Lr.fixed, gx=gx, ldgx=G * H, h0=h0[layer], hy=hy[layer])
             if lstm:
                 kw.update(c0=c0[layer], cy=cy[layer])
-            threads = plan.loop_threads(self.num_threads, T, N, H, 1, Lr.G)
-            kernels = BACKEND.kernels(self._kind)
-            kernels.forward_layer(dtype, T, N, H, S, chunks, threads, net.cell, lengths, None, y,
-                                  [kernels.Direction(**kw)], False)
-            X = y.reshape(T * N, S)
-        y = X.reshape(T, N, S)
+            threads = plan.loop_threads(self.num_threads, T, N, H, 1, G)
+            kernels.forward_layer(dtype, T, N, H, S, chunks, threads, net.cell, lengths, None,
+                                  out, [kernels.Direction(**kw)], False, buf["scratch"])
+            X = out.reshape(T * N, S)
         return (y[0] if one_step else y), ((hy, cy) if lstm else hy)
