@@ -1117,6 +1117,56 @@ def test_work_space_too_small_is_refused_and_null_is_cgrus_own(lib, call):
         :need]).all(), "the arena's work_space was written though NULL was passed"
 
 
+def test_calls_given_their_buffers_allocate_nothing(lib, monkeypatch):
+    """With a work_space, the forward and backward_data write every result straight into the
+    caller's buffers — y, hy, the engine's reserve inside the reserve space, dx, dhx — and take
+    every temporary from work_space: no buffer of cgru's own is allocated (``plan.empty``,
+    the pool), and the results are bitwise those of a Python call."""
+    from cgru.core import backend, plan
+    seq = _Sequence(lib, cgru.Topology(**_SMALL_TOPOLOGY), T=6, N=3, seed=5)
+    allocated = []
+    real_empty, real_recycled = plan.empty, plan.recycled
+    monkeypatch.setattr(backend.CPU, "empty",
+                        staticmethod(lambda *a: allocated.append(a) or real_empty(*a)))
+    monkeypatch.setattr(plan, "recycled", lambda n: allocated.append(n) or real_recycled(n))
+    for call in ("forward", "backward_data"):
+        assert getattr(seq, call)() == 0, _message(lib)
+        assert allocated == [], (call, allocated)
+    monkeypatch.undo()
+    topo = seq.topo
+    net = cgru.Network.from_flat(topo, seq.array("weight_space"))
+    lengths = seq.array("seq_lengths").astype(np.int64)
+    f = cgru.forward(net, seq.array("x"), seq.array("hx"), lengths=lengths, training=True)
+    g = cgru.backward(net, seq.array("x"), f.reserve, seq.array("dy"), seq.array("dhy"))
+    for name, want in (("y", f.y), ("hy", f.hy), ("dx", g.dx), ("dhx", g.dh0)):
+        assert seq.array(name).tobytes() == want.tobytes(), name
+
+
+def test_a_failed_training_forward_leaves_its_reserve_space_refused(lib, monkeypatch):
+    """The engine writes its reserve inside the reserve space during the forward: a forward
+    that fails part way (here its second layer's loops) leaves the reserve space refused by
+    backward_data — not the previous forward's header over half of the new one's data."""
+    from cgru.core import kinds
+    from cgru.core.backend import BACKEND
+    seq = _Sequence(lib, cgru.Topology(**_SMALL_TOPOLOGY), T=6, N=3, seed=6)
+    seq.run(until="forward")                    # a valid reserve space from a first forward
+    kernels = BACKEND.kernels(kinds.of(cgru.GRUCell()))
+    real, calls = kernels.forward_layer, []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise MemoryError("injected")
+        return real(*args)
+
+    monkeypatch.setattr(kernels, "forward_layer", failing)
+    assert seq.forward() == capi.ALLOC_FAILED, _message(lib)
+    monkeypatch.undo()
+    assert seq.backward_data() == capi.BAD_PARAM
+    assert "not written by a training cgru_rnn_forward" in _message(lib), _message(lib)
+    seq.run()                                   # a new forward makes it valid again
+
+
 # --- the reserve space across the calls of one sequence ---------------------------------------
 def test_backward_accepts_a_descriptor_differing_only_in_num_threads(lib):
     """desc->num_threads does not change any result, so the backward calls may use another

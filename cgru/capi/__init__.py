@@ -4,10 +4,12 @@ libcgru (``cgru/capi/*.c``) runs on the embedded Python runtime of the environme
 is installed.  Each of its entry points checks the descriptor pointer, then calls the function
 of the same name here with every C argument as a Python number (pointers as integer addresses,
 0 for NULL; the descriptor as the tuple ``_model`` unpacks).  These functions validate the
-arguments, wrap the caller's buffers as NumPy arrays without copying, run ``cgru.forward`` /
-``cgru.backward`` and copy the results into the caller's output buffers.  They never raise:
-they return ``(status, message, *values)`` with the header's status codes; the message becomes
-the calling C thread's ``cgru_get_last_error_message()``.
+arguments, wrap the caller's buffers as NumPy arrays without copying, and run the engine on
+the checked call (``engine.run_forward`` / ``run_backward``), which writes every result
+straight into the caller's buffers — ``y``, ``hy``, ``cy``, ``dx``, ``dhx``, ``dcx`` and the
+engine's reserve inside the reserve space — and carves its temporaries from ``work_space``.
+They never raise: they return ``(status, message, *values)`` with the header's status codes;
+the message becomes the calling C thread's ``cgru_get_last_error_message()``.
 
 The C ABI reserve space (training), carved by ``_plan`` (regions 64-byte aligned)::
 
@@ -19,7 +21,9 @@ The C ABI reserve space (training), carved by ``_plan`` (regions 64-byte aligned
                          30 the MAC of dw (once backward_data has written it), 31 the MAC of
                          slots 0…30 — a header changed after the call that wrote it (its state,
                          say, or dw) is refused (the engine's reserve binds the rest)
-    engine   uint8[E]    the engine's reserve (E = cgru.reserve_nbytes)
+    engine   uint8[E]    the engine's reserve (E = cgru.reserve_nbytes), written in place by
+                         the forward (slot 0 is cleared first: a forward that fails leaves the
+                         space refused)
     x        [T·N·I]     a copy of the forward's x, as given (either layout)
     dw       [weights]   the weight gradients backward_data computed (weight-space layout)
 
@@ -643,14 +647,17 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, cx, cy,
                       ("work_space", work, _nbytes(work_block), True),
                       ("reserve_space", reserve, plan.total if training else 0, True)])
 
-    f = run_forward(ForwardCall.check(
+    call = ForwardCall.check(
         params, xa, h0, c0=c0, lengths=lengths, batch_major=batch_major, training=training,
-        dropout=m.dropout, seed=(m.seed, m.seed2), num_threads=m.num_threads), work_block)
-    ya[...] = f.y
-    if hya is not None:
-        hya[...] = f.hy
-    if cya is not None:
-        cya[...] = f.cy
+        dropout=m.dropout, seed=(m.seed, m.seed2), num_threads=m.num_threads)
+    if training:
+        # the engine writes its reserve in place: until this call has succeeded the reserve
+        # space is no sequence's (a failed call leaves it refused, not half of two forwards)
+        _reserve_header(space)[0] = 0
+    # the results straight into the caller's buffers (no copies)
+    run_forward(call, work_block, {
+        "y": ya, "hy": hya, "cy": cya,
+        "reserve": space[plan.engine:plan.engine + plan.engine_bytes] if training else None})
     if training:
         head = _reserve_header(space)
         record = _record(m, batch_major, T, N, lengths)
@@ -659,7 +666,6 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, cx, cy,
                                plan.dw, plan.total]
         head[_RECORD_SLOT:_RECORD_SLOT + len(record)] = record
         head[_SEAL_SLOT] = _seal(head)
-        space[plan.engine:plan.engine + plan.engine_bytes] = f.reserve
         space[plan.x:plan.x + plan.x_bytes] = xa.reshape(-1).view(np.uint8)
     return ()
 
@@ -693,14 +699,10 @@ def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, dcy, dc
     head[2] = _STATE_FORWARD  # dw is being rewritten: not valid until this call succeeds
     head[_DW_MAC_SLOT] = 0
     head[_SEAL_SLOT] = _seal(head)
-    g = run_backward(BackwardCall.check(
+    run_backward(BackwardCall.check(
         params, x_saved, engine_reserve, dya, dhya, dcy=dcya, batch_major=batch_major,
-        dparams=dparams, accumulate=False, num_threads=m.num_threads), work_block)
-    dxa[...] = g.dx
-    if dhxa is not None:
-        dhxa[...] = g.dh0
-    if dcxa is not None:
-        dcxa[...] = g.dc0
+        dparams=dparams, accumulate=False, num_threads=m.num_threads), work_block,
+        {"dx": dxa, "dh0": dhxa, "dc0": dcxa})
     head[2] = _STATE_BACKWARD_DATA
     head[_DW_MAC_SLOT] = _dw_mac(space, plan, m.dtype)
     head[_SEAL_SLOT] = _seal(head)

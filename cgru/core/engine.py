@@ -140,10 +140,14 @@ def forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0=True, zer
     return ws
 
 
-def run_forward(call, workspace=None):
+def run_forward(call, workspace=None, out=None):
     """The forward of a checked call (``calls.ForwardCall``); ``workspace``: the caller's
     block for the temporaries (a uint8 array of ``forward_workspace(…).block_bytes``), else
-    one from the pool."""
+    one from the pool; ``out``: the caller's arrays the results are written into instead of
+    new ones (``{"y", "hy", "cy", "reserve"}``, each optional, each of the result's shape and
+    dtype — the reserve a uint8 array of ``reserve_nbytes`` —, apart from every input: the C
+    ABI's buffers)."""
+    given = out or {}
     kind, cell, topo, net = call.kind, call.cell, call.net.topology, call.frozen.net
     dtype, T, N, nt, training = net.dtype, call.T, call.N, call.num_threads, call.training
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
@@ -164,9 +168,10 @@ def run_forward(call, workspace=None):
     if lstm and c0 is None:
         c0 = buf["c0"]
         c0[...] = 0
-    hy = BACKEND.empty((L * D, N, S), dtype)
-    cy = BACKEND.empty((L * D, N, H), dtype) if lstm else None
-    y = BACKEND.empty((T, N, DS), dtype)
+    hy = _output(given, "hy", (L * D, N, S), dtype)
+    cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
+    # the last layer writes y time-major: into the caller's y unless it is batch-major
+    y = _output(given if not call.batch_major else {}, "y", (T, N, DS), dtype)
     rv, lds, xin = None, None, None
     if training:
         layout = reserve_mod.Layout(topo, cell, T, N, dtype)
@@ -174,7 +179,8 @@ def run_forward(call, workspace=None):
             layout, lengths=call.lengths, dropout=call.dropout, seed=call.seed,
             seed2=call.seed2, batch_major=call.batch_major, x=reserve_mod.data_mac(b"x", call.x),
             weights=reserve_mod.weights_mac(call.frozen), h0=reserve_mod.data_mac(b"h0", h0, c0),
-            state_mask=reserve_mod.data_mac(b"state_mask", call.mask))
+            state_mask=reserve_mod.data_mac(b"state_mask", call.mask),
+            block=given.get("reserve"))
     masks = dropout_mod.dropout_masks(topo, T, N, dropout=call.dropout,
                                       seed=(call.seed, call.seed2), dtype=dtype) \
         if call.dropout > 0 else None
@@ -207,8 +213,28 @@ def run_forward(call, workspace=None):
                 np.multiply(out, masks[layer], out=out)
             X = out.reshape(T * N, DS)
     if call.batch_major:
-        y = np.ascontiguousarray(y.transpose(1, 0, 2))
+        y = _transposed(y, given.get("y"))
     return Forward(y, hy, rv, cy)
+
+
+def _output(out, name, shape, dtype):
+    """The caller's ``out[name]`` (checked to be of ``shape`` and ``dtype``), else a new array."""
+    a = out.get(name)
+    if a is None:
+        return BACKEND.empty(shape, dtype)
+    if a.shape != tuple(shape) or a.dtype != dtype or not a.flags.c_contiguous:
+        raise ValueError(f"out[{name!r}]: expected a C-contiguous {list(shape)} {dtype} array, "
+                         f"got {list(a.shape)} {a.dtype}")
+    return a
+
+
+def _transposed(a, into=None):
+    """``a`` [T, N, …] as [N, T, …], written into ``into`` when given, else a new array."""
+    if into is None:
+        return np.ascontiguousarray(a.transpose(1, 0, 2))
+    _output({"a": into}, "a", (a.shape[1], a.shape[0], a.shape[2]), a.dtype)
+    np.copyto(into, a.transpose(1, 0, 2))
+    return into
 
 
 # --- backward ------------------------------------------------------------------------------
@@ -284,9 +310,10 @@ def workspace_nbytes(topo, cell, dtype, T, N, training):
     return max(w.block_bytes for w in ws)
 
 
-def run_backward(call, workspace=None):
-    """The backward of a checked call (``calls.BackwardCall``); ``workspace`` as for
-    ``run_forward``."""
+def run_backward(call, workspace=None, out=None):
+    """The backward of a checked call (``calls.BackwardCall``); ``workspace`` and ``out``
+    (``{"dx", "dh0", "dc0"}``) as for ``run_forward``."""
+    given = out or {}
     kind, cell, topo, net = call.kind, call.cell, call.net.topology, call.frozen.net
     dtype, T, N, nt, opened = net.dtype, call.T, call.N, call.num_threads, call.opened
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
@@ -314,9 +341,10 @@ def run_backward(call, workspace=None):
     names = {name for d in range(D) for name, _ in kind.backward_buffers(cell, topo, d, T * N)}
     for name in names | {"hm"}:
         ld[name] = [buf.get(f"{name}{d}") for d in range(D)]
-    dh0 = BACKEND.empty((L * D, N, S), dtype)
-    dc0 = BACKEND.empty((L * D, N, H), dtype) if lstm else None
-    dx = BACKEND.empty((T * N, topo.input_size), dtype)
+    dh0 = _output(given, "dh0", (L * D, N, S), dtype)
+    dc0 = _output(given, "dc0", (L * D, N, H), dtype) if lstm else None
+    dx = _output(given if not call.batch_major else {}, "dx", (T, N, topo.input_size),
+                 dtype).reshape(T * N, topo.input_size)
     # Computed into a buffer of our own and handed over only when the call has succeeded, so
     # that a failing or interrupted call leaves the caller's dparams as they were.
     grads = Network.zeros(topo, dtype, cell=cell)
@@ -350,7 +378,7 @@ def run_backward(call, workspace=None):
                 d_out *= masks[layer - 1]
     dx = dx.reshape(T, N, topo.input_size)
     if call.batch_major:
-        dx = np.ascontiguousarray(dx.transpose(1, 0, 2))
+        dx = _transposed(dx, given.get("dx"))
     if call.dparams is not None:
         for mine, theirs in zip(grads, call.dparams):
             for name, a in mine.arrays().items():

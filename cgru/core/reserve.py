@@ -199,11 +199,19 @@ def _seal(header, lengths):
     return mac(b"header", header[:_SEAL].tobytes(), np.ascontiguousarray(lengths).tobytes())
 
 
-def create(layout, *, lengths, dropout, seed, seed2, batch_major, x, weights, h0, state_mask):
+def create(layout, *, lengths, dropout, seed, seed2, batch_major, x, weights, h0, state_mask,
+           block=None):
     """A reserve with its header and lengths written (and sealed); the rest for the forward to
     fill.  ``x``, ``weights``, ``h0``, ``state_mask`` are MACs (``data_mac``,
-    ``weights.Frozen.mac``)."""
-    reserve = plan.recycled(layout.nbytes)
+    ``weights.Frozen.mac``).  ``block``: the caller's uint8 array of ``layout.nbytes`` to
+    write it into (the C ABI's reserve space), else one from the pool."""
+    if block is None:
+        reserve = plan.recycled(layout.nbytes)
+    elif block.dtype != np.uint8 or block.shape != (layout.nbytes,):
+        raise ValueError(f"out['reserve']: expected a uint8 array of {layout.nbytes} bytes, got "
+                         f"{block.dtype} {list(block.shape)}")
+    else:
+        reserve = block
     layout.zero_gaps(reserve)
     header, lens, lds, xin = layout.carve(reserve)
     header[:] = 0
