@@ -140,6 +140,18 @@ def forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0=True, zer
     return ws
 
 
+def initial_states(buf, h0, c0):
+    """``(h0, c0)``: the ones given, else the zeros of the workspace ``buf`` (room that
+    ``forward_workspace`` made for them; ``c0`` stays ``None`` for a kind without one)."""
+    if h0 is None:
+        h0 = buf["h0"]
+        h0[...] = 0
+    if c0 is None and "c0" in buf:
+        c0 = buf["c0"]
+        c0[...] = 0
+    return h0, c0
+
+
 def run_forward(call, workspace=None, out=None):
     """The forward of a checked call (``calls.ForwardCall``); ``workspace``: the caller's
     block for the temporaries (a uint8 array of ``forward_workspace(…).block_bytes``), else
@@ -162,12 +174,7 @@ def run_forward(call, workspace=None, out=None):
     X = call.x.reshape(T * N, topo.input_size)
     buf = forward_workspace(kind, cell, topo, dtype, T, N, training, h0 is None,
                             c0 is None).allocate(workspace)
-    if h0 is None:
-        h0 = buf["h0"]
-        h0[...] = 0
-    if lstm and c0 is None:
-        c0 = buf["c0"]
-        c0[...] = 0
+    h0, c0 = initial_states(buf, h0, c0)
     hy = _output(given, "hy", (L * D, N, S), dtype)
     cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
     # the last layer writes y time-major: into the caller's y unless it is batch-major

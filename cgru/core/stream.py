@@ -23,7 +23,7 @@ reverse and bidirectional networks need whole sequences (``cgru.forward``).  Inf
 """
 import numpy as np
 
-from cgru.core import kinds, plan, validate, weights
+from cgru.core import engine, kinds, plan, validate, weights
 from cgru.core.backend import BACKEND
 from cgru.core.calls import check_h
 from cgru.core.network import Network
@@ -100,29 +100,17 @@ class Stream:
         L, S, H, G = topo.num_layers, topo.state_size, topo.hidden_size, net.cell.gates
         kernels = BACKEND.kernels(self._kind)
         chunks = plan.n_chunks(N, H)
-        # the temporaries, one block: the input projection, the zero states, the inner layers'
-        # outputs (ping-pong) and the loops' scratch
-        ws = BACKEND.workspace(dtype).add("gx", (T * N, G * H))
-        if h0 is None:
-            ws.add("h0", (L, N, S))
-        if lstm and c0 is None:
-            ws.add("c0", (L, N, H))
-        if L > 1:
-            ws.add("out0", (T, N, S)).add("out1", (T, N, S))
-        ws.add("scratch", (kernels.scratch_size(True, N, H, S, chunks, 1),))
-        buf = ws.allocate()
-        if h0 is None:
-            h0 = buf["h0"]
-            h0[...] = 0
-        if lstm and c0 is None:
-            c0 = buf["c0"]
-            c0[...] = 0
+        # the temporaries, one block, as an inference forward's: the input projection, the
+        # zero states, the inner layers' outputs (ping-pong) and the loops' scratch
+        buf = engine.forward_workspace(self._kind, net.cell, topo, dtype, T, N, False,
+                                       h0 is None, c0 is None).allocate()
+        h0, c0 = engine.initial_states(buf, h0, c0)
         hy = BACKEND.empty((L, N, S), dtype)
         cy = BACKEND.empty((L, N, H), dtype) if lstm else None
         y = BACKEND.empty((T, N, S), dtype)
         lengths = np.full(N, T, np.int64)
         X = np.ascontiguousarray(x3).reshape(T * N, topo.input_size)
-        gx = buf["gx"]
+        gx = buf["gx0"]
         for layer, Lr in enumerate(self._layers):
             # gx[T·N, G·H] = X[T·N, in] · W[G·H, in]ᵀ
             gemm_packed_rm(X, Lr.Wp, G * H, gx, False)
