@@ -1,4 +1,7 @@
 """The time loops' own kernels (cgru/_kernels/simd.h): packed GEMM and vector sigmoid/tanh."""
+import os
+import re
+
 import numpy as np
 import pytest
 
@@ -98,3 +101,35 @@ def test_float64_vector_math_special_values_and_tails(name, n):
     finite = ~np.isnan(x)
     want = _exact(name, np.nan_to_num(x[finite], posinf=1e300, neginf=-1e300))
     np.testing.assert_allclose(got[finite], want, rtol=1e-15, atol=1e-300)
+
+
+_KERNEL_MODULES = ("gru", "lstm", "rnn", "loops")
+_GENERATED = {m: os.path.join(os.path.dirname(K.__file__), f"{m}.c") for m in _KERNEL_MODULES}
+
+
+@pytest.mark.skipif(not all(os.path.exists(p) for p in _GENERATED.values()),
+                    reason="the Cython-generated C is not here (an installed wheel)")
+@pytest.mark.parametrize("module", _KERNEL_MODULES)
+def test_float32_kernels_compute_in_float32(module):
+    """The float32 specialisations of the time loops' Cython code do no double arithmetic:
+    Cython writes a literal ``1`` next to a float as the double ``1.0`` (``1 - z`` became
+    ``1.0 - z``), which turns float32 gate math into scalar double math.  The kernels use typed
+    constants instead; this reads the generated C of every float32 function (``__pyx_fuse_0``)
+    for a floating literal in arithmetic or a cast to double."""
+    lines = open(_GENERATED[module], encoding="utf-8").read().split("\n")
+    arithmetic = re.compile(r"[-+*/]\s*\(?\d+\.\d+\b|\b\d+\.\d+\s*[-+*/]|\(double\)")
+    found, function = [], None
+    for number, line in enumerate(lines, 1):
+        if function is None:
+            head = re.match(r"^static .*\b(__pyx_fuse_0\w*)\(.*\{$", line)
+            function = head.group(1) if head else None
+            continue
+        if line.startswith("}"):
+            function = None
+            continue
+        code = line.strip()
+        if code.startswith(("*", "/*")):            # Cython's copy of the source line
+            continue
+        if arithmetic.search(code):
+            found.append(f"{module}.c:{number} in {function}: {code}")
+    assert not found, "double arithmetic in float32 kernels:\n" + "\n".join(found[:20])

@@ -21,6 +21,11 @@ Python entry points (``scratch_size``, ``forward_layer``, ``backward_layer``).
 ``target_clones``.  ``hash.h`` is the fingerprint behind the reserves' MACs, ``team.h`` the
 team that shares one direction's per-step products, ``parallel.h`` the OpenMP regions.  A new
 cell kind is one more module beside ``gru``: its step, and the two includes.
+
+In the fused-type (``floating``) code, numeric constants are typed variables (``cdef floating
+one = 1``), never literals beside a float: Cython writes ``1 - z`` as ``1.0 - z``, a double
+expression that runs float32 math in double, one scalar at a time
+(``tests/test_simd.py`` reads the generated C for it).
 """
 import glob as _glob
 import importlib.machinery as _machinery

@@ -242,6 +242,7 @@ cdef inline void bwd_row_fast_ra(int H, const floating *g3, const floating *hp,
     g3 = [r, z, n], h_prev, hn; turns dh into dh_prev (before the GEMM); writes dgx, dgh."""
     cdef int j
     cdef floating r, z, n, dhv, dn, dz, dpn, dpz, dpr
+    cdef floating one = 1          # (a literal 1 would make Cython compute in double)
     if flip:
         for j in range(H):
             r = g3[j]
@@ -250,10 +251,10 @@ cdef inline void bwd_row_fast_ra(int H, const floating *g3, const floating *hp,
             dhv = dh[j]
             dn = dhv * z
             dz = dhv * (n - hp[j])
-            dh[j] = dhv * (1 - z)
-            dpn = dn * (1 - n * n)
-            dpz = dz * z * (1 - z)
-            dpr = dpn * hn[j] * r * (1 - r)
+            dh[j] = dhv * (one - z)
+            dpn = dn * (one - n * n)
+            dpz = dz * z * (one - z)
+            dpr = dpn * hn[j] * r * (one - r)
             dgx[j] = dpr
             dgx[H + j] = dpz
             dgx[2 * H + j] = dpn
@@ -266,12 +267,12 @@ cdef inline void bwd_row_fast_ra(int H, const floating *g3, const floating *hp,
             z = g3[H + j]
             n = g3[2 * H + j]
             dhv = dh[j]
-            dn = dhv * (1 - z)
+            dn = dhv * (one - z)
             dz = dhv * (hp[j] - n)
             dh[j] = dhv * z
-            dpn = dn * (1 - n * n)
-            dpz = dz * z * (1 - z)
-            dpr = dpn * hn[j] * r * (1 - r)
+            dpn = dn * (one - n * n)
+            dpz = dz * z * (one - z)
+            dpr = dpn * hn[j] * r * (one - r)
             dgx[j] = dpr
             dgx[H + j] = dpz
             dgx[2 * H + j] = dpn
@@ -292,6 +293,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
     (the time loop and bwd of 2: driver.pxi)."""
     cdef const Loop *Lp = &L.loop
     cdef int N = Lp.N, H = Lp.H
+    cdef floating one = 1          # (a literal 1 would make Cython compute in double)
     cdef const floating *mask = <const floating *>Lp.mask
     cdef const floating *ws_gates = <const floating *>P.gates
     cdef const floating *ws_pre = <const floating *>P.pre
@@ -335,15 +337,15 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
             if flip:
                 dn = dhv * z
                 dz = dhv * (n - hv)
-                dhr[j] = dhv * (1 - z)
+                dhr[j] = dhv * (one - z)
             else:
-                dn = dhv * (1 - z)
+                dn = dhv * (one - z)
                 dz = dhv * (hv - n)
                 dhr[j] = dhv * z
             # bwd of 4 (candidate), 3 (update gate)
             if fast:
-                dpn = dn * (1 - n * n)
-                dpz = dz * z * (1 - z)
+                dpn = dn * (one - n * n)
+                dpz = dz * z * (one - z)
             else:
                 dpn = dn * activate_grad(&C.g, clamp(pre3[2 * H + j], has_clip, clipv), n) \
                     * clip_grad(pre3[2 * H + j], has_clip, clipv)
@@ -354,7 +356,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
             if C.reset_after:
                 dr = dpn * ws_hn[row * H + j]
                 if fast:
-                    dpr = dr * r * (1 - r)
+                    dpr = dr * r * (one - r)
                 else:
                     dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
                         * clip_grad(pre3[j], has_clip, clipv)
@@ -383,7 +385,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
                 dr = tmp[i * H + j] * hp[i * H + j] * m
                 dh[i * H + j] += tmp[i * H + j] * r * m
                 if fast:
-                    dpr = dr * r * (1 - r)
+                    dpr = dr * r * (one - r)
                 else:
                     dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
                         * clip_grad(pre3[j], has_clip, clipv)

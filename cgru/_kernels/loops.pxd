@@ -3,7 +3,7 @@
 # test probes.  Inline functions are compiled into each module that cimports them; the others
 # live in loops.pyx (one copy, so that the probe is one).
 from cython cimport floating
-from libc.math cimport exp, expf, tanh, tanhf, log1p, log1pf, fabs
+from libc.math cimport exp, expf, tanh, tanhf, log1p, log1pf, fabs, fabsf
 from cpython.ref cimport PyObject
 from cgru._kernels.threads cimport item_fn
 
@@ -94,11 +94,21 @@ cdef struct States:
 
 
 # --- activations -----------------------------------------------------------------------------
-cdef inline floating sigmoid(floating x) noexcept nogil:
+# Constants are typed `floating` (``one``): Cython writes a literal 1 mixed with a float as the
+# double 1.0, which would compute float32 math in double, one scalar at a time.
+cdef inline floating fabs_(floating x) noexcept nogil:
     if floating is float:
-        return 1.0 / (1.0 + expf(-x))
+        return fabsf(x)
     else:
-        return 1.0 / (1.0 + exp(-x))
+        return fabs(x)
+
+
+cdef inline floating sigmoid(floating x) noexcept nogil:
+    cdef floating one = 1
+    if floating is float:
+        return one / (one + expf(-x))
+    else:
+        return one / (one + exp(-x))
 
 
 cdef inline floating tanh_(floating x) noexcept nogil:
@@ -127,69 +137,69 @@ cdef inline floating clamp(floating x, bint has_clip, floating c) noexcept nogil
 cdef inline floating activate(const Act *f, floating x) noexcept nogil:
     cdef floating a = <floating>f.alpha
     cdef floating b = <floating>f.beta
-    cdef floating v
+    cdef floating v, zero = 0, one = 1
     cdef int code = f.code
     if code == 0:
         return sigmoid(x)
     elif code == 1:
         return tanh_(x)
     elif code == 2:
-        return x if x > 0 else 0
+        return x if x > zero else zero
     elif code == 3:
         return x
     elif code == 4:
         v = a * x + b
-        return 0 if v < 0 else (1 if v > 1 else v)
+        return zero if v < zero else (one if v > one else v)
     elif code == 5:
         return a * x + b
     elif code == 6:
-        return x if x >= 0 else a * x
+        return x if x >= zero else a * x
     elif code == 7:
-        return x if x > a else 0
+        return x if x > a else zero
     elif code == 8:
         return a * tanh_(b * x)
     elif code == 9:
-        return x if x >= 0 else a * (exp_(x) - 1)
+        return x if x >= zero else a * (exp_(x) - one)
     elif code == 10:
-        return x / (1 + fabs(x))
+        return x / (one + fabs_(x))
     else:  # 11 softplus, stable: max(x, 0) + log1p(exp(-|x|))
         if floating is float:
-            return (x if x > 0 else 0) + log1pf(expf(-fabs(x)))
+            return (x if x > zero else zero) + log1pf(expf(-fabs_(x)))
         else:
-            return (x if x > 0 else 0) + log1p(exp(-fabs(x)))
+            return (x if x > zero else zero) + log1p(exp(-fabs_(x)))
 
 
 cdef inline floating activate_grad(const Act *f, floating x, floating y) noexcept nogil:
     """d activation / d x at pre-activation x with value y."""
     cdef floating a = <floating>f.alpha
     cdef floating b = <floating>f.beta
-    cdef floating v
+    cdef floating v, zero = 0, one = 1
     cdef int code = f.code
     if code == 0:
-        return y * (1 - y)
+        return y * (one - y)
     elif code == 1:
-        return 1 - y * y
+        return one - y * y
     elif code == 2:
-        return 1 if x > 0 else 0
+        return one if x > zero else zero
     elif code == 3:
-        return 1
+        return one
     elif code == 4:
         v = a * x + b
-        return a if (v > 0 and v < 1) else 0
+        return a if (v > zero and v < one) else zero
     elif code == 5:
         return a
     elif code == 6:
-        return 1 if x >= 0 else a
+        return one if x >= zero else a
     elif code == 7:
-        return 1 if x > a else 0
+        return one if x > a else zero
     elif code == 8:
         v = tanh_(b * x)
-        return a * b * (1 - v * v)
+        return a * b * (one - v * v)
     elif code == 9:
-        return 1 if x >= 0 else a * exp_(x)
+        return one if x >= zero else a * exp_(x)
     elif code == 10:
-        v = 1 + fabs(x)
-        return 1 / (v * v)
+        v = one + fabs_(x)
+        return one / (v * v)
     else:
         return sigmoid(x)
 

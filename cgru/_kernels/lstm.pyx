@@ -107,6 +107,7 @@ cdef inline void gates_and_cell(const CellSpec *C, int H, const floating *gxr,
     cdef int j
     cdef floating clipv = <floating>C.clip
     cdef floating a
+    cdef floating one = 1          # (a literal 1 would make Cython compute in double)
     cdef bint has_clip = C.has_clip
     for j in range(4 * H):
         g4[j] = gxr[j] + ghr[j] + b[j]
@@ -132,7 +133,7 @@ cdef inline void gates_and_cell(const CellSpec *C, int H, const floating *gxr,
             pre4[j], pre4[H + j], pre4[2 * H + j] = g4[j], g4[H + j], g4[2 * H + j]
         g4[j] = activate(&C.f_i, clamp(g4[j], has_clip, clipv))
         if C.coupled:
-            g4[H + j] = 1 - g4[j]
+            g4[H + j] = one - g4[j]
         else:
             g4[H + j] = activate(&C.f_f, clamp(g4[H + j], has_clip, clipv))
         g4[2 * H + j] = activate(&C.g, clamp(g4[2 * H + j], has_clip, clipv))
@@ -208,6 +209,7 @@ cdef inline void bwd_row(const CellSpec *C, int H, const floating *g4, const flo
     is scratch."""
     cdef int j
     cdef floating ig, fg, gg, og, hc, dhc, dcj, di, df, clipv = <floating>C.clip
+    cdef floating one = 1          # (a literal 1 would make Cython compute in double)
     cdef bint has_clip = C.has_clip
     if C.fast:
         memcpy(tmp, cn, H * sizeof(floating))
@@ -218,11 +220,11 @@ cdef inline void bwd_row(const CellSpec *C, int H, const floating *g4, const flo
             gg = g4[2 * H + j]
             og = g4[3 * H + j]
             hc = tmp[j]
-            dcj = dc[j] + dhf[j] * og * (1 - hc * hc)
-            da[j] = dcj * gg * ig * (1 - ig)
-            da[H + j] = dcj * cp[j] * fg * (1 - fg)
-            da[2 * H + j] = dcj * ig * (1 - gg * gg)
-            da[3 * H + j] = dhf[j] * hc * og * (1 - og)
+            dcj = dc[j] + dhf[j] * og * (one - hc * hc)
+            da[j] = dcj * gg * ig * (one - ig)
+            da[H + j] = dcj * cp[j] * fg * (one - fg)
+            da[2 * H + j] = dcj * ig * (one - gg * gg)
+            da[3 * H + j] = dhf[j] * hc * og * (one - og)
             dc[j] = dcj * fg
         return
     for j in range(H):

@@ -113,6 +113,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
     cdef Py_ssize_t row
     cdef const floating *ws_pre = <const floating *>P.pre
     cdef floating clipv = <floating>C.clip
+    cdef floating one = 1          # (a literal 1 would make Cython compute in double)
     cdef const floating *hr
     cdef floating *dar
     cdef floating v
@@ -125,7 +126,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         for j in range(H):
             v = dh[i * H + j]
             if C.fast == 1:
-                dar[j] = v * (1 - hr[j] * hr[j])
+                dar[j] = v * (one - hr[j] * hr[j])
             elif C.fast == 2:
                 dar[j] = v if hr[j] > 0 else 0
             else:
