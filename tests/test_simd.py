@@ -108,7 +108,8 @@ _GENERATED = {m: os.path.join(os.path.dirname(K.__file__), f"{m}.c") for m in _K
 
 
 @pytest.mark.skipif(not all(os.path.exists(p) for p in _GENERATED.values()),
-                    reason="the Cython-generated C is not here (an installed wheel)")
+                    reason="the Cython-generated C is not beside the modules (an installed "
+                           "wheel, a build made elsewhere)")
 @pytest.mark.parametrize("module", _KERNEL_MODULES)
 def test_float32_kernels_compute_in_float32(module):
     """The float32 specialisations of the time loops' Cython code do no double arithmetic:
