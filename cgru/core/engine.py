@@ -220,7 +220,7 @@ def run_forward(call, workspace=None, out=None):
                 np.multiply(out, masks[layer], out=out)
             X = out.reshape(T * N, DS)
     if call.batch_major:
-        y = _transposed(y, given.get("y"))
+        y = _batch_major(y, given, "y")
     return Forward(y, hy, rv, cy)
 
 
@@ -235,13 +235,12 @@ def _output(out, name, shape, dtype):
     return a
 
 
-def _transposed(a, into=None):
-    """``a`` [T, N, …] as [N, T, …], written into ``into`` when given, else a new array."""
-    if into is None:
-        return np.ascontiguousarray(a.transpose(1, 0, 2))
-    _output({"a": into}, "a", (a.shape[1], a.shape[0], a.shape[2]), a.dtype)
-    np.copyto(into, a.transpose(1, 0, 2))
-    return into
+def _batch_major(a, out, name):
+    """``a`` [T, N, …] as [N, T, …]: into the caller's ``out[name]`` when given, else a new
+    array."""
+    b = _output(out, name, (a.shape[1], a.shape[0]) + a.shape[2:], a.dtype)
+    np.copyto(b, a.transpose(1, 0, 2))
+    return b
 
 
 # --- backward ------------------------------------------------------------------------------
@@ -385,7 +384,7 @@ def run_backward(call, workspace=None, out=None):
                 d_out *= masks[layer - 1]
     dx = dx.reshape(T, N, topo.input_size)
     if call.batch_major:
-        dx = _transposed(dx, given.get("dx"))
+        dx = _batch_major(dx, given, "dx")
     if call.dparams is not None:
         for mine, theirs in zip(grads, call.dparams):
             for name, a in mine.arrays().items():
