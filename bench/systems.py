@@ -4,7 +4,8 @@
 (an LSTM's ``c0``) and every weight given ``dy`` and ``dhy`` (``dcy``).
 
 ===================  =================================================================
-``cgru_fwd``         ``cgru.forward(training=False)``
+``cgru_fwd``         ``cgru.forward(training=False)`` on the network sealed once
+                     (``Network.sealed()``: fixed weights, as the inference engines hold theirs)
 ``cgru_fb``          ``cgru.forward(training=True)`` + ``cgru.backward(dy, dhy)``
 ``cgru_stream_fwd``  ``cgru.Stream(net).step(x, state)`` (streaming configs: S1, S32)
 ``cgru_torch_fb``    ``cgru.torch.GRU`` / ``LSTM`` / ``RNN`` forward + ``autograd.grad``
@@ -157,15 +158,19 @@ class System:
 
 # --- cgru --------------------------------------------------------------------------------------
 class CgruFwd(System):
+    """Inference on fixed weights: the network sealed once (``Network.sealed()``), so a call
+    proves its weights by identity — as onnxruntime and OpenVINO, the peers of this row, hold
+    theirs compiled into the session."""
     key, kind, label = "cgru_fwd", "fwd", "cgru forward"
     kinds, projection = ALL_KINDS, True
 
     def __init__(self, p, n):
         self.p, self.n = p, n
+        self.net = p.net.sealed()
 
     def call(self):
         p = self.p
-        return cgru.forward(p.net, p.x, p.h0, training=False, num_threads=self.n,
+        return cgru.forward(self.net, p.x, p.h0, training=False, num_threads=self.n,
                             **p.forward_kwargs())
 
     def outputs(self):

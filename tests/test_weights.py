@@ -245,3 +245,103 @@ def test_a_stream_is_a_snapshot_of_every_array(cell):
     stream.refresh()
     np.testing.assert_allclose(stream.step(x)[0], cgru.forward(net, x).y, rtol=1e-12,
                                atol=1e-13)
+
+
+# --- sealed networks: proven by identity ------------------------------------------------------
+
+def _sealed_pair(cell, dtype=np.float64):
+    topo = cgru.Topology(4, 6, 2, "bidirectional",
+                         proj_size=3 if cell.kind == "lstm" and not cell.peepholes else 0)
+    net = cgru.Network.random(topo, dtype, seed=1, cell=cell)
+    return net, net.sealed()
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=repr)
+def test_a_sealed_network_computes_the_same_bits(cell):
+    net, sealed = _sealed_pair(cell)
+    assert sealed.is_sealed and not net.is_sealed and sealed.sealed() is sealed
+    assert sealed.cell == net.cell and sealed.topology == net.topology
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 3, 4))
+    dy = rng.standard_normal((5, 3, 2 * net.topology.state_size))
+    expected = _step(net, x, dy)
+    assert _same(_step(sealed, x, dy), expected)
+    assert _same(_step(sealed, x, dy), expected)      # the second call: from what it kept
+    # the reserve covers the bytes, not the memory: either network's backward takes it
+    f = cgru.forward(sealed, x, training=True)
+    assert _same(_all_bits(f, cgru.backward(net, x, f.reserve, dy)), expected)
+
+
+def test_sealed_weights_cannot_be_made_writeable():
+    _, sealed = _sealed_pair(cgru.GRUCell())
+    for lp in sealed.layers:
+        for a in lp.arrays().values():
+            for view in (a, a[1:], a.reshape(-1), a.T, a.view()):
+                assert not view.flags.writeable
+                with pytest.raises(ValueError, match="WRITEABLE"):
+                    view.flags.writeable = True
+                with pytest.raises(ValueError):
+                    view[...] = 0
+
+
+def test_a_sealed_call_neither_compares_nor_copies_nor_packs_again(monkeypatch):
+    """The proof by identity: after the first call, a call on sealed weights reads no byte of
+    them to prove them and packs nothing; an unsealed network compares every array."""
+    packs = _count_packs(monkeypatch)
+    proofs, copies = [], []
+    real_same, real_copy = weights.same_bytes, weights._copy
+    monkeypatch.setattr(weights, "same_bytes", lambda a, b: proofs.append(1) or real_same(a, b))
+    monkeypatch.setattr(weights, "_copy", lambda a: copies.append(1) or real_copy(a))
+    net, sealed = _sealed_pair(cgru.GRUCell())
+    x = np.random.default_rng(2).standard_normal((5, 3, 4))
+    arrays = sum(len(lp.arrays()) for lp in net.layers)
+    cgru.forward(sealed, x)
+    first = len(packs)
+    assert first > 0 and not proofs and not copies
+    for _ in range(3):
+        cgru.forward(sealed, x, training=True)
+    assert len(packs) == first and not proofs and not copies
+    cgru.forward(net, x)
+    cgru.forward(net, x)
+    assert len(proofs) == arrays and len(copies) == arrays        # the control: it can fail
+
+
+def test_what_a_sealed_network_derives_lives_with_it_outside_the_cache():
+    import gc
+    net, sealed = _sealed_pair(cgru.LSTMCell())
+    x = np.random.default_rng(2).standard_normal((5, 3, 4))
+    cgru.forward(sealed, x)
+    assert weights.cached_entries() == (0, 0)
+    memory = net_memory = [cgru.core.network.sealed_memory(sealed[0].R)]
+    assert memory[0].__dict__, "the packs hang on the sealed memory"
+    cgru.release_memory()                    # does not reach them: the next call is still free
+    assert memory[0].__dict__
+    del sealed, memory, net_memory
+    gc.collect()
+    cgru.forward(net, x)
+    assert weights.cached_entries()[0] == sum(len(lp.arrays()) for lp in net.layers)
+
+
+def test_an_odd_view_of_sealed_memory_is_proven_by_its_bytes(monkeypatch):
+    """A strided view of sealed memory is copied and compared as any array is (the kernels
+    read C-contiguous copies); its results are those of the same values unsealed."""
+    net, _ = _sealed_pair(cgru.RNNCell("tanh"))
+    seal = cgru.core.network._seal
+    strided = net.map(lambda a: seal(np.repeat(a[..., None], 2, axis=-1))[..., 0])
+    assert strided.is_sealed and not strided[0].W.flags.c_contiguous
+    x = np.random.default_rng(2).standard_normal((5, 3, 4))
+    dy = np.random.default_rng(3).standard_normal((5, 3, 12))
+    assert _same(_step(strided, x, dy), _step(net, x, dy))
+    assert weights.cached_entries()[0] > 0
+
+
+def test_a_stream_of_a_sealed_network_steps_as_forward():
+    net = cgru.Network.random(cgru.Topology(4, 6, 2), np.float32, seed=1)
+    sealed = net.sealed()
+    x = np.random.default_rng(2).standard_normal((5, 3, 4)).astype(np.float32)
+    stream = cgru.Stream(sealed)
+    state, steps = None, []
+    for t in range(5):
+        y, state = stream.step(x[t], state)
+        steps.append(y)
+    assert np.allclose(np.stack(steps), cgru.forward(net, x).y, rtol=1e-5, atol=1e-6)

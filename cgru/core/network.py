@@ -23,7 +23,8 @@ input matrices are not stored in skip / projected mode.
 
 ``Network`` keeps the arrays it is given (no copies): change them in place and the next call
 computes with the new values; a gradient ``Network`` that ``backward`` fills is written in
-place too.  Arrays of any memory layout are accepted.
+place too.  Arrays of any memory layout are accepted.  ``net.sealed()`` is the same network in
+memory nothing can write (``Sealed``), which cgru recognises without reading its bytes.
 """
 from dataclasses import dataclass
 import math
@@ -34,7 +35,8 @@ import numpy as np
 from cgru.core import kinds, validate
 from cgru.core.cells import GRUCell, is_cell
 
-__all__ = ["Topology", "LayerParams", "Network", "DIRECTIONS", "INPUT_MODES", "DTYPES", "as_dtype"]
+__all__ = ["Topology", "LayerParams", "Network", "Sealed", "DIRECTIONS", "INPUT_MODES", "DTYPES",
+           "as_dtype"]
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 INPUT_MODES = ("linear", "skip", "projected")
@@ -156,6 +158,25 @@ class LayerParams:
 
 
 _DEFAULT_CELL = GRUCell()
+
+
+class Sealed(bytes):
+    """The memory of one sealed weight array: a ``bytes`` object, which no array over it can
+    write (NumPy refuses to make a view of read-only memory writeable).  Its ``__dict__`` holds
+    what cgru derives from it (``cgru.core.weights``), so that lives exactly as long as it."""
+
+
+def _seal(a):
+    """A read-only array over a new ``Sealed`` copy of ``a``'s values (C order)."""
+    c = np.ascontiguousarray(a)
+    return np.frombuffer(Sealed(c.tobytes()), c.dtype).reshape(c.shape)
+
+
+def sealed_memory(a):
+    """The ``Sealed`` memory array ``a`` views, or ``None`` (memory that may be written)."""
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a if type(a) is Sealed else None
 
 
 def _shapes(topology, cell, index):
@@ -334,6 +355,26 @@ class Network:
         return cls(topology, [LayerParams(**{k: rng.uniform(-s, s, shp).astype(dt) for k, shp in
                                              _shapes(topology, c, i).items()})
                               for i in range(topology.num_layer_directions)], cell)
+
+    def sealed(self):
+        """This network (same topology and cell) with its weights copied once into memory that
+        nothing can write: NumPy refuses to make the arrays, or any view of them, writeable.
+        cgru then knows a call's weights are the ones it packed before by identity alone, and
+        skips the byte comparison every other call makes (a memory-bound pass over all the
+        weights: at small batches and short sequences, most of a call).  What cgru derives
+        (the packed matrices) lives with the sealed arrays and is freed with them.  Returns
+        ``self`` when already sealed.  Written only by what is undefined behaviour anyway:
+        poking memory with ``ctypes``, or ``torch.from_numpy`` of a read-only array, which
+        PyTorch warns about."""
+        if self.is_sealed:
+            return self
+        return self.map(_seal)
+
+    @property
+    def is_sealed(self):
+        """Whether every weight array is in ``Sealed`` memory (``sealed()``)."""
+        return all(sealed_memory(a) is not None for lp in self.layers
+                   for a in lp.arrays().values())
 
     def _like(self, layers):
         return Network(self.topology, layers, self.cell if self._cell_given else None)

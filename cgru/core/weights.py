@@ -25,6 +25,11 @@ reads only the copies, never the caller's arrays again.  So:
   so arrays made for one call leave nothing behind; memory whose owner cannot be watched (no
   weak references) is copied for the call and not kept.  ``release_memory()`` empties it.
 
+**Sealed weights** (``Network.sealed()``) are proven by identity: their memory is a ``Sealed``
+``bytes`` object that no array can write, so the array itself serves as the call's copy, with
+no comparison and no copy (a C-contiguous, aligned view; other views are copied as usual); its ``Kept`` (and so its packs) hangs on that memory object and is
+freed with it, outside the cache and its bound.
+
 ``cgru.Stream`` keeps the ``Frozen`` network of its last ``refresh`` (its snapshot).
 """
 import collections
@@ -35,7 +40,7 @@ import weakref
 
 import numpy as np
 
-from cgru.core.network import LayerParams, Network
+from cgru.core.network import LayerParams, Network, sealed_memory
 from cgru._kernels.loops import array_key, fingerprint, pack_rhs, same_bytes
 
 __all__ = ["freeze", "Frozen", "Kept", "release", "CACHE_BYTES"]
@@ -124,6 +129,9 @@ def keep(a):
     global _cached_bytes
     if not _reuse:
         return Kept(_copy(a))
+    memory = sealed_memory(a)
+    if memory is not None and a.flags.c_contiguous and a.flags.aligned:
+        return _sealed(a, memory)
     owner = _owner(a)
     key = (array_key(a), id(owner))
     with _lock:
@@ -149,6 +157,17 @@ def keep(a):
         _cached_bytes += kept.nbytes
         _evict()
     return kept
+
+
+def _sealed(a, memory):
+    """The ``Kept`` of an array over ``Sealed`` memory: ``a`` itself (its bytes cannot change),
+    one per view of that memory, kept on it."""
+    key = array_key(a)
+    found = memory.__dict__.get(key)
+    if found is None:
+        with _lock:
+            found = memory.__dict__.setdefault(key, Kept(a))
+    return found
 
 
 def _copy(a):
