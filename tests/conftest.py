@@ -120,6 +120,18 @@ def torch_gru_run():
 # --- activation cells shared by test_engine and test_gradients ----------------------------------
 import cgru  # noqa: E402
 
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(cgru.__file__)))
+"""The directory the cgru under test is imported from: the checkout (an editable install) or
+site-packages (an installed wheel).  The tests' fresh interpreters run in it, with it first on
+``PYTHONPATH`` (``package_env``), so they import that same cgru — never a source tree that
+would shadow an installed wheel."""
+
+
+def package_env(**extra):
+    """``os.environ`` with ``PACKAGE_DIR`` first on ``PYTHONPATH``, and ``extra``."""
+    path = [PACKAGE_DIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
+
 ACTIVATION_KINDS = cgru.ACTIVATION_NAMES
 # Non-default alpha/beta for each kind (ignored by the kinds without parameters).
 ACTIVATION_AB = {"hard_sigmoid": (0.3, 0.45), "affine": (0.8, 0.1), "leaky_relu": (0.15, 0.0),

@@ -20,11 +20,10 @@ import sys
 import textwrap
 
 import pytest
-from conftest import find_libomp, preload as _preload
+from conftest import PACKAGE_DIR, find_libomp, preload as _preload
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 120     # seconds: only a hang gets anywhere near this
 
 PRELUDE = textwrap.dedent("""
@@ -79,7 +78,7 @@ def _run(body, env=None):
     code = PRELUDE + textwrap.dedent(body)
     try:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=TIMEOUT, cwd=ROOT, env=env)
+                             timeout=TIMEOUT, cwd=PACKAGE_DIR, env=env)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the scenario hung (killed after {TIMEOUT} s); output so far:\n"
                     f"{e.stdout}\n{e.stderr}")

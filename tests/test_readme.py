@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import package_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
@@ -100,7 +101,7 @@ def test_readme_python_block_runs(line, code, tmp_path):
     script, runner, loaded = tmp_path / "snippet.py", tmp_path / "run.py", tmp_path / "mods"
     script.write_text(code, encoding="utf-8")
     runner.write_text(_RUNNER, encoding="utf-8")
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = package_env()
     proc = subprocess.run([sys.executable, "-W", "error::DeprecationWarning:__main__",
                            str(runner), str(script), str(loaded)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)

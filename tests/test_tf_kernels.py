@@ -42,8 +42,8 @@ tf = pytest.importorskip("tensorflow")
 
 import cgru.tf as ctf  # noqa: E402
 from cgru import tf_kernels  # noqa: E402
+from conftest import PACKAGE_DIR, package_env  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = {np.float64: 1e-10, np.float32: 2e-5}
 MODES = [("gru", 0), ("lstm", 0), ("lstm", 4), ("rnn_tanh", 0), ("rnn_relu", 0)]
 GATES = {"gru": 3, "lstm": 4, "rnn_tanh": 1, "rnn_relu": 1}
@@ -63,8 +63,7 @@ def _torch():
 
 
 def _env(**extra):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TF_CPP_MIN_LOG_LEVEL="2")
+    env = package_env(TF_CPP_MIN_LOG_LEVEL="2")
     env.update(extra)
     return env
 
@@ -73,7 +72,7 @@ def _run_script(code, *args, env=None, check=True):
     """Run ``code`` in a fresh Python (``args`` as sys.argv[1:]); its CompletedProcess."""
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
                           capture_output=True, text=True, timeout=TIMEOUT,
-                          env=env or _env(), cwd=ROOT)
+                          env=env or _env(), cwd=PACKAGE_DIR)
     if check:
         assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
     return proc
@@ -1230,7 +1229,7 @@ def test_concurrent_processes_build_once(fake_cxx, tmp_path):
     go = tmp_path / "go"
     procs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path / f"ready{i}"), str(go)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                              cwd=ROOT) for i in range(2)]
+                              cwd=PACKAGE_DIR) for i in range(2)]
     try:
         import time
         deadline = time.monotonic() + TIMEOUT
@@ -1293,7 +1292,7 @@ def test_load_kernels_is_idempotent(kernels, monkeypatch):
 
 def test_cli_prints_the_library_path(kernels, monkeypatch, capsys):
     proc = subprocess.run([sys.executable, "-m", "cgru", "--tf-kernels"], capture_output=True,
-                          text=True, timeout=TIMEOUT, env=_env(), cwd=ROOT)
+                          text=True, timeout=TIMEOUT, env=_env(), cwd=PACKAGE_DIR)
     assert proc.returncode == 0 and proc.stdout.strip() == kernels, proc.stderr[-3000:]
     from cgru.__main__ import main
     monkeypatch.setenv("CXX", "/nonexistent/c++")
