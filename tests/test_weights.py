@@ -312,11 +312,11 @@ def test_what_a_sealed_network_derives_lives_with_it_outside_the_cache():
     x = np.random.default_rng(2).standard_normal((5, 3, 4))
     cgru.forward(sealed, x)
     assert weights.cached_entries() == (0, 0)
-    memory = net_memory = [cgru.core.network.sealed_memory(sealed[0].R)]
+    memory = [cgru.core.network.memory_owner(sealed[0].R)]
     assert memory[0].__dict__, "the packs hang on the sealed memory"
     cgru.release_memory()                    # does not reach them: the next call is still free
     assert memory[0].__dict__
-    del sealed, memory, net_memory
+    del sealed, memory
     gc.collect()
     cgru.forward(net, x)
     assert weights.cached_entries()[0] == sum(len(lp.arrays()) for lp in net.layers)

@@ -172,11 +172,12 @@ def _seal(a):
     return np.frombuffer(Sealed(c.tobytes()), c.dtype).reshape(c.shape)
 
 
-def sealed_memory(a):
-    """The ``Sealed`` memory array ``a`` views, or ``None`` (memory that may be written)."""
+def memory_owner(a):
+    """The object that owns the memory ``a`` views: ``a`` itself, or the end of its ``base``
+    chain (an array owning its data, or another object: a torch tensor, a ``Sealed``, …)."""
     while isinstance(a, np.ndarray) and a.base is not None:
         a = a.base
-    return a if type(a) is Sealed else None
+    return a
 
 
 def _shapes(topology, cell, index):
@@ -373,7 +374,7 @@ class Network:
     @property
     def is_sealed(self):
         """Whether every weight array is in ``Sealed`` memory (``sealed()``)."""
-        return all(sealed_memory(a) is not None for lp in self.layers
+        return all(type(memory_owner(a)) is Sealed for lp in self.layers
                    for a in lp.arrays().values())
 
     def _like(self, layers):

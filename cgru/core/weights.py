@@ -27,8 +27,9 @@ reads only the copies, never the caller's arrays again.  So:
 
 **Sealed weights** (``Network.sealed()``) are proven by identity: their memory is a ``Sealed``
 ``bytes`` object that no array can write, so the array itself serves as the call's copy, with
-no comparison and no copy (a C-contiguous, aligned view; other views are copied as usual); its ``Kept`` (and so its packs) hangs on that memory object and is
-freed with it, outside the cache and its bound.
+no comparison and no copy (a C-contiguous, aligned view; other views are copied as usual);
+its ``Kept`` (and so its packs) hangs on that memory object and is freed with it, outside the
+cache and its bound.
 
 ``cgru.Stream`` keeps the ``Frozen`` network of its last ``refresh`` (its snapshot).
 """
@@ -40,7 +41,7 @@ import weakref
 
 import numpy as np
 
-from cgru.core.network import LayerParams, Network, sealed_memory
+from cgru.core.network import LayerParams, Network, Sealed, memory_owner as _owner
 from cgru._kernels.loops import array_key, fingerprint, pack_rhs, same_bytes
 
 __all__ = ["freeze", "Frozen", "Kept", "release", "CACHE_BYTES"]
@@ -105,14 +106,6 @@ def _evict():
         _cached_bytes -= old.nbytes
 
 
-def _owner(a):
-    """The object that owns the memory ``a`` views: ``a`` itself, or the end of its ``base``
-    chain (an array owning its data, or another object: a torch tensor, a buffer)."""
-    while isinstance(a, np.ndarray) and a.base is not None:
-        a = a.base
-    return a
-
-
 def _drop(key, kept, _ref=None):
     """The owner of ``kept``'s source memory is gone: its entry leaves (if still in place)."""
     global _cached_bytes
@@ -129,10 +122,9 @@ def keep(a):
     global _cached_bytes
     if not _reuse:
         return Kept(_copy(a))
-    memory = sealed_memory(a)
-    if memory is not None and a.flags.c_contiguous and a.flags.aligned:
-        return _sealed(a, memory)
     owner = _owner(a)
+    if type(owner) is Sealed and a.flags.c_contiguous and a.flags.aligned:
+        return _sealed(a, owner)
     key = (array_key(a), id(owner))
     with _lock:
         kept = _cache.get(key)
