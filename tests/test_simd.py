@@ -8,24 +8,61 @@ import pytest
 from cgru._kernels import loops as K
 
 TOL = {np.float32: 2e-5, np.float64: 1e-12}
+# every ISA level of the packed GEMM this machine can run (forced dispatch)
+ISAS = {"AVX-512": [4, 3, 0], "AVX2+FMA": [3, 0], "baseline": [0]}[K.simd_isa()]
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("trans", [False, True])
 @pytest.mark.parametrize("m,n,k", [(1, 64, 5), (1, 70, 33), (2, 128, 17), (3, 48, 8),
                                    (4, 16, 1), (7, 35, 12), (8, 64, 9), (9, 200, 31),
-                                   (20, 3, 4), (17, 96, 64)])
+                                   (20, 3, 4), (17, 96, 64),
+                                   # long A in row blocks of L2 (rows of ≥ 1 KiB, B ≤ 1 MiB),
+                                   # with a short last block
+                                   (683, 45, 301), (1290, 33, 520)])
 @pytest.mark.parametrize("beta1", [False, True])
-def test_packed_gemm_matches_numpy(dtype, trans, m, n, k, beta1):
+def test_packed_gemm_matches_numpy(isa, dtype, trans, m, n, k, beta1):
     rng = np.random.default_rng(m * 1000 + n + k)
     A = rng.standard_normal((m, k)).astype(dtype)
     B = rng.standard_normal((n, k) if trans else (k, n)).astype(dtype)
     C0 = rng.standard_normal((m, n)).astype(dtype)
     C = C0.copy() if beta1 else np.full((m, n), np.nan, dtype)
-    K.gemm_packed_rm(A, K.pack_rhs(B, trans), n, C, beta1)
+    K.gemm_packed_rm(A, K.pack_rhs(B, trans), n, C, beta1, isa=isa)
     opB = B.T if trans else B
     want = A.astype(np.float64) @ opB.astype(np.float64) + (C0 if beta1 else 0)
     np.testing.assert_allclose(C, want, rtol=TOL[dtype], atol=TOL[dtype] * k)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_packed_gemm_on_strided_views(isa, dtype):
+    # A and C as column windows of wider arrays (row stride > row length), the columns
+    # around C's window untouched
+    rng = np.random.default_rng(5)
+    bigA = rng.standard_normal((300, 330)).astype(dtype)
+    bigC = np.full((300, 90), 7.0, dtype)
+    A, C = bigA[:, 3:304], bigC[:, 5:82]
+    B = rng.standard_normal((77, 301)).astype(dtype)
+    K.gemm_packed_rm(A, K.pack_rhs(B, True), 77, C, False, isa=isa)
+    np.testing.assert_allclose(C, A.astype(np.float64) @ B.T.astype(np.float64),
+                               rtol=TOL[dtype], atol=TOL[dtype] * 301)
+    assert (bigC[:, :5] == 7).all() and (bigC[:, 82:] == 7).all()
+
+
+def test_packed_gemm_refuses_what_it_cannot_compute():
+    A, C = np.ones((4, 6), np.float32), np.empty((4, 5), np.float32)
+    Bp = K.pack_rhs(np.ones((5, 6), np.float32), True)
+    with pytest.raises(ValueError, match="isa"):
+        K.gemm_packed_rm(A, Bp, 5, C, False, isa=1)
+    with pytest.raises(ValueError, match="Bp"):
+        K.gemm_packed_rm(A, Bp[:-1].copy(), 5, C, False)
+    with pytest.raises(ValueError, match="C: expected shape"):
+        K.gemm_packed_rm(A, Bp, 5, np.empty((3, 5), np.float32), False)
+    with pytest.raises(TypeError, match="dtype"):
+        K.gemm_packed_rm(A.astype(np.float64), Bp, 5, C, False)
+    with pytest.raises(ValueError, match="inner stride"):
+        K.gemm_packed_rm(np.ones((4, 12), np.float32)[:, ::2], Bp, 5, C, False)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -42,6 +79,61 @@ def test_packed_gemm_rows_do_not_depend_on_the_batch_split(dtype):
         part = np.empty((hi - lo, 210), dtype)
         K.gemm_packed_rm(np.ascontiguousarray(A[lo:hi]), Bp, 210, part, False)
         assert np.array_equal(part, whole[lo:hi]), (lo, hi)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("transB", [False, True])
+def test_whole_sequence_packed_products_do_not_depend_on_the_split(dtype, transB):
+    # blas.gemm_packed_blocks (the input projections and input gradients): against BLAS, and
+    # bitwise one single-threaded call of the packed GEMM whatever the blocks, sub-chunks,
+    # threads, row windows (strided A and C)
+    from cgru._kernels import blas
+    rng = np.random.default_rng(7)
+    m, n, k = 1100, 75, 290
+    bigA = rng.standard_normal((m, k + 5)).astype(dtype)
+    A = bigA[:, 2:2 + k]
+    B = rng.standard_normal((n, k) if transB else (k, n)).astype(dtype)
+    Bp = K.pack_rhs(B, transB)
+    C0 = rng.standard_normal((m, n)).astype(dtype)
+    for beta1 in (False, True):
+        want = C0.copy() if beta1 else np.full((m, n), np.nan, dtype)
+        K.gemm_packed_rm(A, Bp, n, want, beta1)
+        blas_c = C0.copy()
+        blas.gemm_rm(False, transB, 1.0, A, B, 1.0 if beta1 else 0.0, blas_c)
+        np.testing.assert_allclose(want, blas_c, rtol=TOL[dtype], atol=TOL[dtype] * k)
+        old = blas.gemm_chunk_flops()
+        try:
+            for blocks, threads, chunk_rows in ((1, 1, 512), (3, 2, 40), (4, 1, 7), (4, 2, 1)):
+                blas.gemm_chunk_flops(1.0, chunk_rows)
+                bigC = np.full((m, n + 4), np.nan, dtype)
+                C = bigC[:, 1:1 + n]
+                if beta1:
+                    C[...] = C0
+                blas.gemm_packed_blocks(A, Bp, C, beta1, blocks, threads)
+                assert np.array_equal(C, want), (blocks, threads, chunk_rows)
+                assert np.isnan(bigC[:, 0]).all() and np.isnan(bigC[:, -3:]).all()
+        finally:
+            blas.gemm_chunk_flops(*old)
+
+
+def test_whole_sequence_packed_products_edge_shapes_and_errors():
+    from cgru._kernels import blas
+    Bp0 = K.pack_rhs(np.ones((0, 3), np.float64), False)           # k = 0: C = 0 (or C)
+    C = np.full((4, 3), np.nan)
+    blas.gemm_packed_blocks(np.ones((4, 0)), Bp0, C, False, 2, 2)
+    assert (C == 0).all()
+    C[...] = 5
+    blas.gemm_packed_blocks(np.ones((4, 0)), Bp0, C, True, 2, 2)
+    assert (C == 5).all()
+    blas.gemm_packed_blocks(np.ones((0, 3)), K.pack_rhs(np.ones((3, 3)), False),
+                            np.ones((0, 3)), False, 2, 2)                # m = 0: nothing
+    Bp = K.pack_rhs(np.ones((3, 3)), False)
+    with pytest.raises(ValueError, match="rows"):
+        blas.gemm_packed_blocks(np.ones((4, 3)), Bp, np.ones((5, 3)), False, 1, 1)
+    with pytest.raises(ValueError, match="packed"):
+        blas.gemm_packed_blocks(np.ones((4, 3)), Bp[1:].copy(), np.ones((4, 3)), False, 1, 1)
+    with pytest.raises(ValueError, match="unit stride"):
+        blas.gemm_packed_blocks(np.ones((4, 6))[:, ::2], Bp, np.ones((4, 3)), False, 1, 1)
 
 
 def _exact(name, x):

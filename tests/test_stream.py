@@ -1,7 +1,8 @@
 """cgru.Stream: a network stepped through time, a few steps per call, state in and out.
 
-Compared with ``cgru.forward`` on the whole sequence (every kind, several layers, one step or
-chunks per call), the snapshot semantics (``refresh``), and bad input.  Nothing here times
+Compared with ``cgru.forward`` on the whole sequence, bit for bit (every kind, several layers,
+one step or chunks per call, shapes whose products ``forward`` splits into blocks and row
+blocks, other thread counts), the snapshot semantics (``refresh``), and bad input.  Nothing here times
 anything: the per-call overhead is the benchmark's business.
 """
 import numpy as np
@@ -14,7 +15,6 @@ CELLS = {"gru": GRUCell(), "gru_rb": GRUCell(reset_after=False, g="softsign"),
          "lstm": LSTMCell(), "lstm_peep": LSTMCell(peepholes=True),
          "lstm_peep_ifgo": LSTMCell(peepholes="ifgo"),
          "rnn_relu": RNNCell("relu")}
-TOL = {np.float32: dict(rtol=2e-5, atol=2e-6), np.float64: dict(rtol=1e-12, atol=1e-13)}
 
 
 def _problem(kind, dtype, L=2, proj=0, N=3, T=7):
@@ -42,11 +42,39 @@ def test_steps_equal_the_whole_sequence(kind, proj, chunk, dtype):
         y, state = stream.step(xt, state)
         assert y.shape == (xt.shape[:-1] + (net.topology.state_size,))
         ys.append(y[None] if chunk == 1 else y)
-    np.testing.assert_allclose(np.concatenate(ys), want.y, **TOL[dtype])
+    np.testing.assert_array_equal(np.concatenate(ys), want.y)
     h = state[0] if c0 is not None else state
-    np.testing.assert_allclose(h, want.hy, **TOL[dtype])
+    np.testing.assert_array_equal(h, want.hy)
     if c0 is not None:
-        np.testing.assert_allclose(state[1], want.cy, **TOL[dtype])
+        np.testing.assert_array_equal(state[1], want.cy)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["gru", "lstm", "rnn_relu"])
+def test_a_long_sequence_bitwise_in_any_cut(kind, dtype):
+    """Rows enough that ``forward`` splits its input projection into blocks, row blocks and
+    sub-chunks (T·N = 800 rows of 300 inputs), a batch the time loop splits into chunks, and
+    other thread counts on either side: the stream's one-step products still give the same
+    bits."""
+    from cgru._kernels import blas
+    topo = Topology(300, 40, 2)
+    T, N = 40, 20
+    net = Network.random(topo, dtype, seed=3, cell=CELLS[kind])
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((T, N, 300)).astype(dtype)
+    old = blas.gemm_chunk_flops(1 << 20, 64)        # sub-chunks of 64 rows
+    try:
+        want = cgru.forward(net, x, num_threads=2)
+    finally:
+        blas.gemm_chunk_flops(*old)
+    for cut, threads in ((1, 1), (13, 2), (T, 1)):
+        stream, state, ys = Stream(net, num_threads=threads), None, []
+        for t in range(0, T, cut):
+            y, state = stream.step(x[t:t + cut], state)
+            ys.append(y)
+        np.testing.assert_array_equal(np.concatenate(ys), want.y, err_msg=f"cut {cut}")
+        h = state[0] if net.cell.has_cell_state else state
+        np.testing.assert_array_equal(h, want.hy)
 
 
 def test_state_none_means_zeros_and_results_are_reproducible():
@@ -66,7 +94,7 @@ def test_the_stream_is_a_snapshot_until_refresh():
     np.testing.assert_array_equal(s.step(x[0], h0)[0], before)      # the snapshot
     s.refresh()
     after = s.step(x[0], h0)[0]
-    np.testing.assert_allclose(after, cgru.forward(net, x[:1], h0).y[0], **TOL[np.float64])
+    np.testing.assert_array_equal(after, cgru.forward(net, x[:1], h0).y[0])
     assert not np.allclose(after, before)
 
 

@@ -13,6 +13,15 @@ import threading
 import numpy as np
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 
+cdef extern from "simd.h" nogil:
+    size_t cgru_packed_size(int n, int k, int nr)
+    void cgru_gemm_packed_f32(int m, int n, int k, const float *A, int lda, const float *Bp,
+                              int beta1, float *C, int ldc)
+    void cgru_gemm_packed_f64(int m, int n, int k, const double *A, int lda, const double *Bp,
+                              int beta1, double *C, int ldc)
+    int CGRU_NR_F
+    int CGRU_NR_D
+
 cdef extern from *:
     """
     #include <signal.h>
@@ -90,17 +99,21 @@ def _operands(fn, bint trans_a, bint trans_b, A, B, C, Py_ssize_t itemsize):
     if kb != k or C.shape[0] != m or C.shape[1] != n:
         raise ValueError(f"{fn}: shapes do not match: op(A) [{m}, {k}], op(B) [{kb}, {n}], "
                          f"C [{C.shape[0]}, {C.shape[1]}]")
-    lds = []
-    for arr, name in ((A, "A"), (B, "B"), (C, "C")):
-        rows, cols = arr.shape[0], arr.shape[1]
-        if rows * cols > 0 and arr.strides[1] != itemsize:
-            raise ValueError(f"{fn}: {name} must have unit stride along its last axis")
-        if rows > 1 and cols > 0 and (arr.strides[0] % itemsize
-                                      or arr.strides[0] // itemsize < cols):
-            raise ValueError(f"{fn}: {name} must have a positive row stride of at least its "
-                             f"row length ({cols * itemsize} bytes), got {arr.strides[0]}")
-        lds.append(max(1, arr.strides[0] // itemsize if rows > 1 else cols))
-    return m, n, k, lds[0], lds[1], lds[2]
+    return (m, n, k, _leading(fn, A, "A", itemsize), _leading(fn, B, "B", itemsize),
+            _leading(fn, C, "C", itemsize))
+
+
+def _leading(fn, arr, name, Py_ssize_t itemsize):
+    """The leading dimension (row stride in elements) of the 2-D operand ``arr``, after
+    checking it has unit inner stride and a row stride BLAS can express."""
+    rows, cols = arr.shape[0], arr.shape[1]
+    if rows * cols > 0 and arr.strides[1] != itemsize:
+        raise ValueError(f"{fn}: {name} must have unit stride along its last axis")
+    if rows > 1 and cols > 0 and (arr.strides[0] % itemsize
+                                  or arr.strides[0] // itemsize < cols):
+        raise ValueError(f"{fn}: {name} must have a positive row stride of at least its "
+                         f"row length ({cols * itemsize} bytes), got {arr.strides[0]}")
+    return max(1, arr.strides[0] // itemsize if rows > 1 else cols)
 
 
 
@@ -176,7 +189,8 @@ cdef struct GemmJob:
     int m, n, k, lda, ldb, ldc, n_blocks, chunk
     double alpha, beta
     const void *A
-    const void *B
+    const void *B           # B, or op(B) packed (loops.pack_rhs) when `packed`
+    bint packed
     void *C
     void *partial           # [n_blocks − 1, m, n] partial sums of the k-split (trans_a)
     int abort               # set when a signal handler raised: every block stops
@@ -236,6 +250,14 @@ cdef bint chunk_start(GemmJob *J) noexcept nogil:
     return not cgru_gload(&J.abort)
 
 
+cdef inline void packed_gemm(int m, int n, int k, const floating *A, int lda,
+                             const floating *Bp, bint beta1, floating *C, int ldc) noexcept nogil:
+    if floating is float:
+        cgru_gemm_packed_f32(m, n, k, A, lda, Bp, beta1, C, ldc)
+    else:
+        cgru_gemm_packed_f64(m, n, k, A, lda, Bp, beta1, C, ldc)
+
+
 cdef inline void gemm_block(const floating *sample, GemmJob *J, int blk) noexcept nogil:
     cdef const floating *pa = <const floating *>J.A
     cdef const floating *pb = <const floating *>J.B
@@ -252,9 +274,13 @@ cdef inline void gemm_block(const floating *sample, GemmJob *J, int blk) noexcep
             if not chunk_start(J):
                 return
             # C[s0:s1] = op(A)[s0:s1] · op(B)  (A's rows s0:s1)
-            gemm(False, J.trans_b, s1 - s0, J.n, J.k, <floating>J.alpha,
-                 pa + <Py_ssize_t>s0 * J.lda, J.lda, pb, J.ldb, <floating>J.beta,
-                 pc + <Py_ssize_t>s0 * J.ldc, J.ldc)
+            if J.packed:
+                packed_gemm(s1 - s0, J.n, J.k, pa + <Py_ssize_t>s0 * J.lda, J.lda, pb,
+                            J.beta != 0, pc + <Py_ssize_t>s0 * J.ldc, J.ldc)
+            else:
+                gemm(False, J.trans_b, s1 - s0, J.n, J.k, <floating>J.alpha,
+                     pa + <Py_ssize_t>s0 * J.lda, J.lda, pb, J.ldb, <floating>J.beta,
+                     pc + <Py_ssize_t>s0 * J.ldc, J.ldc)
             s0 = s1
         return
     i0 = <int>((<long long>blk * J.k) // J.n_blocks)
@@ -327,7 +353,6 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     (``cgru._kernels.threads.blas_single_threaded``; ``cgru.core.plan.gemm`` does it).
     """
     cdef GemmJob J
-    cdef double per
     J.m, J.n, J.k, J.lda, J.ldb, J.ldc = _operands("gemm_blocks", trans_a, trans_b, A, B, C,
                                                    sizeof(floating))
     if J.m == 0 or J.n == 0:
@@ -335,18 +360,12 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     J.trans_a, J.trans_b, J.alpha, J.beta = trans_a, trans_b, alpha, beta
     J.A = &A[0, 0] if A.shape[0] * A.shape[1] > 0 else NULL
     J.B = &B[0, 0] if B.shape[0] * B.shape[1] > 0 else NULL
+    J.packed = False
     J.C = &C[0, 0]
     J.partial = NULL
     J.n_blocks = max(1, min(n_blocks, J.k if trans_a else J.m))
-    # sub-chunks: rows of C (each 2·n·k flops) or a stretch of k (each step 2·m·n flops)
-    per = 2.0 * J.n * (J.m if trans_a else J.k)
-    J.chunk = max(MIN_CHUNK_ROWS, <int>min(<double>(1 << 30), CHUNK_FLOPS / max(per, 1.0)))
-    J.abort = 0
-    J.poll = threading.current_thread() is threading.main_thread()
-    J.next_poll = wtime() + POLL_SECONDS
     errors = []
-    J.errors = <PyObject *>errors
-    num_threads = max(1, min(num_threads, J.n_blocks))
+    num_threads = start_job(&J, errors, num_threads)
     cdef Py_ssize_t need = (<Py_ssize_t>J.n_blocks - 1) * J.m * J.n
     if trans_a and J.n_blocks > 1:
         if partial is None:
@@ -361,5 +380,63 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
         parallel_for(J.n_blocks, num_threads, item, &J, gemm_poll, &J)
         if J.partial != NULL and not cgru_gload(&J.abort):
             parallel_for(J.n_blocks, num_threads, summ, &J, NULL, NULL)
+    if errors:
+        raise errors[0]
+
+
+cdef int start_job(GemmJob *J, list errors, int num_threads):
+    """The sub-chunk size, the polling state and the team size of a job whose operands and
+    blocks are set."""
+    cdef double per
+    # sub-chunks: rows of C (each 2·n·k flops) or a stretch of k (each step 2·m·n flops)
+    per = 2.0 * J.n * (J.m if J.trans_a else J.k)
+    J.chunk = max(MIN_CHUNK_ROWS, <int>min(<double>(1 << 30), CHUNK_FLOPS / max(per, 1.0)))
+    J.abort = 0
+    J.poll = threading.current_thread() is threading.main_thread()
+    J.next_poll = wtime() + POLL_SECONDS
+    J.errors = <PyObject *>errors
+    return max(1, min(num_threads, J.n_blocks))
+
+
+def gemm_packed_blocks(const floating[:, :] A, const floating[::1] Bp, floating[:, :] C,
+                       bint beta1, int n_blocks, int num_threads):
+    """``C[m, n] = A[m, k] · op(B)`` (``+ C`` with ``beta1``), ``op(B)`` packed by
+    ``loops.pack_rhs`` (the caller's: a pack is made from the very array it stands for), as
+    ``gemm_blocks`` runs a product without ``trans_a`` — blocks of C's rows on an OpenMP team,
+    sub-chunks, signal polling — on the kernels' packed GEMM (``simd.h``) instead of BLAS: the
+    weights are packed once, not once per call, and every element of C is one sum over k in
+    increasing order, so the result does not depend on the blocks, the sub-chunks, the thread
+    count or which rows share a call (a time loop's one step computes its rows bit for bit as
+    a whole sequence does).  A and C: row-strided views with unit inner stride."""
+    cdef GemmJob J
+    cdef int nr = CGRU_NR_F if floating is float else CGRU_NR_D
+    cdef Py_ssize_t itemsize = sizeof(floating)
+    if A.shape[0] != C.shape[0]:
+        raise ValueError(f"gemm_packed_blocks: A has {A.shape[0]} rows, C {C.shape[0]}")
+    J.m, J.k, J.n = A.shape[0], A.shape[1], C.shape[1]
+    if <Py_ssize_t>Bp.shape[0] != <Py_ssize_t>cgru_packed_size(J.n, J.k, nr):
+        raise ValueError(f"gemm_packed_blocks: Bp has {Bp.shape[0]} elements; a packed "
+                         f"[{J.k}, {J.n}] matrix has {cgru_packed_size(J.n, J.k, nr)}")
+    J.lda = _leading("gemm_packed_blocks", A, "A", itemsize)
+    J.ldc = _leading("gemm_packed_blocks", C, "C", itemsize)
+    J.ldb = 0
+    if J.m == 0 or J.n == 0:
+        return
+    if J.k == 0:                       # an empty sum
+        if not beta1:
+            C[:, :] = 0
+        return
+    J.trans_a, J.trans_b, J.alpha, J.beta = False, False, 1.0, 1.0 if beta1 else 0.0
+    J.A = &A[0, 0]
+    J.B = &Bp[0]
+    J.packed = True
+    J.C = &C[0, 0]
+    J.partial = NULL
+    J.n_blocks = max(1, min(n_blocks, J.m))
+    errors = []
+    num_threads = start_job(&J, errors, num_threads)
+    cdef item_fn item = gemm_item_f if floating is float else gemm_item_d
+    with nogil:
+        parallel_for(J.n_blocks, num_threads, item, &J, gemm_poll, &J)
     if errors:
         raise errors[0]

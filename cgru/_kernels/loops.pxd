@@ -15,6 +15,10 @@ cdef extern from "simd.h" nogil:
                               int beta1, float *C, int ldc)
     void cgru_gemm_packed_f64(int m, int n, int k, const double *A, int lda, const double *Bp,
                               int beta1, double *C, int ldc)
+    void cgru_gemm_packed_f32_at(int isa, int m, int n, int k, const float *A, int lda,
+                                 const float *Bp, int beta1, float *C, int ldc)
+    void cgru_gemm_packed_f64_at(int isa, int m, int n, int k, const double *A, int lda,
+                                 const double *Bp, int beta1, double *C, int ldc)
     void cgru_sigmoid_f32(int n, const float *x, float *y)
     void cgru_tanh_f32(int n, const float *x, float *y)
     void cgru_sigmoid_f64(int n, const double *x, double *y)

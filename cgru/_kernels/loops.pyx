@@ -274,23 +274,50 @@ def pack_rhs(B, bint trans):
     return out
 
 
-def gemm_packed_rm(A, Bp, int n, C, bint beta1):
-    """``C[m, n] (+)= A[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs``: C-contiguous A and C
-    of one float dtype (the caller checks; the kernels' GEMM, used by ``cgru.Stream`` and the
-    tests)."""
+def gemm_packed_rm(A, Bp, int n, C, bint beta1, isa=None):
+    """``C[m, n] (+)= A[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs`` (the kernels' GEMM,
+    single-threaded; for tests and tools — the engine runs it through ``blas.gemm_blocks``):
+    A and C 2-D views of one float dtype with unit inner stride (any row stride).  ``isa``:
+    run the code of that level (4 AVX-512, 3 AVX2+FMA, 0 portable; at most ``cgru_isa()``)."""
+    cdef int level = cgru_isa() if isa is None else isa
+    if level not in (0, 3, 4) or level > cgru_isa():
+        raise ValueError(f"isa: expected 0, 3 or 4, at most {cgru_isa()} here, got {isa!r}")
+    if not (isinstance(A, np.ndarray) and isinstance(C, np.ndarray) and isinstance(Bp, np.ndarray)):
+        raise TypeError("A, Bp, C: expected NumPy arrays")
+    if A.dtype not in (np.float32, np.float64) or C.dtype != A.dtype or Bp.dtype != A.dtype:
+        raise TypeError(f"A, Bp, C: expected one float dtype, got {A.dtype}, {Bp.dtype}, "
+                        f"{C.dtype}")
+    if A.ndim != 2 or C.ndim != 2 or Bp.ndim != 1 or not Bp.flags.c_contiguous:
+        raise ValueError("A, C: expected 2-D arrays; Bp: the 1-D array of pack_rhs")
+    cdef int m = A.shape[0], k = A.shape[1], item = A.itemsize
+    cdef int nr = CGRU_NR_F if A.dtype == np.float32 else CGRU_NR_D
+    if C.shape[0] != m or C.shape[1] != n or n < 0:
+        raise ValueError(f"C: expected shape {[m, n]}, got {list(C.shape)}")
+    if Bp.shape[0] != cgru_packed_size(n, k, nr):
+        raise ValueError(f"Bp: expected the {cgru_packed_size(n, k, nr)} elements of a packed "
+                         f"[{k}, {n}] matrix, got {Bp.shape[0]}")
+    for name, arr in (("A", A), ("C", C)):
+        if arr.shape[1] > 1 and arr.strides[1] != item or arr.strides[0] % item \
+                or arr.strides[0] < 0:
+            raise ValueError(f"{name}: expected unit inner stride and a positive row stride")
+    if not C.flags.writeable:
+        raise ValueError("C: expected a writable array")
+    if m == 0 or n == 0:
+        return
+    cdef int lda = A.strides[0] // item if m > 1 else max(k, 1)
+    cdef int ldc = C.strides[0] // item if m > 1 else max(n, 1)
     cdef cnp.ndarray a = A, bp = Bp, c = C
-    cdef int m = A.shape[0], k = A.shape[1]
     cdef bint f32 = A.dtype == np.float32
     cdef void *pa = cnp.PyArray_DATA(a)
     cdef void *pb = cnp.PyArray_DATA(bp)
     cdef void *pc = cnp.PyArray_DATA(c)
     with nogil:
         if f32:
-            cgru_gemm_packed_f32(m, n, k, <const float *>pa, k, <const float *>pb, beta1,
-                                 <float *>pc, n)
+            cgru_gemm_packed_f32_at(level, m, n, k, <const float *>pa, lda, <const float *>pb,
+                                    beta1, <float *>pc, ldc)
         else:
-            cgru_gemm_packed_f64(m, n, k, <const double *>pa, k, <const double *>pb, beta1,
-                                 <double *>pc, n)
+            cgru_gemm_packed_f64_at(level, m, n, k, <const double *>pa, lda,
+                                    <const double *>pb, beta1, <double *>pc, ldc)
 
 
 def vector_math_f32(name, x):

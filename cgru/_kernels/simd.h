@@ -1,17 +1,19 @@
 /* cgru's own small kernels, in C with GCC/Clang vector extensions:
  *
  *   1. A GEMM with a pre-packed right-hand side, C[m, n] (+)= A[m, k] · op(B), for the
- *      per-step recurrent products of the time loop. OpenBLAS re-packs B (the recurrent
- *      weights) on every call, which costs more than the product itself when m (the batch rows
- *      of one step) is small; here R is packed once per layer call and reused for all T steps.
- *      Every C element is a sum over k in increasing order, whatever m, the row blocking or
- *      the thread: results do not depend on how the batch is split.
+ *      per-step recurrent products of the time loop and for the whole-sequence input
+ *      projections and input gradients (blas.pyx's gemm_packed_blocks runs it in row blocks).
+ *      OpenBLAS re-packs B (the weights) on every call, which costs more than the product
+ *      itself when m (the batch rows of one step) is small; here the weights are packed once
+ *      per kept copy and reused by every step and call. Every C element is a sum over k in
+ *      increasing order, whatever m, the row blocking or the thread: results do not depend on
+ *      how the rows are split, so a stream's one-step products equal a whole sequence's.
  *   2. Vectorised sigmoid and tanh, float32 and float64, for the fused gate loops.
  *
  * Each hot function is compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the
  * baseline.  The GEMM picks its version by an explicit switch on cgru_isa() (asked once,
- * at import; a test can force a lower level to compare them); the activations are
- * target_clones, picked by the loader.
+ * at import; NAME_at takes the level, so that a test can force each one the machine runs);
+ * the activations are target_clones, picked by the loader.
  */
 #ifndef CGRU_SIMD_H
 #define CGRU_SIMD_H
@@ -36,6 +38,8 @@ typedef int64_t cgru_vl __attribute__((vector_size(64))); /* 8 int64 */
 
 #define CGRU_NR_F 32   /* packed panel width, float: two vectors */
 #define CGRU_NR_D 16   /* packed panel width, double: two vectors */
+#define CGRU_L2_ROWS_BYTES (192 << 10)   /* rows of A per block of a long product (see _body) */
+#define CGRU_L2_B_BYTES (1 << 20)        /* ... when packed B is at most this large */
 
 CGRU_INLINE cgru_vf cgru_loadf(const float *p) { cgru_vf v; memcpy(&v, p, sizeof v); return v; }
 CGRU_INLINE cgru_vd cgru_loadd(const double *p) { cgru_vd v; memcpy(&v, p, sizeof v); return v; }
@@ -108,8 +112,8 @@ CGRU_DEFINE_MICRO(cgru_micro_f64, double, cgru_vd, CGRU_NR_D, cgru_loadd)
  * two vectors each: 8 on AVX-512's 32 registers, 3 on AVX2's 16, 2 otherwise); fewer than
  * four rows take two panels at once, so that enough independent sums hide the FMA latency. */
 #define CGRU_DEFINE_GEMM(NAME, MICRO, T, NR)                                                   \
-CGRU_INLINE void NAME##_body(const int MR, int m, int n, int k, const T *A, int lda,           \
-                             const T *Bp, int beta1, T *C, int ldc) {                          \
+CGRU_INLINE void NAME##_block(const int MR, int m, int n, int k, const T *A, int lda,           \
+                              const T *Bp, int beta1, T *C, int ldc) {                         \
     int panels = (n + NR - 1) / NR, p = 0;                                                     \
     if (m < 4) {                                                                               \
         for (; p + 2 <= panels; p += 2) {                                                      \
@@ -141,6 +145,24 @@ CGRU_INLINE void NAME##_body(const int MR, int m, int n, int k, const T *A, int 
         }                                                                                      \
     }                                                                                          \
 }                                                                                              \
+/* A long A (a whole sequence's rows) against a B that fits in L2 goes in row blocks of about \
+ * CGRU_L2_ROWS_BYTES, each passing over every panel of B, so that A is read from L2 rather   \
+ * than from memory once per panel (a larger B would be read again per block instead; rows   \
+ * under 1 KiB stream well enough, measured). A row's bits do not depend on its block.        */ \
+CGRU_INLINE void NAME##_body(const int MR, int m, int n, int k, const T *A, int lda,           \
+                             const T *Bp, int beta1, T *C, int ldc) {                          \
+    size_t row_bytes = (size_t)(k > 0 ? k : 1) * sizeof(T);                                   \
+    int mc = (int)(CGRU_L2_ROWS_BYTES / row_bytes) / MR * MR;                                 \
+    if (mc < 4 * MR) mc = 4 * MR;                                                              \
+    if (m < 2 * mc || row_bytes < 1024                                                         \
+            || cgru_packed_size(n, k, NR) * sizeof(T) > CGRU_L2_B_BYTES) {                     \
+        NAME##_block(MR, m, n, k, A, lda, Bp, beta1, C, ldc);                                  \
+        return;                                                                                \
+    }                                                                                          \
+    for (int i = 0; i < m; i += mc)                                                            \
+        NAME##_block(MR, m - i < mc ? m - i : mc, n, k, A + (size_t)i * lda, lda, Bp, beta1,   \
+                     C + (size_t)i * ldc, ldc);                                                \
+}                                                                                              \
 CGRU_TARGET_V4 static void NAME##_v4(int m, int n, int k, const T *A, int lda, const T *Bp,    \
                                      int beta1, T *C, int ldc)                                 \
 { NAME##_body(8, m, n, k, A, lda, Bp, beta1, C, ldc); }                                        \
@@ -150,13 +172,17 @@ CGRU_TARGET_V3 static void NAME##_v3(int m, int n, int k, const T *A, int lda, c
 static void NAME##_base(int m, int n, int k, const T *A, int lda, const T *Bp, int beta1,      \
                         T *C, int ldc)                                                         \
 { NAME##_body(2, m, n, k, A, lda, Bp, beta1, C, ldc); }                                        \
-static void NAME(int m, int n, int k, const T *A, int lda, const T *Bp, int beta1, T *C,      \
-                 int ldc) {                                                                    \
-    switch (cgru_isa()) {                                                                      \
+static void NAME##_at(int isa, int m, int n, int k, const T *A, int lda, const T *Bp,         \
+                      int beta1, T *C, int ldc) {                                              \
+    switch (isa) {                                                                             \
     case 4: NAME##_v4(m, n, k, A, lda, Bp, beta1, C, ldc); break;                              \
     case 3: NAME##_v3(m, n, k, A, lda, Bp, beta1, C, ldc); break;                              \
     default: NAME##_base(m, n, k, A, lda, Bp, beta1, C, ldc); break;                           \
     }                                                                                          \
+}                                                                                              \
+static inline void NAME(int m, int n, int k, const T *A, int lda, const T *Bp, int beta1, T *C, \
+                        int ldc) {                                                             \
+    NAME##_at(cgru_isa(), m, n, k, A, lda, Bp, beta1, C, ldc);                                 \
 }
 
 /* The machine's vector ISA, asked once: 4 = AVX-512 (x86-64-v4), 3 = AVX2+FMA, 0 = baseline. */

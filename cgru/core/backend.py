@@ -7,9 +7,11 @@ depends on the machine, and for nothing else:
 ===================  =============================================================================
 ``empty``            the buffers of a call (outputs; ``plan.empty``, which the tests poison)
 ``workspace``        a call's temporaries, sized by one function and carved in one place
-``gemm``             ``C = op(A)·op(B) + beta·C`` on row-major views (the whole-sequence products)
+``gemm``             ``C = op(A)·op(B) + beta·C`` on row-major views (the weight gradients)
+``gemm_packed``      ``C (+)= A·op(B)``, ``op(B)`` packed by ``pack`` (the input projections and
+                     the input gradients: rows computed alike however they are grouped)
 ``with_partials``    this backend for one call: its products' partial sums in the call's workspace
-``pack``             the recurrent weights packed for the kernels' GEMM (``weights`` keeps them)
+``pack``             weights packed for the kernels' GEMM (``weights`` keeps them)
 ``kernels(kind)``    a cell kind's compiled time loops: ``forward_layer``, ``backward_layer``,
                      ``Direction``
 ===================  =============================================================================
@@ -25,8 +27,8 @@ __all__ = ["CPU", "BACKEND", "release_memory"]
 
 
 class CPU:
-    """cgru's CPU backend: NumPy buffers from cgru's pool, SciPy's BLAS for the
-    whole-sequence products (as blocks on cgru's threads), the Cython kernels."""
+    """cgru's CPU backend: NumPy buffers from cgru's pool, the kernels' packed GEMM and SciPy's
+    BLAS for the whole-sequence products (as blocks on cgru's threads), the Cython kernels."""
 
     name = "cpu"
 
@@ -36,6 +38,7 @@ class CPU:
     empty = staticmethod(plan.empty)
     workspace = staticmethod(plan.Workspace)
     gemm = staticmethod(plan.gemm)
+    gemm_packed = staticmethod(plan.gemm_packed)
 
     def with_partials(self, partial):
         """This backend for one call whose workspace holds ``partial``: its ``gemm`` keeps the

@@ -72,9 +72,11 @@ class Gradients(namedtuple("Gradients", "dx dh0 dparams")):
 
 
 # --- forward -------------------------------------------------------------------------------
-def _input_projection(topo, G, layer, d, lp, X, out, nt):
+def input_projection(topo, G, layer, d, frozen, X, out, nt):
     """(gx, ldgx) of direction d: ``gx = X·Wᵀ`` [T·N, G·H] — or x itself in skip / projected
-    mode (skip: every gate block is x; projected: x holds each direction's G blocks)."""
+    mode (skip: every gate block is x; projected: x holds each direction's G blocks).  The
+    product runs on the kernels' packed GEMM, whose rows do not depend on which rows share a
+    call: ``cgru.Stream``'s steps compute exactly these bits."""
     H = topo.hidden_size
     if layer == 0 and topo.input_mode == "projected":
         return X[:, d * G * H:], topo.input_size
@@ -82,8 +84,9 @@ def _input_projection(topo, G, layer, d, lp, X, out, nt):
         for k in range(G):
             out[:, k * H:(k + 1) * H] = X
         return out, G * H
-    # gx[T·N, G·H] = X[T·N, in] · W[G·H, in]ᵀ
-    BACKEND.gemm(False, True, X, lp.W, out, nt=nt)
+    # gx[T·N, G·H] = X[T·N, in] · W[G·H, in]ᵀ   (Wᵀ packed once per kept copy of W)
+    BACKEND.gemm_packed(X, frozen.packed(layer * topo.num_directions + d, "W", True), out,
+                        nt=nt)
     return out, G * H
 
 
@@ -206,7 +209,7 @@ def run_forward(call, workspace=None, out=None):
             i = layer * D + d
             lp = net[i]
             saved = lds[i] if training else {}
-            gx, ldgx = _input_projection(topo, G, layer, d, lp, X, buf[f"gx{d}"], nt)
+            gx, ldgx = input_projection(topo, G, layer, d, call.frozen, X, buf[f"gx{d}"], nt)
             common = dict(reverse=topo.reversed_direction(d), gx=gx, ldgx=ldgx, h0=h0[i],
                           hy=hy[i], states=saved.get("states"), pre=saved.get("pre"),
                           **kind.packs(call.frozen, i, cell, H, True))
@@ -376,8 +379,8 @@ def run_backward(call, workspace=None, out=None):
         kernels.backward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask, d_out,
                                dirs, buf["scratch"])
         dX = dx if layer == 0 else buf[f"dX{layer % 2}"]
-        _layer_gradients(backend, topo, cell, kind, net, grads, layer, X, opened, ld, dX, nt,
-                         active)
+        _layer_gradients(backend, topo, cell, kind, call.frozen, grads, layer, X, opened, ld,
+                         dX, nt, active)
         if layer > 0:
             d_out = dX.reshape(T, N, DS)
             if masks is not None:
@@ -397,7 +400,7 @@ def run_backward(call, workspace=None, out=None):
     return Gradients(dx, dh0, grads, dc0)
 
 
-def _layer_gradients(backend, topo, cell, kind, net, grads, layer, X, opened, ld, dX, nt,
+def _layer_gradients(backend, topo, cell, kind, frozen, grads, layer, X, opened, ld, dX, nt,
                      active=None):
     """After one layer's backward loops: its weight gradients (into ``grads``) and the
     gradient of its input ``dX`` [T·N, in], all as whole-sequence GEMMs / column sums."""
@@ -430,6 +433,6 @@ def _layer_gradients(backend, topo, cell, kind, net, grads, layer, X, opened, ld
                 dX += dgx[d][:, k * H:(k + 1) * H]
     else:
         for d in range(D):
-            # dX[T·N, in] (+)= dgx_d[T·N, G·H] · W_d[G·H, in]
-            backend.gemm(False, False, dgx[d], net[layer * D + d].W, dX, 0.0 if d == 0 else 1.0,
-                         nt)
+            # dX[T·N, in] (+)= dgx_d[T·N, G·H] · W_d[G·H, in]   (W packed once per kept copy)
+            backend.gemm_packed(dgx[d], frozen.packed(layer * D + d, "W", False), dX,
+                                beta1=d > 0, nt=nt)

@@ -2,8 +2,9 @@
 
 * **Work split** (a function of the shapes only, never of the thread count, so results never
   depend on it): the time loop's batch chunks (``n_chunks``), when a loop is worth a second
-  thread (``loop_threads``), and the whole-sequence GEMMs as blocks of single-threaded BLAS
-  on the pool (``gemm``).
+  thread (``loop_threads``), and the whole-sequence GEMMs as blocks on the pool: of
+  single-threaded BLAS (``gemm``, the weight gradients) or of the kernels' packed GEMM
+  (``gemm_packed``, the input projections and input gradients).
 * **Buffers**: ``Workspace`` sizes a call's temporaries (input projections, gate gradients,
   intermediate layers) and allocates them as one block, carved into views — as oneDNN's
   ``set_offsets`` and llm.c's ``fill_in_*`` do.  Outputs (``y``, ``hy``, ``dx``, ``dh0``,
@@ -173,6 +174,14 @@ def gemm(ta, tb, A, B, C, beta=0.0, nt=1, partial=None):
     blocks = _gemm_blocks(ta, A.shape[0] if ta else C.shape[0])
     with blas_single_threaded():
         blas.gemm_blocks(ta, tb, 1.0, A, B, beta, C, blocks, nt, partial)
+
+
+def gemm_packed(A, Bp, C, beta1=False, nt=1):
+    """``C = A·op(B)`` (``+ C`` with ``beta1``) for row-major 2-D views, ``op(B)`` packed
+    (``weights``' packs), as blocks of C's rows of the kernels' packed GEMM on up to ``nt``
+    pool threads (``blas.gemm_packed_blocks``): the input projections and the input gradients.
+    Split as ``gemm`` splits a product, and bitwise independent of the split anyway."""
+    blas.gemm_packed_blocks(A, Bp, C, beta1, _gemm_blocks(False, C.shape[0]), nt)
 
 
 class Workspace:

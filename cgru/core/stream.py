@@ -8,12 +8,12 @@ chunk) and the state goes in and out::
     for x_t in frames:                        # x_t [N, I] (one step) or [T, N, I]
         y_t, h = stream.step(x_t, h)          # an LSTM: y_t, (h, c) = stream.step(x_t, (h, c))
 
-A stream computes what ``cgru.forward`` computes on the concatenated steps — the same time
-loops; the input projection runs in the kernels' packed GEMM instead of BLAS (for a few rows
-it is twice as fast there), so the two agree to float rounding, not bitwise — but does the
-per-call work once, when it is made: the weights are packed, the biases are summed, and
-every check that does not depend on ``x`` is done.  What a call still does: check ``x`` and the state, one packed GEMM
-and one time loop per layer.
+A stream computes what ``cgru.forward`` computes on the concatenated steps, bit for bit, however
+the sequence is cut into calls: the same input projection (the kernels' packed GEMM, whose
+rows do not depend on which rows share a call) and the same time loops.  It does the per-call
+work once, when it is made: the weights are packed, the biases are summed, and every check
+that does not depend on ``x`` is done.  What a call still does: check ``x`` and the state, one
+packed GEMM and one time loop per layer.
 
 The stream is a **snapshot** of the network's weights: it computes with copies of every array
 (``weights.freeze``), so changes made to the network's arrays afterwards are not seen until
@@ -27,15 +27,9 @@ from cgru.core import engine, kinds, plan, validate, weights
 from cgru.core.backend import BACKEND
 from cgru.core.calls import check_h
 from cgru.core.network import Network
-from cgru._kernels.loops import gemm_packed_rm
 from cgru._kernels.threads import resolve_num_threads
 
 __all__ = ["Stream"]
-
-
-class _Layer:
-    """One layer's packed weights and the kernels' fixed arguments."""
-    __slots__ = ("Wp", "n_in", "fixed", "G", "H", "S")
 
 
 class Stream:
@@ -65,16 +59,14 @@ class Stream:
         """Take a new snapshot of the network's weights (after they changed in place)."""
         cell, topo = self.net.cell, self.net.topology
         frozen = weights.freeze(self.net)
+        self._frozen = frozen
+        # per layer, the time loop's fixed arguments (its recurrent packs among them)
         self._layers = []
         for i, lp in enumerate(frozen.net.layers):
-            L = _Layer()
-            L.G, L.H, L.S = cell.gates, topo.hidden_size, topo.state_size
-            L.n_in = lp.W.shape[1]
-            L.Wp = frozen.packed(i, "W", True)                     # gx = x·Wᵀ, packed
-            fixed = dict(reverse=False, **self._kind.packs(frozen, i, cell, L.H, True),
-                         **self._kind.fixed(lp, cell, L.H))
-            L.fixed = fixed
-            self._layers.append(L)
+            frozen.packed(i, "W", True)                        # gx = x·Wᵀ, packed now
+            self._layers.append(dict(reverse=False,
+                                     **self._kind.packs(frozen, i, cell, topo.hidden_size, True),
+                                     **self._kind.fixed(lp, cell, topo.hidden_size)))
 
     def step(self, x, state=None):
         net, topo, dtype = self.net, self.net.topology, self.net.dtype
@@ -111,11 +103,10 @@ class Stream:
         lengths = np.full(N, T, np.int64)
         X = np.ascontiguousarray(x3).reshape(T * N, topo.input_size)
         gx = buf["gx0"]
-        for layer, Lr in enumerate(self._layers):
-            # gx[T·N, G·H] = X[T·N, in] · W[G·H, in]ᵀ
-            gemm_packed_rm(X, Lr.Wp, G * H, gx, False)
+        for layer, fixed in enumerate(self._layers):
+            engine.input_projection(topo, G, layer, 0, self._frozen, X, gx, self.num_threads)
             out = y if layer == L - 1 else buf[f"out{layer % 2}"]
-            kw = dict(Lr.fixed, gx=gx, ldgx=G * H, h0=h0[layer], hy=hy[layer])
+            kw = dict(fixed, gx=gx, ldgx=G * H, h0=h0[layer], hy=hy[layer])
             if lstm:
                 kw.update(c0=c0[layer], cy=cy[layer])
             threads = plan.loop_threads(self.num_threads, T, N, H, 1, G)
