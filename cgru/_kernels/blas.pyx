@@ -13,14 +13,8 @@ import threading
 import numpy as np
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 
-cdef extern from "simd.h" nogil:
-    size_t cgru_packed_size(int n, int k, int nr)
-    void cgru_gemm_packed_f32(int m, int n, int k, const float *A, int lda, const float *Bp,
-                              int beta1, float *C, int ldc)
-    void cgru_gemm_packed_f64(int m, int n, int k, const double *A, int lda, const double *Bp,
-                              int beta1, double *C, int ldc)
-    int CGRU_NR_F
-    int CGRU_NR_D
+# the kernels' packed GEMM (simd.h), for the products whose weights come packed
+from cgru._kernels.loops cimport gemm_packed, cgru_packed_size, CGRU_NR_F, CGRU_NR_D
 
 cdef extern from *:
     """
@@ -250,14 +244,6 @@ cdef bint chunk_start(GemmJob *J) noexcept nogil:
     return not cgru_gload(&J.abort)
 
 
-cdef inline void packed_gemm(int m, int n, int k, const floating *A, int lda,
-                             const floating *Bp, bint beta1, floating *C, int ldc) noexcept nogil:
-    if floating is float:
-        cgru_gemm_packed_f32(m, n, k, A, lda, Bp, beta1, C, ldc)
-    else:
-        cgru_gemm_packed_f64(m, n, k, A, lda, Bp, beta1, C, ldc)
-
-
 cdef inline void gemm_block(const floating *sample, GemmJob *J, int blk) noexcept nogil:
     cdef const floating *pa = <const floating *>J.A
     cdef const floating *pb = <const floating *>J.B
@@ -275,7 +261,7 @@ cdef inline void gemm_block(const floating *sample, GemmJob *J, int blk) noexcep
                 return
             # C[s0:s1] = op(A)[s0:s1] · op(B)  (A's rows s0:s1)
             if J.packed:
-                packed_gemm(s1 - s0, J.n, J.k, pa + <Py_ssize_t>s0 * J.lda, J.lda, pb,
+                gemm_packed(s1 - s0, J.n, J.k, pa + <Py_ssize_t>s0 * J.lda, J.lda, pb,
                             J.beta != 0, pc + <Py_ssize_t>s0 * J.ldc, J.ldc)
             else:
                 gemm(False, J.trans_b, s1 - s0, J.n, J.k, <floating>J.alpha,
