@@ -494,3 +494,79 @@ def test_run_errors_name_the_node_and_the_argument():
         connx.run(_graph_model([helper.make_node("GRU", ["X", "W", "R"], ["Y"], name="g1")],
                                [_vi("X")], [_vi("Y")],
                                [numpy_helper.from_array(a[k], k) for k in "WR"]), {})
+
+
+# --- control flow: where the reference evaluator differs from onnxruntime -------------------
+def _loop_model(value_shape):
+    """A Loop of M iterations whose one scan output is the iteration number (as float) in a
+    tensor of ``value_shape`` (``[]``: a scalar)."""
+    body_nodes = [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                  helper.make_node("Cast", ["i"], ["i_f"], to=TensorProto.FLOAT)]
+    if value_shape:
+        body_nodes += [helper.make_node("Constant", [], ["shape"], value=helper.make_tensor(
+                           "shape", TensorProto.INT64, [len(value_shape)], value_shape)),
+                       helper.make_node("Expand", ["i_f", "shape"], ["v"])]
+    else:
+        body_nodes.append(helper.make_node("Identity", ["i_f"], ["v"]))
+    body = helper.make_graph(
+        body_nodes, "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "cond"], ["vs"], body=body)], "loop",
+        [helper.make_tensor_value_info("M", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("vs", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("value_shape", [[], [4], [2, 3]])
+def test_loop_scan_outputs_are_stacked_as_onnx_says(value_shape):
+    # onnx's reference evaluator stacks a Loop's scan outputs with np.vstack ([n, 1] for
+    # scalars, [n·2, 3] for [2, 3] values); cgru.onnx.run gives ONNX's [n, *value_shape], as
+    # onnxruntime does
+    model = _loop_model(value_shape)
+    feeds = {"M": np.array(3, np.int64), "cond": np.array(True)}
+    (want,) = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    got = connx.run(model, feeds)["vs"]
+    assert got.shape == want.shape == (3, *value_shape)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_loop_of_no_iteration_with_scan_outputs_is_refused():
+    # a documented limitation: onnxruntime returns an empty [0] tensor; the reference
+    # evaluator cannot stack no values, and cgru says so instead of guessing a shape
+    model = _loop_model([])
+    feeds = {"M": np.array(0, np.int64), "cond": np.array(True)}
+    assert ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0].shape == (0,)
+    with pytest.raises(ValueError, match="reference evaluator failed"):
+        connx.run(model, feeds)
+
+
+@pytest.mark.parametrize("reverse_output", [False, True])
+def test_a_scan_in_reverse_is_refused(reverse_output):
+    # a documented limitation: the reference evaluator runs Scan forward only (directions and
+    # axes 0); onnxruntime runs the rest, cgru.onnx.run refuses it before anything runs
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+         helper.make_node("Identity", ["s_out"], ["y_t"])], "body",
+        [helper.make_tensor_value_info("s_in", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("x_t", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("s_out", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("y_t", TensorProto.FLOAT, [2])])
+    direction = {"scan_output_directions": [1]} if reverse_output \
+        else {"scan_input_directions": [1]}
+    graph = helper.make_graph(
+        [helper.make_node("Scan", ["s0", "x"], ["s", "y"], body=body, num_scan_inputs=1,
+                          **direction)], "scan",
+        [helper.make_tensor_value_info("s0", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2])],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"s0": np.zeros(2, np.float32), "x": np.arange(6, dtype=np.float32).reshape(3, 2)}
+    ort.InferenceSession(model.SerializeToString()).run(None, feeds)     # onnxruntime runs it
+    with pytest.raises(ValueError, match="reference evaluator"):
+        connx.run(model, feeds)

@@ -706,6 +706,53 @@ def _cgru_ops():
     return _OPS
 
 
+_LOOP = []
+
+
+def _loop_op():
+    """The reference evaluator's ``Loop`` with ONNX's shape for its scan outputs: it stacks each
+    iteration's value with ``np.vstack``, which gives ``[n, 1]`` for scalars and ``[n·a, b]`` for
+    ``[a, b]`` values where ONNX (and onnxruntime) give ``[n]`` and ``[n, a, b]``; the values,
+    in the same order, are reshaped to ``[n, *shape of one iteration]``.  (A loop that runs no
+    iteration and has scan outputs still fails in the evaluator, with its own message.)"""
+    if not _LOOP:
+        from onnx.reference.ops.op_loop import Loop as ReferenceLoop
+
+        class Loop(ReferenceLoop):
+            op_domain = ""
+
+            def __init__(self, onnx_node, run_params):
+                super().__init__(onnx_node, run_params)
+                run_body = self._run_body       # set on the instance by OpRun, for `body`
+
+                def recorded(inputs, attributes=None, bindings=None):
+                    outputs = run_body(inputs, attributes=attributes, bindings=bindings)
+                    if self.K > 0:
+                        self._iterations.append([np.shape(o) for o in outputs[-self.K:]])
+                    return outputs
+                self._run_body = recorded
+                self._iterations = []
+
+            def _run(self, *args, **kwargs):
+                self._iterations = []
+                res = super()._run(*args, **kwargs)
+                if self.K == 0 or not self._iterations:
+                    return res
+                n, shapes = len(self._iterations), self._iterations[-1]
+                if any(s != shapes for s in self._iterations):
+                    raise ValueError(f"Loop: scan outputs of different shapes in different "
+                                     f"iterations ({self._iterations[0]}, {shapes})")
+                res = list(res)
+                for k, shape in enumerate(shapes):
+                    i = len(res) - self.K + k
+                    res[i] = np.reshape(res[i], (n,) + tuple(shape))
+                return tuple(res)
+
+        Loop.__module__ = __name__
+        _LOOP.append(Loop)
+    return _LOOP
+
+
 # nodes whose output size a model states by value (an input or an attribute), not by the size
 # of an input: the reference evaluator would allocate whatever they declare
 def _ints(a):
@@ -931,7 +978,7 @@ def _evaluator(onnx, model):
                          f"the reference evaluator cannot load; {_EVALUATOR_NOTE}")
     prepared = _prepared(onnx, model)
     try:
-        return ReferenceEvaluator(prepared, new_ops=_cgru_ops() + _size_guards())
+        return ReferenceEvaluator(prepared, new_ops=_cgru_ops() + _size_guards() + _loop_op())
     except NotImplementedError as e:
         raise front.UnsupportedNodeError(f"model: {e} — {_EVALUATOR_NOTE}, which has no "
                                    f"implementation for this one") from e
