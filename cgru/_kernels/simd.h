@@ -110,7 +110,8 @@ CGRU_DEFINE_MICRO(cgru_micro_f64, double, cgru_vd, CGRU_NR_D, cgru_loadd)
  * Column panel outermost, so one panel (k·NR values) stays in L1 while every row block of A
  * passes over it; B is streamed once per call. Rows go MR at a time (MR accumulator rows of
  * two vectors each: 8 on AVX-512's 32 registers, 3 on AVX2's 16, 2 otherwise); fewer than
- * four rows take two panels at once, so that enough independent sums hide the FMA latency. */
+ * four rows take two panels at once, so that enough independent sums hide the FMA latency,
+ * and so do 6 rows at a time on AVX-512 when rows are short (A read half as often). */
 #define CGRU_DEFINE_GEMM(NAME, MICRO, T, NR)                                                   \
 CGRU_INLINE void NAME##_block(const int MR, int m, int n, int k, const T *A, int lda,           \
                               const T *Bp, int beta1, T *C, int ldc) {                         \
@@ -122,6 +123,26 @@ CGRU_INLINE void NAME##_block(const int MR, int m, int n, int k, const T *A, int
             if (m == 3) MICRO(3, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc);    \
             else if (m == 2) MICRO(2, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc); \
             else if (m == 1) MICRO(1, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc); \
+        }                                                                                      \
+    } else if (MR == 8 && (size_t)k * sizeof(T) < 1024) {                                      \
+        /* short rows on AVX-512: two panels at a time, 6 rows (24 sums), so that each row of \
+         * A is read half as often                                                         */ \
+        for (; p + 2 <= panels; p += 2) {                                                      \
+            const T *bp = Bp + (size_t)p * NR * k;                                             \
+            int ncols = n - p * NR, i = 0;                                                     \
+            T *cp = C + (size_t)p * NR;                                                        \
+            for (; i + 6 <= m; i += 6)                                                         \
+                MICRO(6, 2, ncols, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); \
+            const T *a = A + (size_t)i * lda;                                                  \
+            T *c = cp + (size_t)i * ldc;                                                       \
+            switch (m - i) {                                                                   \
+            case 5: MICRO(5, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+            case 4: MICRO(4, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+            case 3: MICRO(3, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+            case 2: MICRO(2, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+            case 1: MICRO(1, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+            default: break;                                                                    \
+            }                                                                                  \
         }                                                                                      \
     }                                                                                          \
     for (; p < panels; p++) {                                                                  \
