@@ -187,3 +187,54 @@ def test_no_cpu_is_used_while_idle_after_a_call():
     sleep = 0.5
     used = _idle_cpu_seconds(sleep)
     assert used < sleep / 10, f"{used:.3f} s of CPU while idle for {sleep} s"
+
+
+# --- a team's threads never enter Python ------------------------------------------------------
+def _thread_state_id():
+    """CPython's id of a new thread state (``PyThreadState_GetID``: the interpreter numbers
+    every thread state it ever makes, 1, 2, 3, …): the id a thread started now gets."""
+    import ctypes
+    get_id = ctypes.pythonapi.PyThreadState_GetID
+    get_id.restype, get_id.argtypes = ctypes.c_uint64, [ctypes.c_void_p]
+    current = ctypes.pythonapi.PyThreadState_Get
+    current.restype = ctypes.c_void_p
+    out = []
+    t = threading.Thread(target=lambda: out.append(get_id(current())))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def _wide_calls():
+    """A forward and backward of each cell kind, wide enough for teams in the time loops and
+    in the whole-sequence products, whose sub-chunks poll for signals."""
+    for cell in (cgru.GRUCell(), cgru.LSTMCell(), cgru.RNNCell()):
+        net = cgru.Network.random(cgru.Topology(192, 256), np.float32, seed=2, cell=cell)
+        x = np.random.default_rng(3).standard_normal((48, 32, 192)).astype(np.float32)
+        f = cgru.forward(net, x, training=True, num_threads=2)
+        cgru.backward(net, x, f.reserve, np.ones_like(f.y), num_threads=2)
+
+
+@pytest.mark.skipif(_cores() < 2, reason="needs two usable cores for a team")
+@pytest.mark.parametrize("caller", ["main", "thread"])
+def test_a_calls_team_threads_never_make_python_thread_states(caller):
+    """Only the calling thread of a call ever runs Python (the signal handlers, main-thread
+    calls only).  A team thread that took the GIL would get a thread state made and deleted
+    for it each time — under a lock of the interpreter taken without the GIL, which a fork()
+    at that moment leaves locked in the child: CPython 3.11 then hangs in the child's
+    re-initialisation.  Counted with CPython's own thread-state numbering: across the calls,
+    the ids advance by the threads this test starts and no more."""
+    _wide_calls()                                    # imports, first-call set-up
+    before_teams = _teams()
+    first = _thread_state_id()
+    if caller == "main":
+        _wide_calls()
+        started = 1                                  # the probe thread of `first`
+    else:
+        t = threading.Thread(target=_wide_calls)
+        t.start()
+        t.join()
+        started = 2                                  # … and the calling thread
+    assert _teams() > before_teams, "no team ran: the test proves nothing"
+    made = _thread_state_id() - first - started
+    assert made == 0, f"{made} Python thread states were made for the calls' team threads"

@@ -205,13 +205,22 @@ cdef void gemm_poll(void *ctx) noexcept nogil:
         return
     J.next_poll = now + POLL_SECONDS
     cgru_gstore(&_probe_poll_now, 0)
-    with gil:
-        try:
-            PyErr_CheckSignals()
-        except BaseException as e:
-            (<list>J.errors).append(e)
-            cgru_gstore(&J.abort, 1)
-            cgru_gstore(&_probe_fired, 0)
+    run_signal_handlers(J)
+
+
+cdef void run_signal_handlers(GemmJob *J) noexcept with gil:
+    """gemm_poll's Python half, in a function of its own: a nogil function that holds a
+    Python object (the caught exception) takes the GIL at every exit, early returns
+    included, so on a team thread without a Python thread state every poll would create and
+    delete one — taking the interpreter's thread-list lock without the GIL, which a fork()
+    at that moment leaves locked in the child (CPython 3.11 then deadlocks re-initialising
+    the child's threads)."""
+    try:
+        PyErr_CheckSignals()
+    except BaseException as e:
+        (<list>J.errors).append(e)
+        cgru_gstore(&J.abort, 1)
+        cgru_gstore(&_probe_fired, 0)
 
 
 cdef bint chunk_start(GemmJob *J) noexcept nogil:

@@ -143,15 +143,16 @@ cdef void item_rows(const Loop *L, int item, int *d, int *b0, int *b1) noexcept 
     b1[0] = <int>((<long long>(c + 1) * L.N) // L.n_chunks)
 
 
-cdef void check_signals(const Loop *L) noexcept nogil:
+cdef void check_signals(const Loop *L) noexcept with gil:
     """Run Python's signal handlers (the caller's thread, main-thread calls only); an exception
-    they raise (KeyboardInterrupt) is kept for the caller and stops every work item."""
-    with gil:
-        try:
-            PyErr_CheckSignals()
-        except BaseException as e:
-            (<list>L.errors).append(e)
-            cgru_store(L.abort, 1)
+    they raise (KeyboardInterrupt) is kept for the caller and stops every work item.  Only
+    ever called on a thread that has a Python thread state (blas.run_signal_handlers says
+    why a team thread must never take the GIL)."""
+    try:
+        PyErr_CheckSignals()
+    except BaseException as e:
+        (<list>L.errors).append(e)
+        cgru_store(L.abort, 1)
 
 
 cdef void poll_while_waiting(void *ctx) noexcept nogil:
