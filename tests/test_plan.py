@@ -162,9 +162,12 @@ def test_a_call_allocates_one_workspace_and_nothing_below_it(monkeypatch, cell, 
         allocations.append(self.nbytes)
         return real_allocate(self, block)
 
-    def gemm_blocks(ta, tb, alpha, A, B, beta, C, n_blocks, nt, partial=None):
-        products.append((ta, min(n_blocks, A.shape[0]) if ta else 1, partial is not None))
-        return real_gemm(ta, tb, alpha, A, B, beta, C, n_blocks, nt, partial)
+    def gemm_blocks(ta, tb, alpha, A, B, beta, C, n_blocks, nt, partial=None,
+                    split_rows=False):
+        k_split = ta and not split_rows
+        products.append((k_split, min(n_blocks, A.shape[0]) if k_split else 1,
+                         partial is not None))
+        return real_gemm(ta, tb, alpha, A, B, beta, C, n_blocks, nt, partial, split_rows)
 
     monkeypatch.setattr(plan.Workspace, "allocate", allocate)
     monkeypatch.setattr(blas, "gemm_blocks", gemm_blocks)
@@ -237,3 +240,106 @@ def test_the_time_loops_refuse_scratch_smaller_than_they_need(monkeypatch, cell,
             cgru.backward(net, x, f.reserve, np.ones_like(f.y))
         else:
             cgru.forward(net, x)
+
+
+# --- the plan cache: a repeated call's layout and workspace ---------------------------------
+def _counting_allocations(monkeypatch):
+    made = []
+    real = plan.Workspace.allocate
+
+    def allocate(self, block=None):
+        made.append(self.nbytes)
+        return real(self, block)
+    monkeypatch.setattr(plan.Workspace, "allocate", allocate)
+    return made
+
+
+def _small_problem(cell=None):
+    net = cgru.Network.random(cgru.Topology(16, 32, 2), np.float32, seed=4,
+                              cell=cell or cgru.GRUCell())
+    x = np.random.default_rng(5).standard_normal((3, 2, 16)).astype(np.float32)
+    return net, x
+
+
+@pytest.mark.parametrize("cell", [cgru.GRUCell(), cgru.LSTMCell(), cgru.RNNCell()],
+                         ids=["gru", "lstm", "rnn"])
+def test_a_repeated_call_borrows_the_workspace_of_the_last(monkeypatch, cell):
+    """A call of a shape seen before allocates no workspace: its layout (a function of the
+    model and shapes) is made once and lends the last call's allocation — forward, backward
+    and a stream's step alike — and the results are bitwise those of a fresh workspace."""
+    net, x = _small_problem(cell)
+    stream = cgru.Stream(net)
+    first = cgru.forward(net, x, training=True)
+    g_first = cgru.backward(net, x, first.reserve, np.ones_like(first.y))
+    s_first = stream.step(x)[0]
+    made = _counting_allocations(monkeypatch)
+    for _ in range(3):
+        f = cgru.forward(net, x, training=True)
+        g = cgru.backward(net, x, f.reserve, np.ones_like(f.y))
+        y = stream.step(x)[0]
+        np.testing.assert_array_equal(f.y, first.y)
+        np.testing.assert_array_equal(g.dx, g_first.dx)
+        np.testing.assert_array_equal(g.dparams.flat(), g_first.dparams.flat())
+        np.testing.assert_array_equal(y, s_first)
+    assert made == []
+    cgru.release_memory()                         # the idle allocations go with the pool's
+    assert plan.pool_state() == (0, 0)
+    cgru.forward(net, x)
+    assert len(made) == 1
+
+
+def test_poisoned_calls_never_borrow(monkeypatch, poison):
+    """While the tests poison every buffer, each call gets a fresh (poisoned) workspace, never
+    one a previous call wrote: an element a kernel forgot to write stays NaN and shows."""
+    net, x = _small_problem()
+    monkeypatch.setattr(plan, "_reuse", True)
+    cgru.forward(net, x)                          # leaves an idle allocation behind
+    monkeypatch.setattr(plan, "_reuse", False)
+    made = _counting_allocations(monkeypatch)
+    for _ in range(3):
+        cgru.forward(net, x)
+    assert len(made) == 3
+
+
+def test_concurrent_calls_never_share_a_workspace(monkeypatch):
+    """Calls of one shape from several threads at once: each borrows an allocation no other
+    call holds (recorded at every borrow and give-back), and every result is bitwise the
+    serial one."""
+    import threading
+    net, _ = _small_problem()
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal((3, 2, 16)).astype(np.float32) for _ in range(8)]
+    want = [cgru.forward(net, x).y for x in xs]
+    held, overlaps, lock = set(), [], threading.Lock()
+    real_borrow, real_give_back = plan.Workspace.borrow, plan.Workspace.give_back
+
+    def borrow(self):
+        views = real_borrow(self)
+        with lock:
+            key = next(iter(views.values())).ctypes.data
+            if key in held:
+                overlaps.append(key)
+            held.add(key)
+        return views
+
+    def give_back(self, views):
+        with lock:
+            held.discard(next(iter(views.values())).ctypes.data)
+        real_give_back(self, views)
+    monkeypatch.setattr(plan.Workspace, "borrow", borrow)
+    monkeypatch.setattr(plan.Workspace, "give_back", give_back)
+    start, bad = threading.Barrier(4), []
+
+    def work(k):
+        start.wait()
+        for i in range(200):
+            j = (i + k) % len(xs)
+            if not np.array_equal(cgru.forward(net, xs[j], num_threads=1).y, want[j]):
+                bad.append((k, i))
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps == [] and bad == []
+

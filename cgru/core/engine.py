@@ -26,6 +26,7 @@ training forward saves what the backward needs in the reserve (``reserve``).  No
 knows a cell kind by name.
 """
 from collections import defaultdict, namedtuple
+import functools
 import math
 
 import numpy as np
@@ -124,10 +125,24 @@ def forward(net, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major=Fa
         num_threads=num_threads))
 
 
+@functools.lru_cache(maxsize=128)
+def _shared_layout(make, *args):
+    """The plan cache: ``make(*args)`` — a workspace layout, a pure function of the call's
+    model and shapes, all of them immutable values — made once and shared (``Workspace.shared``:
+    it lends its allocations to call after call)."""
+    return make(*args).shared()
+
+
 def forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0=True, zero_c0=True):
     """The workspace of a forward (``plan.Workspace``, not yet allocated): the input
     projections, the zero initial states a call without ``h0`` / ``c0`` uses, the inner
-    layers' outputs of an inference and the time loops' scratch."""
+    layers' outputs of an inference and the time loops' scratch.  One shared layout per
+    distinct arguments (``_shared_layout``)."""
+    return _shared_layout(_forward_layout, kind, cell, topo, np.dtype(dtype), int(T), int(N),
+                          bool(training), bool(zero_h0), bool(zero_c0))
+
+
+def _forward_layout(kind, cell, topo, dtype, T, N, training, zero_h0, zero_c0):
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
     G, DS = cell.gates, topo.output_size
     ws = BACKEND.workspace(dtype)
@@ -175,8 +190,8 @@ def run_forward(call, workspace=None, out=None):
     chunks = plan.n_chunks(N, H)
     threads = plan.loop_threads(nt, T, N, H, D, G)
     X = call.x.reshape(T * N, topo.input_size)
-    buf = forward_workspace(kind, cell, topo, dtype, T, N, training, h0 is None,
-                            c0 is None).allocate(workspace)
+    space = forward_workspace(kind, cell, topo, dtype, T, N, training, h0 is None, c0 is None)
+    buf = space.borrow() if workspace is None else space.allocate(workspace)
     h0, c0 = initial_states(buf, h0, c0)
     hy = _output(given, "hy", (L * D, N, S), dtype)
     cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
@@ -222,6 +237,8 @@ def run_forward(call, workspace=None, out=None):
             if masks is not None:
                 np.multiply(out, masks[layer], out=out)
             X = out.reshape(T * N, DS)
+    if workspace is None:
+        space.give_back(buf)        # (a call that raised leaves its workspace to the pool)
     if call.batch_major:
         y = _batch_major(y, given, "y")
     return Forward(y, hy, rv, cy)
@@ -287,7 +304,12 @@ def backward_workspace(kind, cell, topo, dtype, T, N, need_hm=True):
     """The workspace of a backward (``plan.Workspace``, not yet allocated): the kind's buffers
     per direction (the gate gradients among them), h ⊙ m for dR (``need_hm``: a state mask or
     padded sequences), the inner layers' input gradients, the time loops' scratch and the
-    partial sums of the weight-gradient products."""
+    partial sums of the weight-gradient products.  Shared as ``forward_workspace``'s."""
+    return _shared_layout(_backward_layout, kind, cell, topo, np.dtype(dtype), int(T), int(N),
+                          bool(need_hm))
+
+
+def _backward_layout(kind, cell, topo, dtype, T, N, need_hm):
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
     ws = BACKEND.workspace(dtype)
     for d in range(D):
@@ -342,7 +364,8 @@ def run_backward(call, workspace=None, out=None):
     # h_prev rows for dR, written by the backward loop with zeros at padded steps (the saved
     # states there may hold h0 of an empty sequence, NaN included)
     need_hm = mask is not None or padded
-    buf = backward_workspace(kind, cell, topo, dtype, T, N, need_hm).allocate(workspace)
+    space = backward_workspace(kind, cell, topo, dtype, T, N, need_hm)
+    buf = space.borrow() if workspace is None else space.allocate(workspace)
     # the call's backend: the products' partial sums in the workspace
     backend = BACKEND.with_partials(buf["partial"])
     # the backward's buffers by name, one per direction (None: the kind has none)
@@ -397,6 +420,8 @@ def run_backward(call, workspace=None, out=None):
                 else:
                     b[...] = a
         grads = call.dparams
+    if workspace is None:
+        space.give_back(buf)
     return Gradients(dx, dh0, grads, dc0)
 
 

@@ -130,8 +130,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def release_pool():
-    """Drop the pool's idle blocks (the memory returns to the allocator)."""
+    """Drop the pool's idle blocks and the shared layouts' idle allocations (the memory
+    returns to the allocator)."""
     global _idle_bytes
+    release_spares()
     with _pool_lock:
         _idle.clear()
         _idle_by_class.clear()
@@ -193,8 +195,11 @@ class Workspace:
         self.dtype = np.dtype(dtype)
         self._shapes = {}
         self.nbytes = 0
+        self._spare = None          # once ``shared``: idle allocations for the next calls
 
     def add(self, name, shape):
+        if self._spare is not None:
+            raise RuntimeError("workspace: a shared layout cannot change")
         self._shapes[name] = (self.nbytes, tuple(shape))
         self.nbytes += -(-math.prod(shape) * self.dtype.itemsize // _ALIGN) * _ALIGN
         return self
@@ -219,3 +224,64 @@ class Workspace:
         return {name: block[start + off:start + off + math.prod(shape) * item]
                 .view(self.dtype).reshape(shape)
                 for name, (off, shape) in self._shapes.items()}
+
+    # --- a layout shared by the calls of one shape (the engine's plan cache)
+    def shared(self):
+        """This layout, made unchangeable and able to lend its allocations to call after call
+        (``borrow`` / ``give_back``): what a repeated call of one shape would otherwise make
+        again — the pool's block and its views — is made once."""
+        self._spare = []
+        return self
+
+    def borrow(self):
+        """``allocate()``'s views, of an allocation no other call holds: an idle one of this
+        layout when there is one, else new."""
+        if self._spare and _reuse:
+            with _pool_lock:
+                if self._spare:
+                    return _take_spare(self)
+        return self.allocate()
+
+    def give_back(self, views):
+        """The call that borrowed ``views`` is done with them: kept for this layout's next call
+        when small (``SPARE_BLOCK_BYTES``), within ``SPARE_BYTES`` for all layouts together (the
+        least recently returned leave first: their blocks go back to the pool, where calls of
+        other shapes can have them), else they go at once."""
+        if self._spare is None or self.block_bytes > SPARE_BLOCK_BYTES or not _reuse:
+            return
+        global _spare_bytes
+        with _pool_lock:
+            if len(self._spare) >= 2:
+                return
+            self._spare.append(views)
+            _spare_bytes += self.block_bytes
+            _spare_order[id(self)] = self
+            _spare_order.move_to_end(id(self))
+            while _spare_bytes > SPARE_BYTES:
+                oldest = next(iter(_spare_order.values()))
+                _take_spare(oldest)
+
+
+# Idle allocations of shared layouts: blocks of at most SPARE_BLOCK_BYTES (step-sized calls,
+# where making the allocation is a visible part of a call's cost), SPARE_BYTES in all.
+SPARE_BLOCK_BYTES = 256 << 10
+SPARE_BYTES = 1 << 20
+_spare_bytes = 0
+_spare_order = collections.OrderedDict()     # id(layout) -> layout with idle allocations
+
+
+def _take_spare(layout):
+    """One idle allocation of ``layout`` (under ``_pool_lock``; it has one)."""
+    global _spare_bytes
+    views = layout._spare.pop()
+    _spare_bytes -= layout.block_bytes
+    if not layout._spare:
+        del _spare_order[id(layout)]
+    return views
+
+
+def release_spares():
+    """Drop every shared layout's idle allocations (their blocks return to the pool)."""
+    with _pool_lock:
+        while _spare_order:
+            _take_spare(next(iter(_spare_order.values())))

@@ -15,12 +15,21 @@ work once, when it is made: the weights are packed, the biases are summed, and e
 that does not depend on ``x`` is done.  What a call still does: check ``x`` and the state, one
 packed GEMM and one time loop per layer.
 
+**Per-call cost.** What a step needs besides ``x`` and the state — the workspace's layout,
+the loops' split, the lengths — depends only on ``(T, N)`` and on which states are given, so
+the stream keeps it per such shape, for its few most recent shapes; the layout lends its
+workspace to step after step (``plan.Workspace.shared``), so a step of a shape seen before
+allocates only its outputs.
+
 The stream is a **snapshot** of the network's weights: it computes with copies of every array
 (``weights.freeze``), so changes made to the network's arrays afterwards are not seen until
 ``refresh()`` (or a new stream).  Streams run forward in time:
 reverse and bidirectional networks need whole sequences (``cgru.forward``).  Inference only
 (no reserve, no dropout), time-major, every sequence of the batch advancing together.
 """
+import collections
+import threading
+
 import numpy as np
 
 from cgru.core import engine, kinds, plan, validate, weights
@@ -30,6 +39,27 @@ from cgru.core.network import Network
 from cgru._kernels.threads import resolve_num_threads
 
 __all__ = ["Stream"]
+
+# A stream keeps the step plans of this many recent (T, N, states given) shapes.
+KEEP_SHAPES = 4
+
+
+class _StepPlan:
+    """What a step of one shape needs, made once: the workspace layout, the loops' batch
+    chunks and threads, the (read-only) lengths."""
+
+    __slots__ = ("layout", "chunks", "threads", "lengths")
+
+    def __init__(self, stream, T, N, zero_h0, zero_c0):
+        net, topo = stream.net, stream.net.topology
+        H, G = topo.hidden_size, net.cell.gates
+        validate.call_sizes(topo, G, T, N, "x")      # a function of the shape only
+        self.layout = engine.forward_workspace(stream._kind, net.cell, topo, net.dtype, T, N,
+                                               False, zero_h0, zero_c0)
+        self.chunks = plan.n_chunks(N, H)
+        self.threads = plan.loop_threads(stream.num_threads, T, N, H, 1, G)
+        self.lengths = np.full(N, T, np.int64)
+        self.lengths.flags.writeable = False
 
 
 class Stream:
@@ -53,6 +83,9 @@ class Stream:
         self.net = net
         self.num_threads = resolve_num_threads(num_threads)
         self._kind = kinds.of(net.cell)
+        self._kernels = BACKEND.kernels(self._kind)
+        self._plans = collections.OrderedDict()     # (T, N, zero_h0, zero_c0) -> _StepPlan
+        self._plans_lock = threading.Lock()
         self.refresh()
 
     def refresh(self):
@@ -83,34 +116,52 @@ class Stream:
         T, N = x3.shape[0], x3.shape[1]
         if T == 0 or N == 0:
             raise ValueError(f"x: expected T ≥ 1 and N ≥ 1, got shape {list(x.shape)}")
-        validate.call_sizes(topo, net.cell.gates, T, N, "x")
         if lstm and state is not None and not (isinstance(state, tuple) and len(state) == 2):
             raise TypeError("state: expected None or the (h, c) pair of an LSTM")
         h0, c0 = state if lstm and state is not None else (state, None)
         h0 = check_h(h0, "state h" if lstm else "state", topo, dtype, N)
         c0 = check_h(c0, "state c", topo, dtype, N, topo.hidden_size) if lstm else None
         L, S, H, G = topo.num_layers, topo.state_size, topo.hidden_size, net.cell.gates
-        kernels = BACKEND.kernels(self._kind)
-        chunks = plan.n_chunks(N, H)
-        # the temporaries, one block, as an inference forward's: the input projection, the
-        # zero states, the inner layers' outputs (ping-pong) and the loops' scratch
-        buf = engine.forward_workspace(self._kind, net.cell, topo, dtype, T, N, False,
-                                       h0 is None, c0 is None).allocate()
-        h0, c0 = engine.initial_states(buf, h0, c0)
+        kernels = self._kernels
+        step_plan = self._plan(T, N, h0 is None, c0 is None)
         hy = BACKEND.empty((L, N, S), dtype)
         cy = BACKEND.empty((L, N, H), dtype) if lstm else None
         y = BACKEND.empty((T, N, S), dtype)
-        lengths = np.full(N, T, np.int64)
         X = np.ascontiguousarray(x3).reshape(T * N, topo.input_size)
-        gx = buf["gx0"]
-        for layer, fixed in enumerate(self._layers):
-            engine.input_projection(topo, G, layer, 0, self._frozen, X, gx, self.num_threads)
-            out = y if layer == L - 1 else buf[f"out{layer % 2}"]
-            kw = dict(fixed, gx=gx, ldgx=G * H, h0=h0[layer], hy=hy[layer])
-            if lstm:
-                kw.update(c0=c0[layer], cy=cy[layer])
-            threads = plan.loop_threads(self.num_threads, T, N, H, 1, G)
-            kernels.forward_layer(dtype, T, N, H, S, chunks, threads, net.cell, lengths, None,
-                                  out, [kernels.Direction(**kw)], False, buf["scratch"])
-            X = out.reshape(T * N, S)
+        # the temporaries, one block, as an inference forward's: the input projection, the
+        # zero states, the inner layers' outputs (ping-pong) and the loops' scratch
+        buf = step_plan.layout.borrow()
+        try:
+            h0, c0 = engine.initial_states(buf, h0, c0)
+            gx = buf["gx0"]
+            for layer, fixed in enumerate(self._layers):
+                engine.input_projection(topo, G, layer, 0, self._frozen, X, gx,
+                                        self.num_threads)
+                out = y if layer == L - 1 else buf[f"out{layer % 2}"]
+                kw = dict(fixed, gx=gx, ldgx=G * H, h0=h0[layer], hy=hy[layer])
+                if lstm:
+                    kw.update(c0=c0[layer], cy=cy[layer])
+                kernels.forward_layer(dtype, T, N, H, S, step_plan.chunks, step_plan.threads,
+                                      net.cell, step_plan.lengths, None, out,
+                                      [kernels.Direction(**kw)], False, buf["scratch"])
+                X = out.reshape(T * N, S)
+        finally:
+            step_plan.layout.give_back(buf)
         return (y[0] if one_step else y), ((hy, cy) if lstm else hy)
+
+    def _plan(self, T, N, zero_h0, zero_c0):
+        """The ``_StepPlan`` of this shape (made on its first step; the stream keeps the
+        ``KEEP_SHAPES`` most recently used)."""
+        key = (T, N, zero_h0, zero_c0)
+        with self._plans_lock:
+            found = self._plans.get(key)
+            if found is not None:
+                self._plans.move_to_end(key)
+                return found
+        made = _StepPlan(self, T, N, zero_h0, zero_c0)
+        with self._plans_lock:
+            found = self._plans.setdefault(key, made)
+            self._plans.move_to_end(key)
+            while len(self._plans) > KEEP_SHAPES:
+                self._plans.popitem(last=False)
+        return found

@@ -68,6 +68,9 @@ def text(value):
 def dropout_and_seed(dropout, seed):
     """``(p, seed, seed2)`` from a dropout probability in ``[0, 1)`` and an int or a
     ``(seed, seed2)`` pair of 64-bit ints."""
+    if type(dropout) is float and 0.0 <= dropout < 1.0 and type(seed) is int \
+            and -2 ** 63 <= seed < 2 ** 63:
+        return dropout, seed, 0                     # the common case, at once
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float, np.integer,
                                                              np.floating)):
         raise TypeError(f"dropout: expected a float in [0, 1), got {dropout!r}")
@@ -165,6 +168,8 @@ def call_sizes(topo, gates, T, N, what):
     """Every GEMM dimension of a call on ``topo`` with ``T`` steps and ``N`` sequences within
     the kernels' 32-bit BLAS ints: ``T·N`` (rows), ``G·H``, the input width, ``D·H``.  The
     calls and the size queries (``reserve_nbytes``, the C ABI's) apply this same rule."""
+    if max(T * N, gates * topo.hidden_size, topo.input_size, topo.output_size) <= INT_MAX:
+        return                                  # every call but the refused ones, at once
     for label, v in (("T·N", T * N), (f"{gates}H", gates * topo.hidden_size),
                      ("input_size", topo.input_size), ("D·H", topo.output_size)):
         if v > INT_MAX:
@@ -180,9 +185,25 @@ def nbytes_limit(nbytes, what, buffer="the buffer"):
     return nbytes
 
 
+_CELLS_THAT_FIT = {}          # (cell, dtype) -> True: cells (frozen values) already checked
+
+
 def cell_for_dtype(cell, dtype, what="cell"):
     """Refuse activation parameters and a clip that overflow ``dtype`` (a float32 run of
-    ``scaled_tanh(alpha=1e300)`` would compute inf·0 = NaN)."""
+    ``scaled_tanh(alpha=1e300)`` would compute inf·0 = NaN).  A cell that passed once is
+    remembered (cells are frozen values: an equal cell passes alike)."""
+    try:
+        key = (cell, np.dtype(dtype))
+        if key in _CELLS_THAT_FIT:
+            return
+    except TypeError:                     # not hashable: checked every time
+        key = None
+    _check_cell_for_dtype(cell, dtype, what)
+    if key is not None and len(_CELLS_THAT_FIT) < 256:
+        _CELLS_THAT_FIT[key] = True
+
+
+def _check_cell_for_dtype(cell, dtype, what):
     limit = float(np.finfo(dtype).max)
     for label in ("f_r", "f_z", "g", "f", "h", "f_i", "f_f", "f_o", "activation"):
         act = getattr(cell, label, None)
