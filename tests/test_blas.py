@@ -222,12 +222,18 @@ def test_zero_row_stride_is_handled_or_refused():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False),
-                                             (True, True)])
+@pytest.mark.parametrize("trans_a,trans_b,split_rows",
+                         [(False, False, False), (False, True, False), (True, False, False),
+                          (True, True, False), (True, False, True), (True, True, True)],
+                         ids=["NN", "NT", "TN", "TT", "TN-rows", "TT-rows"])
 @pytest.mark.parametrize("blocks", [1, 3, 4, 50])
-def test_gemm_blocks_does_not_depend_on_the_thread_count(dtype, trans_a, trans_b, blocks):
+def test_gemm_blocks_does_not_depend_on_the_thread_count(dtype, trans_a, trans_b, split_rows,
+                                                         blocks):
     # For a given block count the result is bitwise the same for any thread count, and equal
     # to one call up to rounding (OpenBLAS's edge tiles may round differently per block shape).
+    # split_rows: a weight-gradient product split over C's rows instead of k, with sub-chunks
+    # of k (forced short here) added up in order.
+    from cgru._kernels import blas
     from cgru._kernels.blas import gemm_blocks
     rng = np.random.default_rng(blocks)
     m, n, k = 37, 29, 41
@@ -235,11 +241,16 @@ def test_gemm_blocks_does_not_depend_on_the_thread_count(dtype, trans_a, trans_b
     B = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
     C0 = rng.standard_normal((m, n)).astype(dtype)
     results = []
-    for threads in (1, 2, 3):
-        got = np.full((m, n), np.nan, dtype) if threads == 3 else C0.copy()
-        gemm_blocks(trans_a, trans_b, 0.5, A, B, 0.0 if threads == 3 else 1.0, got, blocks,
-                    threads)
-        results.append(got - (0 if threads == 3 else C0))
+    old = blas.gemm_chunk_flops(1.0, 7) if split_rows else None     # k in sub-chunks of 7
+    try:
+        for threads in (1, 2, 3):
+            got = np.full((m, n), np.nan, dtype) if threads == 3 else C0.copy()
+            gemm_blocks(trans_a, trans_b, 0.5, A, B, 0.0 if threads == 3 else 1.0, got, blocks,
+                        threads, None, split_rows)
+            results.append(got - (0 if threads == 3 else C0))
+    finally:
+        if old is not None:
+            blas.gemm_chunk_flops(*old)
     np.testing.assert_array_equal(results[0], results[1])
     want = 0.5 * (A.T if trans_a else A).astype(np.float64) @ (B.T if trans_b else B)
     for got in results:

@@ -343,3 +343,31 @@ def test_concurrent_calls_never_share_a_workspace(monkeypatch):
         t.join()
     assert overlaps == [] and bad == []
 
+
+@pytest.mark.parametrize("cell", [cgru.GRUCell(), cgru.LSTMCell()], ids=["gru", "lstm"])
+def test_short_sequences_split_the_weight_gradients_over_rows(monkeypatch, cell):
+    """A weight-gradient product whose inner dimension T·N is too short to split (under 1024)
+    is split over the rows of C instead, so that both cores share it: the split happens, the
+    result is bitwise the same at 1 and 2 threads, and it agrees with the NumPy reference."""
+    from cgru._kernels import blas
+    from cgru.core import reference
+    topo = cgru.Topology(24, 96, 2, "bidirectional")
+    net = cgru.Network.random(topo, np.float64, seed=7, cell=cell)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((20, 12, 24))
+    dy = rng.standard_normal((20, 12, topo.output_size))
+    splits, real = [], blas.gemm_blocks
+
+    def spy(*args):
+        if len(args) > 10 and args[10]:
+            splits.append(min(args[7], args[6].shape[0]))
+        return real(*args)
+    monkeypatch.setattr(blas, "gemm_blocks", spy)
+    grads = []
+    for nt in (1, 2):
+        f = cgru.forward(net, x, training=True, num_threads=nt)
+        grads.append(cgru.backward(net, x, f.reserve, dy, num_threads=nt).dparams.flat())
+    assert splits and max(splits) >= 2, splits
+    np.testing.assert_array_equal(grads[0], grads[1])
+    want = reference.backward(net, x, dy)[-1].flat()
+    np.testing.assert_allclose(grads[0], want, rtol=1e-10, atol=1e-10)

@@ -185,6 +185,7 @@ cdef struct GemmJob:
     const void *A
     const void *B           # B, or op(B) packed (loops.pack_rhs) when `packed`
     bint packed
+    bint split_rows         # trans_a: blocks of C's rows (each over all of k), not of k
     void *C
     void *partial           # [n_blocks − 1, m, n] partial sums of the k-split (trans_a)
     int abort               # set when a signal handler raised: every block stops
@@ -278,6 +279,23 @@ cdef inline void gemm_block(const floating *sample, GemmJob *J, int blk) noexcep
                      pc + <Py_ssize_t>s0 * J.ldc, J.ldc)
             s0 = s1
         return
+    if J.split_rows:
+        # C[i0:i1] (+)= A[:, i0:i1]ᵀ · op(B), as sub-chunks of k added up in order
+        i0 = <int>((<long long>blk * J.m) // J.n_blocks)
+        i1 = <int>((<long long>(blk + 1) * J.m) // J.n_blocks)
+        beta = <floating>J.beta
+        s0 = 0
+        while s0 < J.k:
+            s1 = min(J.k, s0 + J.chunk)
+            if not chunk_start(J):
+                return
+            gemm(True, J.trans_b, i1 - i0, J.n, s1 - s0, <floating>J.alpha,
+                 pa + <Py_ssize_t>s0 * J.lda + i0, J.lda,
+                 pb + (s0 if J.trans_b else <Py_ssize_t>s0 * J.ldb), J.ldb, beta,
+                 pc + <Py_ssize_t>i0 * J.ldc, J.ldc)
+            beta = 1
+            s0 = s1
+        return
     i0 = <int>((<long long>blk * J.k) // J.n_blocks)
     i1 = <int>((<long long>(blk + 1) * J.k) // J.n_blocks)
     # C (+)= A[i0:i1]ᵀ · op(B)[i0:i1]: block 0 into C, block b into partial[b−1], each as
@@ -329,7 +347,7 @@ cdef void sum_item_d(void *ctx, int part) noexcept nogil:
 
 def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
                 const floating[:, :] B, double beta, floating[:, :] C, int n_blocks,
-                int num_threads, floating[::1] partial=None):
+                int num_threads, floating[::1] partial=None, bint split_rows=False):
     """``gemm_rm`` as ``n_blocks`` blocks of single-threaded BLAS calls spread over
     a team of up to ``num_threads`` OpenMP threads (``threads.parallel_for``).
 
@@ -337,7 +355,9 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     With ``trans_a`` — ``C[m, n] = Aᵀ·op(B)`` with a long inner dimension k, the weight
     gradients — k is split instead: block 0 accumulates into C, the others into scratch
     partial sums added to C afterwards in block order (``partial``: at least
-    ``(n_blocks − 1)·m·n`` elements of the call's workspace; ``None``: allocated here).  Each
+    ``(n_blocks − 1)·m·n`` elements of the call's workspace; ``None``: allocated here); or,
+    with ``split_rows`` (an inner dimension too short to split), C's rows, each block over
+    all of k (``Aᵀ``'s rows are A's columns: no partial sums).  Each
     block runs as sub-chunks of at most
     about ``gemm_chunk_flops()`` flops (rows of C, or a stretch of k added up in order), and a
     main-thread call runs Python's signal handlers between them: Ctrl-C stops the product
@@ -356,13 +376,14 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     J.A = &A[0, 0] if A.shape[0] * A.shape[1] > 0 else NULL
     J.B = &B[0, 0] if B.shape[0] * B.shape[1] > 0 else NULL
     J.packed = False
+    J.split_rows = trans_a and split_rows
     J.C = &C[0, 0]
     J.partial = NULL
-    J.n_blocks = max(1, min(n_blocks, J.k if trans_a else J.m))
+    J.n_blocks = max(1, min(n_blocks, J.k if trans_a and not J.split_rows else J.m))
     errors = []
     num_threads = start_job(&J, errors, num_threads)
     cdef Py_ssize_t need = (<Py_ssize_t>J.n_blocks - 1) * J.m * J.n
-    if trans_a and J.n_blocks > 1:
+    if trans_a and not J.split_rows and J.n_blocks > 1:
         if partial is None:
             partial = np.empty(need, dtype=np.float32 if floating is float else np.float64)
         elif partial.shape[0] < need:
@@ -383,8 +404,9 @@ cdef int start_job(GemmJob *J, list errors, int num_threads):
     """The sub-chunk size, the polling state and the team size of a job whose operands and
     blocks are set."""
     cdef double per
-    # sub-chunks: rows of C (each 2·n·k flops) or a stretch of k (each step 2·m·n flops)
-    per = 2.0 * J.n * (J.m if J.trans_a else J.k)
+    # sub-chunks: rows of C (each 2·n·k flops) or a stretch of k (each step 2·m·n flops, of
+    # the block's m rows when split_rows)
+    per = 2.0 * J.n * (J.m / J.n_blocks if J.split_rows else J.m if J.trans_a else J.k)
     J.chunk = max(MIN_CHUNK_ROWS, <int>min(<double>(1 << 30), CHUNK_FLOPS / max(per, 1.0)))
     J.abort = 0
     J.poll = threading.current_thread() is threading.main_thread()
@@ -425,6 +447,7 @@ def gemm_packed_blocks(const floating[:, :] A, const floating[::1] Bp, floating[
     J.A = &A[0, 0]
     J.B = &Bp[0]
     J.packed = True
+    J.split_rows = False
     J.C = &C[0, 0]
     J.partial = NULL
     J.n_blocks = max(1, min(n_blocks, J.m))

@@ -41,7 +41,8 @@ _MAX_CHUNKS = 4
 # (and much more on a busy machine).  Only the thread count changes, never the results.
 _MIN_PARALLEL_WORK = 1 << 21
 # Whole-sequence GEMMs are split into at most _MAX_GEMM_BLOCKS blocks (of C's rows, or of the
-# inner dimension for the weight gradients Aᵀ·B; at least _MIN_GEMM_ROWS rows each), one
+# inner dimension for the weight gradients Aᵀ·B — of C's rows again where that is too short to
+# split; at least _MIN_GEMM_ROWS rows each), one
 # single-threaded BLAS call per block on the pool: BLAS's own threads stay asleep and cannot
 # fight the time loops' threads for the cores.
 _MAX_GEMM_BLOCKS = 4
@@ -161,6 +162,16 @@ def _gemm_blocks(ta, split):
     return max(1, min(_MAX_GEMM_BLOCKS, split // (4 * _MIN_GEMM_ROWS if ta else _MIN_GEMM_ROWS)))
 
 
+def _wgrad_split(k, m):
+    """``(blocks, split_rows)`` of a weight-gradient product ``C[m, n] = Aᵀ·B`` with inner
+    dimension ``k``: blocks of k when there are two or more; else (a short sequence: ``T·N``
+    under ``8·_MIN_GEMM_ROWS``) blocks of C's rows, so that both cores share the product."""
+    blocks = _gemm_blocks(True, k)
+    if blocks >= 2:
+        return blocks, False
+    return _gemm_blocks(False, m), True
+
+
 def gemm_partial_size(k, c_size):
     """Elements of the partial sums a weight-gradient product ``C = Aᵀ·B`` with inner dimension
     ``k`` and ``c_size`` elements of C needs (``gemm``'s ``partial``)."""
@@ -173,9 +184,12 @@ def gemm(ta, tb, A, B, C, beta=0.0, nt=1, partial=None):
     ``gemm_partial_size`` elements, from the call's workspace) holds the partial sums of a split
     inner dimension.  BLAS is held at one thread for the product only
     (``blas_single_threaded``), not for the rest of cgru's call."""
-    blocks = _gemm_blocks(ta, A.shape[0] if ta else C.shape[0])
+    if ta:
+        blocks, split_rows = _wgrad_split(A.shape[0], C.shape[0])
+    else:
+        blocks, split_rows = _gemm_blocks(False, C.shape[0]), False
     with blas_single_threaded():
-        blas.gemm_blocks(ta, tb, 1.0, A, B, beta, C, blocks, nt, partial)
+        blas.gemm_blocks(ta, tb, 1.0, A, B, beta, C, blocks, nt, partial, split_rows)
 
 
 def gemm_packed(A, Bp, C, beta1=False, nt=1):
