@@ -235,6 +235,7 @@ def test_the_time_loops_refuse_scratch_smaller_than_they_need(monkeypatch, cell,
     f = cgru.forward(net, x, training=True)
     real = kernels.scratch_size
     monkeypatch.setattr(kernels, "scratch_size", lambda forward, *a: real(forward, *a) - 1)
+    cgru.release_memory()     # the layouts made with the real size go (fresh_pool: after, too)
     with pytest.raises(ValueError, match="scratch: .* too small; the (forward|backward) loops"):
         if training:
             cgru.backward(net, x, f.reserve, np.ones_like(f.y))
@@ -265,27 +266,32 @@ def _small_problem(cell=None):
                          ids=["gru", "lstm", "rnn"])
 def test_a_repeated_call_borrows_the_workspace_of_the_last(monkeypatch, cell):
     """A call of a shape seen before allocates no workspace: its layout (a function of the
-    model and shapes) is made once and lends the last call's allocation — forward, backward
-    and a stream's step alike — and the results are bitwise those of a fresh workspace."""
+    model and shapes) is made once and lends the last call's allocation — an inference
+    forward, a backward and a stream's step alike — and the results are bitwise those of a
+    fresh workspace.  (A training forward carves its workspace from the pool's block that the
+    backward then takes: one allocation a step.)"""
     net, x = _small_problem(cell)
     stream = cgru.Stream(net)
     first = cgru.forward(net, x, training=True)
     g_first = cgru.backward(net, x, first.reserve, np.ones_like(first.y))
+    i_first = cgru.forward(net, x).y
     s_first = stream.step(x)[0]
     made = _counting_allocations(monkeypatch)
     for _ in range(3):
         f = cgru.forward(net, x, training=True)
         g = cgru.backward(net, x, f.reserve, np.ones_like(f.y))
+        inference = cgru.forward(net, x).y
         y = stream.step(x)[0]
         np.testing.assert_array_equal(f.y, first.y)
         np.testing.assert_array_equal(g.dx, g_first.dx)
         np.testing.assert_array_equal(g.dparams.flat(), g_first.dparams.flat())
+        np.testing.assert_array_equal(inference, i_first)
         np.testing.assert_array_equal(y, s_first)
-    assert made == []
+    assert len(made) == 3          # the training forwards'
     cgru.release_memory()                         # the idle allocations go with the pool's
     assert plan.pool_state() == (0, 0)
     cgru.forward(net, x)
-    assert len(made) == 1
+    assert len(made) == 4
 
 
 def test_poisoned_calls_never_borrow(monkeypatch, poison):
@@ -371,3 +377,32 @@ def test_short_sequences_split_the_weight_gradients_over_rows(monkeypatch, cell)
     np.testing.assert_array_equal(grads[0], grads[1])
     want = reference.backward(net, x, dy)[-1].flat()
     np.testing.assert_allclose(grads[0], want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("cell,masked", [(cgru.GRUCell(), False), (cgru.LSTMCell(), True),
+                                          (cgru.RNNCell(), False)], ids=["gru", "lstm", "rnn"])
+def test_a_training_step_holds_one_workspace_block(monkeypatch, cell, masked):
+    """A training forward takes its workspace from a block the backward's fits in too, so
+    when the forward returns it the backward gets that same block: a training step makes two
+    blocks in a fresh process — the reserve and one workspace — not the forward's workspace
+    idle beside the backward's (the step's peak memory)."""
+    fresh = []
+    real = plan.empty
+
+    def counting(shape, dtype):
+        if np.dtype(dtype) == np.uint8:
+            fresh.append(shape)
+        return real(shape, dtype)
+    monkeypatch.setattr(plan, "empty", counting)
+    topo = cgru.Topology(16, 64, 2, "bidirectional")
+    net = cgru.Network.random(topo, np.float32, seed=9, cell=cell)
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((40, 8, 16)).astype(np.float32)
+    mask = rng.uniform(0.5, 1.5, (40, 8, topo.output_size)).astype(np.float32) \
+        if masked else None
+    f = cgru.forward(net, x, training=True, state_mask=mask)
+    g = cgru.backward(net, x, f.reserve, np.ones_like(f.y), state_mask=mask)
+    assert len(fresh) == 2, fresh
+    from cgru.core import reference
+    want = reference.backward(net, x, np.ones_like(f.y), state_mask=mask)
+    np.testing.assert_allclose(g.dx, want[0], rtol=2e-4, atol=2e-4)

@@ -26,7 +26,6 @@ training forward saves what the backward needs in the reserve (``reserve``).  No
 knows a cell kind by name.
 """
 from collections import defaultdict, namedtuple
-import functools
 import math
 
 import numpy as np
@@ -125,20 +124,12 @@ def forward(net, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major=Fa
         num_threads=num_threads))
 
 
-@functools.lru_cache(maxsize=128)
-def _shared_layout(make, *args):
-    """The plan cache: ``make(*args)`` — a workspace layout, a pure function of the call's
-    model and shapes, all of them immutable values — made once and shared (``Workspace.shared``:
-    it lends its allocations to call after call)."""
-    return make(*args).shared()
-
-
 def forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0=True, zero_c0=True):
     """The workspace of a forward (``plan.Workspace``, not yet allocated): the input
     projections, the zero initial states a call without ``h0`` / ``c0`` uses, the inner
     layers' outputs of an inference and the time loops' scratch.  One shared layout per
-    distinct arguments (``_shared_layout``)."""
-    return _shared_layout(_forward_layout, kind, cell, topo, np.dtype(dtype), int(T), int(N),
+    distinct arguments (``plan.shared_layout``)."""
+    return plan.shared_layout(_forward_layout, kind, cell, topo, np.dtype(dtype), int(T), int(N),
                           bool(training), bool(zero_h0), bool(zero_c0))
 
 
@@ -191,7 +182,17 @@ def run_forward(call, workspace=None, out=None):
     threads = plan.loop_threads(nt, T, N, H, D, G)
     X = call.x.reshape(T * N, topo.input_size)
     space = forward_workspace(kind, cell, topo, dtype, T, N, training, h0 is None, c0 is None)
-    buf = space.borrow() if workspace is None else space.allocate(workspace)
+    if workspace is not None:
+        buf = space.allocate(workspace)
+    elif training:
+        # a block the backward's workspace fits in too: back in the pool when the forward
+        # returns, it is the one the backward gets, so a training step holds one workspace
+        # block at a time, not the forward's idle beside the backward's
+        buf = space.allocate(plan.recycled(max(space.block_bytes, backward_workspace(
+            kind, cell, topo, dtype, T, N,
+            call.mask is not None or bool((call.lengths < T).any())).block_bytes)))
+    else:
+        buf = space.borrow()
     h0, c0 = initial_states(buf, h0, c0)
     hy = _output(given, "hy", (L * D, N, S), dtype)
     cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
@@ -237,7 +238,7 @@ def run_forward(call, workspace=None, out=None):
             if masks is not None:
                 np.multiply(out, masks[layer], out=out)
             X = out.reshape(T * N, DS)
-    if workspace is None:
+    if workspace is None and not training:
         space.give_back(buf)        # (a call that raised leaves its workspace to the pool)
     if call.batch_major:
         y = _batch_major(y, given, "y")
@@ -305,7 +306,7 @@ def backward_workspace(kind, cell, topo, dtype, T, N, need_hm=True):
     per direction (the gate gradients among them), h ⊙ m for dR (``need_hm``: a state mask or
     padded sequences), the inner layers' input gradients, the time loops' scratch and the
     partial sums of the weight-gradient products.  Shared as ``forward_workspace``'s."""
-    return _shared_layout(_backward_layout, kind, cell, topo, np.dtype(dtype), int(T), int(N),
+    return plan.shared_layout(_backward_layout, kind, cell, topo, np.dtype(dtype), int(T), int(N),
                           bool(need_hm))
 
 

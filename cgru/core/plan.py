@@ -23,6 +23,7 @@ blocks (the least recently returned leave first); ``cgru.release_memory()`` empt
 the cache of the weights' kept copies (``weights``) too.
 """
 import collections
+import functools
 import math
 import os
 import threading
@@ -131,9 +132,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def release_pool():
-    """Drop the pool's idle blocks and the shared layouts' idle allocations (the memory
+    """Drop the pool's idle blocks, the shared layouts and their idle allocations (the memory
     returns to the allocator)."""
     global _idle_bytes
+    shared_layout.cache_clear()
     release_spares()
     with _pool_lock:
         _idle.clear()
@@ -274,6 +276,15 @@ class Workspace:
             while _spare_bytes > SPARE_BYTES:
                 oldest = next(iter(_spare_order.values()))
                 _take_spare(oldest)
+
+
+@functools.lru_cache(maxsize=128)
+def shared_layout(make, *args):
+    """The plan cache: ``make(*args)`` — a workspace layout, a pure function of the call's
+    model and shapes, all of them immutable values — made once and shared (``Workspace.shared``:
+    it lends its allocations to call after call).  The 128 most recently used are kept;
+    ``release_pool`` empties it."""
+    return make(*args).shared()
 
 
 # Idle allocations of shared layouts: blocks of at most SPARE_BLOCK_BYTES (step-sized calls,
