@@ -3,10 +3,11 @@ yardsticks, the method of docs/speed.md.
 
 A run measures, in this order: the machine's other load and noise; the peak SGEMM/DGEMM rate
 per thread count (the FLOP limit); then one *section* per config, dtype and thread count —
-every system validated against cgru, then timed in interleaved blocks (JAX in a worker pinned
-to that many cores), then cgru again in a process of its own (one fresh process per config
-and dtype, for both thread counts, which first measures cgru's peak memory); finally the peak
-memory of a training step of PyTorch, in a fresh process each.  It writes the JSON (every
+every system validated against cgru, cgru in a process of its own too (one fresh process per
+config and dtype, for both thread counts, which first measures cgru's peak memory), then all
+of them timed in one set of interleaved blocks (JAX in a worker pinned to that many cores,
+cgru's own process's blocks among the others); finally the peak memory of a training step of
+PyTorch, in a fresh process each.  It writes the JSON (every
 sample) and the plot, prints the tables and the targets, and exits with 1 when a validation
 failed (that system is not timed), 130 when interrupted, else 0.
 """
@@ -62,7 +63,19 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
         good = [s for s in built if checks[s.key]["ok"]]
         overhead = systems.call_overhead_s(problem.dtype)
         lap("validate_s")
-        samples = timing.measure(good, mode, rounds, progress)
+        alone = None
+        if "alone" not in skip and reference is not None:
+            progress("cgru in a process of its own")
+            alone = _Alone(problem, n, reference, memory, alone_worker)
+            lap("alone_s")
+        # one set of interleaved rounds for every system, cgru's own process among them
+        try:
+            samples = timing.measure(good + (alone.good if alone else []), mode, rounds,
+                                     progress)
+        except BaseException:
+            if alone is not None and alone.fresh:
+                alone.worker.close(kill=True)
+            raise
         lap("measure_s")
     other = load.cores()
     for s in built:
@@ -72,7 +85,8 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
     result = dict(config=c.name, cell=c.cell, shape=dataclasses.asdict(c),
                   dtype=problem.dtype.name, threads=n,
                   gflop=dict(fwd=c.flops("fwd") / 1e9, fb=c.flops("fb") / 1e9),
-                  validation=checks, systems={k: timing.stats(v) for k, v in samples.items()},
+                  validation=checks, systems={s.key: timing.stats(samples[s.key])
+                                              for s in good},
                   other_load_cores=other, notes=notes)
     try:
         import cgru
@@ -92,10 +106,8 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
                 rec[key] = max(raw - calls * overhead * 1e3, 0.5 * raw)
     set_flop_limit(result, (peaks or {}).get((problem.dtype.name, n)), derive=False)
 
-    if "alone" not in skip and reference is not None:
-        progress("cgru in a process of its own")
-        result["alone"] = _alone(problem, n, mode, rounds, reference, memory, alone_worker)
-        lap("alone_s")
+    if alone is not None:
+        result["alone"] = alone.result(samples, other)
     result["phase_s"] = phase
     return report.derive(result)
 
@@ -110,28 +122,55 @@ def set_flop_limit(result, peak, derive=True):
         report.derive(result)
 
 
-def _alone(problem, n, mode, rounds, reference, memory=False, worker=None):
-    """cgru's fwd and fb (and its Stream on the streaming configs) from a process of its own,
-    validated against the main process's forward and training step."""
-    tol = systems.TOL[problem.dtype.name]
-    try:
-        a = workers.run_alone(problem, n, mode, rounds, True, memory, worker)
-    except workers.WorkerError as exc:
-        why = str(exc).splitlines()[-1] if str(exc) else repr(exc)
-        rec = dict(ok=False, against="cgru in the main process", worst=why, err=math.inf,
-                   tol=tol)
-        return dict(systems={}, validation={"cgru_fwd_alone": rec, "cgru_fb_alone": rec})
-    val = {}
-    for key, out in a["outputs"].items():
-        ref = reference[1] if systems.BY_KEY[key].kind == "fb" else reference[0]
-        ok, worst, err = systems.compare(out, ref, tol)
-        if a["other_libraries_loaded"]:
-            ok, worst = False, f"not alone: {', '.join(a['other_libraries_loaded'])} loaded"
-        val[key + "_alone"] = dict(ok=bool(ok), against="cgru in the main process",
-                                   worst=worst, err=float(err), tol=tol)
-    timed = {k: timing.stats(v) for k, v in a["samples"].items() if val[k + "_alone"]["ok"]}
-    return dict(systems=timed, validation=val, other_load_cores=a["other_load_cores"],
-                pid=a["pid"], memory=a["memory"])
+class _Alone:
+    """cgru's fwd and fb (and its Stream on the streaming configs) in a process of its own
+    (``worker``, else a fresh one; with ``memory``, which first measures the peak memory of a
+    training step while the process is fresh), validated against the main process's forward
+    and training step; ``good`` are the ones that passed, as remote systems keyed
+    ``…_alone`` for the section's interleaved rounds — so that their ratios to the peers come
+    from the same rounds as the peers' own figures."""
+
+    def __init__(self, problem, n, reference, memory, worker):
+        self.tol = systems.TOL[problem.dtype.name]
+        self.fresh = worker is None
+        self.worker = workers.Worker() if worker is None else worker
+        self.memory = self.pid = None
+        self.good, self.validation = [], {}
+        try:
+            if memory:
+                self.memory = self.worker.request("memory", "cgru_fb", problem, n)
+            for cls in (systems.CgruFwd, systems.CgruFb, systems.CgruStreamFwd):
+                if not cls.supports(problem.config):
+                    continue
+                rs = workers.RemoteSystem(self.worker, cls, problem, n, name=cls.key + "_alone")
+                self.pid = rs.info["pid"]
+                ref = reference[1] if cls.kind == "fb" else reference[0]
+                ok, worst, err = systems.compare(rs.outputs(), ref, self.tol)
+                loaded = rs.info["other_libraries_loaded"]
+                if loaded:
+                    ok, worst = False, f"not alone: {', '.join(loaded)} loaded"
+                self.validation[rs.key] = dict(ok=bool(ok), against="cgru in the main process",
+                                               worst=worst, err=float(err), tol=self.tol)
+                if ok:
+                    self.good.append(rs)
+        except workers.WorkerError as exc:
+            why = str(exc).splitlines()[-1] if str(exc) else repr(exc)
+            rec = dict(ok=False, against="cgru in the main process", worst=why, err=math.inf,
+                       tol=self.tol)
+            self.validation = {"cgru_fwd_alone": rec, "cgru_fb_alone": rec}
+            self.good = []
+
+    def result(self, samples, other_load):
+        """The section's ``alone`` record: its systems' stats under their own keys (``cgru_fb``
+        …), from the interleaved ``samples``."""
+        for rs in self.good:
+            rs.close()
+        if self.fresh:
+            self.worker.close()
+        timed = {rs.key[:-len("_alone")]: timing.stats(samples[rs.key]) for rs in self.good
+                 if samples.get(rs.key)}
+        return dict(systems=timed, validation=self.validation, other_load_cores=other_load,
+                    pid=self.pid, memory=self.memory, interleaved=True)
 
 
 def run_memory(configs, dtypes, threads, peers, seed, skip=(), progress=None, parallel=2,
@@ -392,7 +431,8 @@ def main(argv=None):
                     flop_limit="config GEMM flops / peak rate (median of the timed 2048³ "
                                "GEMMs at the section's thread count)",
                     alone="cgru fwd and fb timed in a fresh process importing no other "
-                          "library; ratios '…_alone' use it",
+                          "library, its blocks in the section's interleaved rounds with the "
+                          "peers'; ratios '…_alone' use it",
                     jax="worker process pinned with sched_setaffinity to the first n usable "
                         "CPUs before importing jax",
                     memory="fresh process per system and problem: peak RSS growth (VmHWM "

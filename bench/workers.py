@@ -9,10 +9,12 @@ Three uses (docs/speed.md §5, rules 9 and 10):
   ``RemoteSystem`` stands for it and takes part in the interleaved blocks like any other
   system: the worker times each call with its own clock and the pauses wait for its threads
   to go quiet too.
-* **cgru alone.** A fresh worker per config and dtype (both thread counts) runs only cgru (no other library is imported:
-  checked) with the same warm-up and blocks — ``cgru.forward``, the training step and, for
-  the streaming configs, ``cgru.Stream`` — so that no other library's allocations shape
-  cgru's figures (docs/speed.md rule 9).
+* **cgru alone.** A fresh worker per config and dtype (both thread counts) runs only cgru (no
+  other library is imported: checked) — ``cgru.forward``, the training step and, for the
+  streaming configs, ``cgru.Stream`` —, held at once under their names (``build_as``) and
+  timed, like JAX, as ``RemoteSystem``s in the section's interleaved rounds with the peers, so
+  that no other library's allocations shape cgru's figures and its ratios to the peers come
+  from the same rounds (docs/speed.md rule 9).
 * **Peak memory** of a training step (forward + backward), first call and steady state, a
   fresh worker per system and problem (``run_memory``; cgru's in its own process, first).
 
@@ -136,29 +138,43 @@ class Worker:
 
 class RemoteSystem:
     """A system that runs in a worker: ``cls(problem, n)`` is built there; ``outputs``,
-    ``warmup`` and ``block`` are requests (timed by the worker's own clock)."""
+    ``warmup`` and ``block`` are requests (timed by the worker's own clock).  ``name``: one
+    of several systems the worker holds at once under their names (cgru's own process, whose
+    fwd, fb and Stream are timed in the section's interleaved rounds; the key is then
+    ``name``), else the worker's one system."""
 
-    def __init__(self, worker, cls, problem, n):
+    def __init__(self, worker, cls, problem, n, name=None):
         self.worker = worker
-        self.key, self.kind, self.label = cls.key, cls.kind, cls.label
+        self.key, self.kind, self.label = name or cls.key, cls.kind, cls.label
+        self.name = name
         self.pids = (worker.pid,)
-        self.info = dict(worker.request("build", cls.key, problem, n), cores=worker.cores)
+        if name is None:
+            self.info = dict(worker.request("build", cls.key, problem, n), cores=worker.cores)
+        else:
+            self.info = dict(worker.request("build_as", name, cls.key, problem, n),
+                             cores=worker.cores)
+
+    def _request(self, op, *args):
+        if self.name is None:
+            return self.worker.request(op, *args)
+        return self.worker.request(op + "_as", self.name, *args)
 
     def outputs(self):
-        return self.worker.request("outputs")
+        return self._request("outputs")
 
     def warmup(self, seconds, max_calls, single_s=0.25):
-        return self.worker.request("warmup", seconds, max_calls, single_s)
+        return self._request("warmup", seconds, max_calls, single_s)
 
     def block(self, k, untimed):
-        return self.worker.request("block", k, untimed)
+        return self._request("block", k, untimed)
 
     def call(self):
         self.block(1, False)
 
     def close(self):
         try:
-            self.worker.request("drop")
+            self.worker.request("drop" if self.name is None else "drop_as", *(
+                () if self.name is None else (self.name,)))
         except WorkerError:
             pass
 
@@ -199,17 +215,6 @@ class PinnedPool:
         shutil.rmtree(self.cache, ignore_errors=True)
 
 
-def run_alone(problem, n, mode, rounds=None, want_outputs=True, memory=False, worker=None):
-    """cgru's fwd and fb timed in a process that runs nothing else (``memory``: and the peak
-    memory of its first training step, measured before anything else, so the process must be
-    fresh).  ``worker``: a ``Worker`` to use (the bench keeps one per config and dtype for
-    both thread counts); ``None``: a fresh one for this call."""
-    if worker is not None:
-        return worker.request("alone", problem, n, mode, rounds, want_outputs, memory)
-    with Worker() as w:
-        return w.request("alone", problem, n, mode, rounds, want_outputs, memory)
-
-
 def run_memory(key, problem, n):
     """Peak memory of one training step of system ``key`` in a fresh process."""
     with Worker() as w:
@@ -217,26 +222,6 @@ def run_memory(key, problem, n):
 
 
 # --- the worker's side -------------------------------------------------------------------------
-def _alone(problem, n, mode, rounds, want_outputs, memory=False):
-    """cgru's fwd and fb (and, for a streaming config, ``cgru.Stream``) validated (outputs
-    returned, ``{key: outputs}``) and timed like a section, in this process, which has
-    imported no other library; with ``memory``, first (while the process is fresh) the peak
-    memory of its first training step and of the steady state after it (``_memory``)."""
-    from threadpoolctl import ThreadpoolController
-    from bench import systems, timing
-    mem = _memory("cgru_fb", problem, n) if memory else None
-    load = timing.OtherLoad()
-    with ThreadpoolController().limit(limits=n):
-        built = [cls(problem, n) for cls in (systems.CgruFwd, systems.CgruFb,
-                                             systems.CgruStreamFwd)
-                 if cls.supports(problem.config)]
-        outputs = {s.key: s.outputs() for s in built} if want_outputs else None
-        samples = timing.measure(built, mode, rounds)
-    loaded = sorted(m for m in OTHER_LIBRARIES if m in sys.modules)
-    return dict(samples=samples, outputs=outputs, other_load_cores=load.cores(),
-                other_libraries_loaded=loaded, pid=os.getpid(), memory=mem)
-
-
 def _status_kib(field):
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -390,13 +375,36 @@ def _handle(state, op, args):
         state.pop("limit", None)
         gc.collect()
         return None
+    if op == "build_as":            # one of several systems held at once, by name
+        from bench import systems
+        from threadpoolctl import ThreadpoolController
+        name, key, problem, n = args
+        named = state.setdefault("named", {})
+        if state.get("named_threads") != n:         # every named system runs at n threads
+            if state.get("named_limit") is not None:
+                state["named_limit"].restore_original_limits()
+            state["named_limit"] = ThreadpoolController().limit(limits=n)
+            state["named_threads"] = n
+        named.pop(name, None)
+        named[name] = systems.BY_KEY[key](problem, n)
+        return dict(pid=os.getpid(),
+                    other_libraries_loaded=sorted(m for m in OTHER_LIBRARIES
+                                                  if m in sys.modules))
+    if op in ("outputs_as", "warmup_as", "block_as"):
+        name, *rest = args
+        s = state.get("named", {}).get(name)
+        if s is None:
+            raise RuntimeError(f"{op}: no system {name!r} built")
+        return getattr(s, op[:-3])(*rest)
+    if op == "drop_as":
+        state.get("named", {}).pop(args[0], None)
+        gc.collect()
+        return None
     if op in ("outputs", "warmup", "block"):
         s = state.get("system")
         if s is None:
             raise RuntimeError(f"{op}: no system built")
         return getattr(s, op)(*args)
-    if op == "alone":
-        return _alone(*args)
     if op == "memory":
         return _memory(*args)
     raise ValueError(f"unknown request {op!r}")

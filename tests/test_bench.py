@@ -285,7 +285,7 @@ def test_main_writes_every_figure(tmp_path, capsys, peers):
     assert res["systems"]["bound_fb"]["gemm_calls"] == 2 * 2 * (5 + 1) + 2 * 2 * (5 + 3)
     # cgru in a process of its own, validated against the main process
     alone = res["alone"]
-    assert set(alone["systems"]) == {"cgru_fwd", "cgru_fb"}
+    assert set(alone["systems"]) == {"cgru_fwd", "cgru_fb"} and alone["interleaved"]
     assert all(v["ok"] for v in alone["validation"].values())
     # the FLOP limit, from the peak GEMM measured in the same run (start and end)
     assert {p["when"] for p in doc["peak_gemm"]["measured"]} == {"start", "end"}
@@ -514,26 +514,37 @@ def test_gemm_peak_is_checked():
 
 
 def test_cgru_alone_runs_nothing_else():
+    """cgru's own process: validated (the training step bitwise the main process's), nothing
+    else imported there, its systems timed by the same interleaved rounds as any other (here
+    alone), its first training step's peak memory measured first."""
+    from bench.__main__ import _Alone
     problem = problems.Problem(TINY, "float64", seed=5)
     mode = problems.Mode("t", (), (), rounds=1, block_s=0.0, budget_s=0.1, pause_s=0.0,
                          warmup_s=0.0)
-    a = workers.run_alone(problem, 1, mode, memory=True)
-    assert a["other_libraries_loaded"] == []
-    ref_fwd, ref_fb = systems.cgru_reference(problem, 1)
-    assert systems.compare(a["outputs"]["cgru_fb"], ref_fb, 0.0)[0]   # bitwise the same
-    assert set(a["samples"]) == {"cgru_fwd", "cgru_fb"}
-    m = a["memory"]
+    ref = systems.cgru_reference(problem, 1)
+    a = _Alone(problem, 1, ref, True, None)
+    assert {s.key for s in a.good} == {"cgru_fwd_alone", "cgru_fb_alone"}
+    assert all(v["ok"] for v in a.validation.values()), a.validation
+    fb = next(s for s in a.good if s.key == "cgru_fb_alone")
+    assert systems.compare(fb.outputs(), ref[1], 0.0)[0]               # bitwise the same
+    rec = a.result(timing.measure(a.good, mode), None)
+    assert set(rec["systems"]) == {"cgru_fwd", "cgru_fb"} and rec["interleaved"]
+    assert a.worker.proc.poll() is not None                            # its own: closed
+    m = rec["memory"]
     assert m["peak_over_minimum"] >= 1.0 and m["pool_bytes"] >= m["reserve_bytes"]
     assert m["steady_rss_growth_bytes"] is None or m["steady_rss_growth_bytes"] >= 0
     # a streaming LSTM: the Stream too, validated; one worker serves both thread counts
     problem = problems.Problem(_streaming("lstm", 4), "float32", seed=5)
-    ref_fwd, _ = systems.cgru_reference(problem, 1)
+    ref = systems.cgru_reference(problem, 1)
     with workers.Worker() as w:
         for n in (1, 2):
-            a = workers.run_alone(problem, n, mode, worker=w)
-            assert set(a["samples"]) == {"cgru_fwd", "cgru_fb", "cgru_stream_fwd"}
-            assert systems.compare(a["outputs"]["cgru_stream_fwd"], ref_fwd, 2e-4)[0]
-            assert a["pid"] == w.pid and a["other_libraries_loaded"] == []
+            a = _Alone(problem, n, ref, False, w)
+            assert all(v["ok"] for v in a.validation.values()), a.validation
+            assert {s.key for s in a.good} == {"cgru_fwd_alone", "cgru_fb_alone",
+                                                "cgru_stream_fwd_alone"}
+            rec = a.result(timing.measure(a.good, mode), None)
+            assert set(rec["systems"]) == {"cgru_fwd", "cgru_fb", "cgru_stream_fwd"}
+            assert rec["pid"] == w.pid and w.proc.poll() is None
 
 
 def _row(config, N, threads, *, T=100, dtype="float32", fb=10.0, fb_alone=None, fwd=3.0,
