@@ -1153,11 +1153,11 @@ def test_a_failed_training_forward_leaves_its_reserve_space_refused(lib, monkeyp
     kernels = BACKEND.kernels(kinds.of(cgru.GRUCell()))
     real, calls = kernels.forward_layer, []
 
-    def failing(*args):
+    def failing(*args, **kw):
         calls.append(1)
         if len(calls) == 2:
             raise MemoryError("injected")
-        return real(*args)
+        return real(*args, **kw)
 
     monkeypatch.setattr(kernels, "forward_layer", failing)
     assert seq.forward() == capi.ALLOC_FAILED, _message(lib)

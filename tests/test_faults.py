@@ -114,13 +114,13 @@ def test_forward_fault_leaves_no_trace(monkeypatch, blas_three, exc, cell):
 
 
 def _backward_fault(monkeypatch, where, exc):
-    """Make the second layer of a backward raise ``exc``: in its time loop
-    (``_kernels.backward_layer``) or after it, in its weight-gradient step."""
+    """Make a backward raise ``exc`` in its second time loop (``_kernels.backward_layer``: a
+    block of time, or a layer) or in the weight-gradient step after it."""
     if where == "time_loop":
         faulty = _Faulty(BACKEND.kernels(GRU_KIND), "backward_layer", 2, exc)
         monkeypatch.setitem(BACKEND._kernels, "gru", faulty)
         return faulty
-    real = engine._layer_gradients
+    real = engine._block_gradients
     calls = []
 
     def wrapped(*args, **kw):
@@ -128,7 +128,7 @@ def _backward_fault(monkeypatch, where, exc):
         if len(calls) == 2:
             raise exc("injected fault")
         return real(*args, **kw)
-    monkeypatch.setattr(engine, "_layer_gradients", wrapped)
+    monkeypatch.setattr(engine, "_block_gradients", wrapped)
     return calls
 
 

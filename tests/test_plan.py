@@ -134,10 +134,11 @@ def test_n_chunks_and_loop_threads_depend_on_shapes_only():
 # --- one workspace per call ------------------------------------------------------------------
 _CALL_CASES = [
     # (cell, topology, T, N, lengths, state_mask): several batch chunks, padding, a mask, two
-    # layers both ways, a projection; T·N ≥ 1024 so that the weight-gradient products split
-    (cgru.GRUCell(), cgru.Topology(5, 8, 2, direction="bidirectional"), 33, 40, "padded", False),
-    (cgru.LSTMCell(), cgru.Topology(5, 8, 1, proj_size=3), 40, 30, None, True),
-    (cgru.RNNCell(), cgru.Topology(5, 8, 2), 35, 33, "padded", False),
+    # layers both ways, a projection, several blocks of time (plan.time_block); blocks of
+    # ≥ 1024 rows (N = 700: 2 steps) so that the weight-gradient products split their k
+    (cgru.GRUCell(), cgru.Topology(5, 8, 2, direction="bidirectional"), 5, 700, "padded", False),
+    (cgru.LSTMCell(), cgru.Topology(5, 8, 1, proj_size=3), 4, 700, None, True),
+    (cgru.RNNCell(), cgru.Topology(5, 8, 2), 5, 700, "padded", False),
 ]
 
 
@@ -267,9 +268,9 @@ def _small_problem(cell=None):
 def test_a_repeated_call_borrows_the_workspace_of_the_last(monkeypatch, cell):
     """A call of a shape seen before allocates no workspace: its layout (a function of the
     model and shapes) is made once and lends the last call's allocation — an inference
-    forward, a backward and a stream's step alike — and the results are bitwise those of a
-    fresh workspace.  (A training forward carves its workspace from the pool's block that the
-    backward then takes: one allocation a step.)"""
+    forward and a stream's step alike — and the results are bitwise those of a fresh
+    workspace.  (A training forward and its backward carve theirs from one block of the
+    pool, which each hands to the next: two allocations a step, one block.)"""
     net, x = _small_problem(cell)
     stream = cgru.Stream(net)
     first = cgru.forward(net, x, training=True)
@@ -287,11 +288,11 @@ def test_a_repeated_call_borrows_the_workspace_of_the_last(monkeypatch, cell):
         np.testing.assert_array_equal(g.dparams.flat(), g_first.dparams.flat())
         np.testing.assert_array_equal(inference, i_first)
         np.testing.assert_array_equal(y, s_first)
-    assert len(made) == 3          # the training forwards'
+    assert len(made) == 6          # the training forwards' and backwards'
     cgru.release_memory()                         # the idle allocations go with the pool's
     assert plan.pool_state() == (0, 0)
     cgru.forward(net, x)
-    assert len(made) == 4
+    assert len(made) == 7
 
 
 def test_poisoned_calls_never_borrow(monkeypatch, poison):
@@ -406,3 +407,76 @@ def test_a_training_step_holds_one_workspace_block(monkeypatch, cell, masked):
     from cgru.core import reference
     want = reference.backward(net, x, np.ones_like(f.y), state_mask=mask)
     np.testing.assert_allclose(g.dx, want[0], rtol=2e-4, atol=2e-4)
+
+
+# --- the time-blocked backward ----------------------------------------------------------------
+_BLOCK_CASES = {
+    # (cell, topology kwargs, T, N, padded, masked)
+    "gru_bi_L2_padded_masked": (cgru.GRUCell(), dict(num_layers=2, direction="bidirectional"),
+                                13, 3, True, True),
+    "gru_reset_before_reverse": (cgru.GRUCell(reset_after=False), dict(direction="reverse"),
+                                 11, 4, True, False),
+    "lstm_proj_peepholes_bi": (cgru.LSTMCell(peepholes=True),
+                               dict(direction="bidirectional", proj_size=3), 12, 3, True, True),
+    "lstm_ifgo_L2": (cgru.LSTMCell(peepholes="ifgo"), dict(num_layers=2), 9, 5, False, False),
+    "rnn_relu_skip_bi": (cgru.RNNCell(activation="relu"),
+                         dict(direction="bidirectional", input_mode="skip"), 10, 3, True, False),
+    "gru_projected_bi": (cgru.GRUCell(), dict(direction="bidirectional",
+                                              input_mode="projected"), 8, 4, False, True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BLOCK_CASES))
+def test_forward_and_backward_in_blocks_of_time(monkeypatch, case):
+    """Both run in blocks of time (``plan.time_block``): the forward's input projection and
+    the backward's gate gradients held a block at a time, the carries passed from block to
+    block, the backward's weight gradients added up block by block.  Forced to blocks of one
+    to a few steps: the forward (training and inference: outputs, states, reserve) is bitwise
+    that of one block; every gradient agrees with the NumPy reference (float64) and with one
+    block, and is bitwise the same at 1 and 2 threads."""
+    from cgru.core import reference
+    cell, kw, T, N, padded, masked = _BLOCK_CASES[case]
+    H = 6
+    I = H * (1 if kw.get("input_mode") != "projected" else cell.gates *
+             (2 if kw.get("direction") == "bidirectional" else 1)) if kw.get("input_mode") \
+        else 5
+    topo = cgru.Topology(I, H, **kw)
+    net = cgru.Network.random(topo, np.float64, seed=11, cell=cell)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((T, N, I))
+    S, LD = topo.state_size, topo.num_layer_directions
+    h0 = rng.standard_normal((LD, N, S))
+    c0 = rng.standard_normal((LD, N, H)) if cell.kind == "lstm" else None
+    lengths = rng.integers(0, T + 1, N) if padded else None
+    mask = rng.uniform(0.5, 1.5, (T, N, topo.output_size)) if masked else None
+    dy = rng.standard_normal((T, N, topo.output_size))
+    dhy = rng.standard_normal((LD, N, S))
+    dcy = rng.standard_normal((LD, N, H)) if c0 is not None else None
+
+    def forwards(nt):
+        f = cgru.forward(net, x, h0, c0=c0, lengths=lengths, state_mask=mask, training=True,
+                         num_threads=nt)
+        i = cgru.forward(net, x, h0, c0=c0, lengths=lengths, state_mask=mask, num_threads=nt)
+        return f, [f.y, f.hy, f.reserve, i.y, i.hy] + ([f.cy, i.cy] if c0 is not None else [])
+
+    def run(nt):
+        f, _ = forwards(nt)
+        g = cgru.backward(net, x, f.reserve, dy, dhy, dcy=dcy, state_mask=mask,
+                          num_threads=nt)
+        return [g.dx, g.dh0, g.dparams.flat()] + ([g.dc0] if c0 is not None else [])
+    whole, whole_fwd = run(1), forwards(1)[1]
+    for rows in (N, 2 * N + 1):                   # blocks of 1 and of 2 steps (N rows each)
+        monkeypatch.setattr(plan, "_BLOCK_ROWS", rows)
+        cgru.release_memory()                     # the layouts of the other block size go
+        assert plan.time_block(T, N) < T
+        for a, w in zip(forwards(2)[1], whole_fwd):
+            np.testing.assert_array_equal(a, w)
+        one, two = run(1), run(2)
+        for a, b, w in zip(one, two, whole):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_allclose(a, w, rtol=1e-12, atol=1e-12)
+    want = reference.backward(net, x, dy, dhy, h0, c0=c0, dcy=dcy, lengths=lengths,
+                              state_mask=mask)
+    ref = [want[0], want[1], want[-1].flat()] + ([want[2]] if c0 is not None else [])
+    for a, w in zip(one, ref):
+        np.testing.assert_allclose(a, w, rtol=1e-9, atol=1e-9)

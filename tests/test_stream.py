@@ -113,3 +113,28 @@ def test_bad_input():
         Stream(Network.random(Topology(5, 6, 1, "bidirectional"), np.float32))
     with pytest.raises(TypeError, match="^net: expected a cgru.Network"):
         Stream("gru")
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm", "rnn"])
+def test_steps_in_blocks_of_time_are_the_whole_sequences_bits(monkeypatch, kind):
+    """A step of many time steps runs, as ``cgru.forward`` does, in blocks of time
+    (``plan.time_block``), each block's input projection then its steps: forced to blocks of
+    one and of three steps, a stream's steps (cut into 1, 5 and all 17 steps) give bitwise the
+    outputs and states of one whole-sequence forward in one block."""
+    from cgru.core import plan
+    cell = {"gru": GRUCell(), "lstm": LSTMCell(), "rnn": RNNCell()}[kind]
+    net = Network.random(Topology(5, 7, 2), np.float32, seed=4, cell=cell)
+    x = np.random.default_rng(5).standard_normal((17, 3, 5)).astype(np.float32)
+    want = cgru.forward(net, x)
+    for rows in (3, 9):
+        monkeypatch.setattr(plan, "_BLOCK_ROWS", rows)
+        cgru.release_memory()
+        for cut in (1, 5, 17):
+            stream, state, ys = Stream(net), None, []
+            for t in range(0, 17, cut):
+                y, state = stream.step(x[t:t + cut], state)
+                ys.append(y)
+            np.testing.assert_array_equal(np.concatenate(ys), want.y)
+            h = state[0] if kind == "lstm" else state
+            np.testing.assert_array_equal(h, want.hy)
+    cgru.release_memory()

@@ -79,7 +79,8 @@ cdef void forward_item(const floating *sample, const Layer *L, const CellSpec *C
     cdef const floating *h_src
 
     if training:
-        k = T if St.reverse else 0
+        # the state before the first step of the call: slot s_begin (forward) or T − s_begin
+        k = T - Lp.s_begin if St.reverse else Lp.s_begin
         h_prev = states + (<size_t>k * N + b0) * S
         if W:
             c_prev = cstates + (<size_t>k * N + b0) * W
@@ -91,7 +92,7 @@ cdef void forward_item(const floating *sample, const Layer *L, const CellSpec *C
                <size_t>rows * W * sizeof(floating))
 
     cdef double next_poll = first_poll()
-    for s in range(T):
+    for s in range(Lp.s_begin, Lp.s_end):
         if loop_step(Lp, &next_poll, item, s):
             break
         t = T - 1 - s if St.reverse else s
@@ -176,8 +177,9 @@ cdef void backward_item(const floating *sample, const Layer *L, const CellSpec *
     elif W:
         memset(dc, 0, <size_t>rows * W * sizeof(floating))
 
+    cdef Py_ssize_t r0 = St.row0
     cdef double next_poll = first_poll()
-    for s in range(T):
+    for s in range(Lp.s_begin, Lp.s_end):
         if loop_step(Lp, &next_poll, item, s):
             break
         t = s if St.reverse else T - 1 - s
@@ -198,10 +200,10 @@ cdef void backward_item(const floating *sample, const Layer *L, const CellSpec *
                 # inactive: the carries pass through; zeros in every operand row of the
                 # weight-gradient GEMMs
                 if hm != NULL:
-                    memset(hm + row * S, 0, S * sizeof(floating))
+                    memset(hm + (row - r0) * S, 0, S * sizeof(floating))
                 for k in range(3):
                     if St.zeroed[k].p != NULL:
-                        memset(<floating *>St.zeroed[k].p + row * St.zeroed[k].width, 0,
+                        memset(<floating *>St.zeroed[k].p + (row - r0) * St.zeroed[k].width, 0,
                                St.zeroed[k].width * sizeof(floating))
                 continue
             if hm != NULL:
@@ -209,9 +211,9 @@ cdef void backward_item(const floating *sample, const Layer *L, const CellSpec *
                 mrow = mask_row(Lp, mask, t, b, d)
                 if mrow != NULL:
                     for j in range(S):
-                        hm[row * S + j] = hp[i * S + j] * mrow[j]
+                        hm[(row - r0) * S + j] = hp[i * S + j] * mrow[j]
                 else:
-                    memcpy(hm + row * S, hp + i * S, S * sizeof(floating))
+                    memcpy(hm + (row - r0) * S, hp + i * S, S * sizeof(floating))
             if dy != NULL:
                 dhr = dh + i * S
                 dyr = dy + row * DS + <size_t>d * S
@@ -220,10 +222,11 @@ cdef void backward_item(const floating *sample, const Layer *L, const CellSpec *
         bwd_step(L, C, P, d, t, b0, rows, hp, hn, cp, cn, dh, dc, tmp, work)
         # dh_prev += m ⊙ (dG[rows, KG] · R[KG, S])
         if mask == NULL:
-            loop_gemm(Lp, rows, S, St.KG, dG + (<size_t>t * N + b0) * ldG, ldG, Rb, True, dh, S)
+            loop_gemm(Lp, rows, S, St.KG, dG + (<Py_ssize_t>t * N + b0 - r0) * ldG, ldG, Rb, True,
+                      dh, S)
         else:
-            loop_gemm(Lp, rows, S, St.KG, dG + (<size_t>t * N + b0) * ldG, ldG, Rb, False, tmp,
-                      S)
+            loop_gemm(Lp, rows, S, St.KG, dG + (<Py_ssize_t>t * N + b0 - r0) * ldG, ldG, Rb, False,
+                      tmp, S)
             for i in range(rows):
                 if t >= Lp.lengths[b0 + i]:
                     continue            # the mask of a padded step is never read

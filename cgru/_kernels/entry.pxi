@@ -56,18 +56,26 @@ cdef bind_scratch(Layer *L, object scratch, dtype, bint forward):
 
 
 def forward_layer(dtype, int T, int N, int H, int S, int n_chunks, int num_threads, cell,
-                  lengths, mask, y, list dirs, bint training, scratch):
+                  lengths, mask, y, list dirs, bint training, scratch, steps=None):
     """Run the forward time loops of one layer (all its directions) of this module's cell
     kind: ``S`` the state width (an LSTM's projection size, else ``H``), ``dirs`` one
     ``Direction`` per direction, ``y`` the layer's output, written in place; ``scratch`` the
     loops' scratch (``scratch_size(True, …)`` elements of the dtype, from the call's
-    workspace: the loops allocate nothing)."""
+    workspace: the loops allocate nothing).  ``steps = (s0, s1)``: only steps ``s0 … s1 − 1``
+    of every direction, in its own order (a block of time: ``t = s`` forward, ``t = T−1−s``
+    reversed), from the carries ``h0``/``c0`` to ``hy``/``cy`` (which may be the same
+    arrays), each direction's ``gx`` holding its rows from ``row0`` on; ``None``: all ``T``."""
     cdef CellSpec C = make_cell(cell)
     cdef int abort = 0
     cdef list errors = []
     cdef Layer L = make_layer(&C, T, N, H, S, n_chunks, lengths, mask, y, None, dirs, &abort,
                               errors)
     bind_scratch(&L, scratch, dtype, True)
+    if steps is not None:
+        s0, s1 = steps
+        if not 0 <= s0 <= s1 <= T:
+            raise ValueError(f"steps: expected 0 ≤ s0 ≤ s1 ≤ T={T}, got {steps}")
+        L.loop.s_begin, L.loop.s_end = s0, s1
     cdef Job J
     J.layer, J.cell, J.loop, J.training = &L, &C, &L.loop, training
     run_job(forward_item_f if np.dtype(dtype) == np.float32 else forward_item_d, &J,
@@ -75,15 +83,24 @@ def forward_layer(dtype, int T, int N, int H, int S, int n_chunks, int num_threa
 
 
 def backward_layer(dtype, int T, int N, int H, int S, int n_chunks, int num_threads, cell,
-                   lengths, mask, dy, list dirs, scratch):
+                   lengths, mask, dy, list dirs, scratch, steps=None):
     """Run the backward time loops of one layer (see ``forward_layer``); ``dy`` the gradient
-    of the layer's output, ``scratch`` ``scratch_size(False, …)`` elements of the dtype."""
+    of the layer's output, ``scratch`` ``scratch_size(False, …)`` elements of the dtype.
+    ``steps = (s0, s1)``: only steps ``s0 … s1 − 1`` of every direction, in its own order (a
+    block of time: ``t = T−1−s`` forward, ``t = s`` reversed), from the carries ``dhy``/``dcy``
+    to ``dh0``/``dc0`` (which may be the same arrays), each direction's gradient operands
+    holding its rows from ``row0`` on; ``None``: all ``T``."""
     cdef CellSpec C = make_cell(cell)
     cdef int abort = 0
     cdef list errors = []
     cdef Layer L = make_layer(&C, T, N, H, S, n_chunks, lengths, mask, None, dy, dirs, &abort,
                               errors)
     bind_scratch(&L, scratch, dtype, False)
+    if steps is not None:
+        s0, s1 = steps
+        if not 0 <= s0 <= s1 <= T:
+            raise ValueError(f"steps: expected 0 ≤ s0 ≤ s1 ≤ T={T}, got {steps}")
+        L.loop.s_begin, L.loop.s_end = s0, s1
     cdef Job J
     J.layer, J.cell, J.loop, J.training = &L, &C, &L.loop, False
     run_job(backward_item_f if np.dtype(dtype) == np.float32 else backward_item_d, &J,

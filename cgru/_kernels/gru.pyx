@@ -143,7 +143,7 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
     cdef floating *ws_gates = <floating *>P.gates
     cdef floating *ws_pre = <floating *>P.pre
     cdef floating *ws_hn = <floating *>P.hn
-    cdef Py_ssize_t H3 = 3 * H, ldgx = P.ldgx
+    cdef Py_ssize_t H3 = 3 * H, ldgx = P.ldgx, r0 = P.st.row0   # gx's first row (loops.pxd)
     cdef floating clipv = <floating>C.clip
     cdef bint has_clip = C.has_clip, flip = C.flip_z, fast = C.fast
     cdef int i, j, b
@@ -173,7 +173,7 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
             if t >= Lp.lengths[b]:
                 memset(rh + i * H, 0, H * sizeof(floating))
                 continue
-            gxr = gx + row * ldgx
+            gxr = gx + (row - r0) * ldgx
             ghr = gh + i * H3
             for j in range(2 * H):
                 g3[j] = gxr[j] + ghr[j] + b_rzn[j]
@@ -201,7 +201,7 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         row = <Py_ssize_t>t * N + b
         hp = h_prev + i * H
         hnew = h_next + i * H
-        gxr = gx + row * ldgx
+        gxr = gx + (row - r0) * ldgx
         ghr = gh + i * H3
         g3 = (ws_gates + row * H3) if training else (g3s + i * H3)
         if C.reset_after:
@@ -301,7 +301,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
     cdef floating *dgx = <floating *>P.dgx
     cdef floating *dgh = <floating *>P.dgh if C.reset_after else <floating *>P.dgx
     cdef floating *rhm = <floating *>P.rhm
-    cdef Py_ssize_t H3 = 3 * H
+    cdef Py_ssize_t H3 = 3 * H, r0 = P.st.row0       # the operands' first row (driver.pxi)
     cdef floating clipv = <floating>C.clip
     cdef bint has_clip = C.has_clip, flip = C.flip_z, fast = C.fast
     cdef int i, j, b
@@ -319,13 +319,14 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
             continue
         row = <Py_ssize_t>t * N + b
         dhr = dh + i * H
-        dxr = dgx + row * H3
+        dxr = dgx + (row - r0) * H3
         mrow = mask_row(Lp, mask, t, b, d)
         g3 = ws_gates + row * H3
         pre3 = ws_pre + row * H3 if ws_pre != NULL else NULL
         if fast and C.reset_after:
             # the common cell: branch-free, so that the compiler vectorises it
-            bwd_row_fast_ra(H, g3, hp + i * H, ws_hn + row * H, dhr, dxr, dgh + row * H3, flip)
+            bwd_row_fast_ra(H, g3, hp + i * H, ws_hn + row * H, dhr, dxr, dgh + (row - r0) * H3,
+                            flip)
             continue
         for j in range(H):
             r = g3[j]
@@ -361,15 +362,15 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
                     dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
                         * clip_grad(pre3[j], has_clip, clipv)
                 dxr[j] = dpr
-                dgh[row * H3 + j] = dpr
-                dgh[row * H3 + H + j] = dpz
-                dgh[row * H3 + 2 * H + j] = dpn * r
+                dgh[(row - r0) * H3 + j] = dpr
+                dgh[(row - r0) * H3 + H + j] = dpz
+                dgh[(row - r0) * H3 + 2 * H + j] = dpn * r
             else:
                 m = mrow[j] if mrow != NULL else 1
-                rhm[row * H + j] = r * hv * m
+                rhm[(row - r0) * H + j] = r * hv * m
     if not C.reset_after:
         # bwd of 4 (reset-before): drh[rows, H] = dgx_n[rows, H] · R_n[H, H]
-        loop_gemm(Lp, rows, H, H, dgx + (<size_t>t * N + b0) * H3 + 2 * H, H3,
+        loop_gemm(Lp, rows, H, H, dgx + (<Py_ssize_t>t * N + b0 - r0) * H3 + 2 * H, H3,
                   <const floating *>P.Rb_n, False, tmp, H)
         for i in range(rows):
             b = b0 + i
@@ -389,7 +390,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
                 else:
                     dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
                         * clip_grad(pre3[j], has_clip, clipv)
-                dgx[row * H3 + j] = dpr
+                dgx[(row - r0) * H3 + j] = dpr
 
 
 include "driver.pxi"
@@ -420,19 +421,19 @@ cdef class Direction:
     work; ``None`` for what the call does not use).  Every array is C-contiguous, of the call's
     dtype, and of the size the field comment gives — the engine checks, the kernels trust."""
     cdef readonly bint reverse
-    cdef readonly Py_ssize_t ldgx
+    cdef readonly Py_ssize_t ldgx, row0
     cdef readonly object gx, Rp, Rp_n, Rb, Rb_n, b_rzn, b_hn, h0, hy
     cdef readonly object gates, pre, hn, states, dhy, dh0, dgx, dgh, rhm, hm
 
     def __init__(self, *, bint reverse, gx=None, Py_ssize_t ldgx=0, Rp=None, Rp_n=None,
                  Rb=None, Rb_n=None, b_rzn=None, b_hn=None, h0=None, hy=None, gates=None,
                  pre=None, hn=None, states=None, dhy=None, dh0=None, dgx=None, dgh=None,
-                 rhm=None, hm=None):
+                 rhm=None, hm=None, Py_ssize_t row0=0):
         for a in (gx, Rp, Rp_n, Rb, Rb_n, b_rzn, b_hn, h0, hy, gates, pre, hn, states, dhy, dh0,
                   dgx, dgh, rhm, hm):
             if a is not None and not isinstance(a, np.ndarray):
                 raise TypeError(f"Direction: expected numpy arrays, got {type(a).__name__}")
-        self.reverse, self.ldgx = reverse, ldgx
+        self.reverse, self.ldgx, self.row0 = reverse, ldgx, row0
         self.gx, self.Rp, self.Rp_n, self.Rb, self.Rb_n = gx, Rp, Rp_n, Rb, Rb_n
         self.b_rzn, self.b_hn, self.h0, self.hy = b_rzn, b_hn, h0, hy
         self.gates, self.pre, self.hn, self.states = gates, pre, hn, states
@@ -473,6 +474,7 @@ cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunk
         P.b_rzn, P.b_hn = ptr(a.b_rzn), ptr(a.b_hn)
         P.gates, P.pre, P.hn = ptr(a.gates), ptr(a.pre), ptr(a.hn)
         P.dgx, P.dgh, P.rhm = ptr(a.dgx), ptr(a.dgh), ptr(a.rhm)
+        P.st.row0 = a.row0
     return L
 
 

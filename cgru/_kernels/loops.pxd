@@ -57,6 +57,8 @@ cdef struct Loop:
     int C                      # the width of the second state c (an LSTM's H), or 0
     int D
     int n_chunks
+    int s_begin                # the loops run steps s_begin … s_end − 1 of each direction, in
+    int s_end                  #   its own processing order (a block of time; all T by default)
     const long long *lengths   # [N]
     const void *mask           # [T, N, D·H] or NULL
     void *y                    # [T, N, D·H] forward output      (OUT)
@@ -91,6 +93,9 @@ cdef struct States:
     void *dc0                  # [N, C]                                        (OUT)
     void *hm                   # [T·N, S] h ⊙ m (or h) for dR, 0 when inactive (OUT)
     Rows zeroed[3]             # backward: gradient operand rows, 0 when inactive (OUT)
+    Py_ssize_t row0            # the input projection gx (forward) and the gradient operands
+                               #   (backward: hm, zeroed, dG and the kind's) hold rows row0 … of
+                               #   T·N only (a block of time): row t·N + b is at t·N + b − row0
     const void *dG             # the recurrent product dh_prev += m ⊙ (dG·R): dG [T·N, KG]
     Py_ssize_t ldG             #   rows of stride ldG (IN: the kind's step writes it)
     int KG

@@ -85,6 +85,7 @@ cdef Loop make_loop(int T, int N, int H, int S, int C, int D, int n_chunks, obje
     L.errors = <PyObject *>errors
     L.poll = threading.current_thread() is threading.main_thread()
     L.T, L.N, L.H, L.S, L.C, L.D, L.n_chunks = T, N, H, S, C, D, n_chunks
+    L.s_begin, L.s_end = 0, T
     L.lengths = <const long long *>ptr(lengths)
     L.mask = ptr(mask)
     L.y = ptr(y)

@@ -165,7 +165,7 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
     cdef floating *ws_gates = <floating *>P.gates
     cdef floating *ws_pre = <floating *>P.pre
     cdef floating *ws_hf = <floating *>P.hf
-    cdef Py_ssize_t H4 = 4 * H, ldgx = P.ldgx
+    cdef Py_ssize_t H4 = 4 * H, ldgx = P.ldgx, r0 = P.st.row0   # gx's first row (loops.pxd)
     cdef int i, b
     cdef Py_ssize_t row
     cdef floating *g4
@@ -186,7 +186,7 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         if t >= Lp.lengths[b]:
             memset(hfr, 0, H * sizeof(floating))     # an operand row of the projection
             continue
-        gates_and_cell(C, H, gx + row * ldgx, gh + i * H4, <const floating *>P.b,
+        gates_and_cell(C, H, gx + (row - r0) * ldgx, gh + i * H4, <const floating *>P.b,
                        <const floating *>P.P, c_prev + i * H, g4,
                        (ws_pre + row * H4) if (training and ws_pre != NULL) else NULL,
                        c_next + i * H, hfr if L.proj else h_next + i * S, tmp)
@@ -278,7 +278,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
     cdef const floating *ws_pre = <const floating *>P.pre
     cdef floating *dgx = <floating *>P.dgx
     cdef floating *dhp = <floating *>P.dhp
-    cdef Py_ssize_t H4 = 4 * H
+    cdef Py_ssize_t H4 = 4 * H, r0 = P.st.row0       # the operands' first row (driver.pxi)
     cdef int i, b
     cdef Py_ssize_t row
     cdef const floating *dhfr
@@ -288,7 +288,8 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
     if L.proj:
         for i in range(rows):
             if t < Lp.lengths[b0 + i]:
-                memcpy(dhp + (<size_t>t * N + b0 + i) * S, dh + i * S, S * sizeof(floating))
+                memcpy(dhp + (<Py_ssize_t>t * N + b0 + i - r0) * S, dh + i * S,
+                       S * sizeof(floating))
         # dhf[rows, H] = dh[rows, P] · W_p[P, H]
         loop_gemm(Lp, rows, H, S, dh, S, <const floating *>P.Wpb, False, dhf, H)
     for i in range(rows):
@@ -299,7 +300,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         dhfr = (dhf + i * H) if L.proj else (dh + i * S)
         bwd_row(C, H, ws_gates + row * H4, (ws_pre + row * H4) if ws_pre != NULL else NULL,
                 <const floating *>P.P, cp + i * H, cn + i * H, dhfr, dc + i * H,
-                dgx + row * H4, tmp)
+                dgx + (row - r0) * H4, tmp)
         memset(dh + i * S, 0, S * sizeof(floating))   # h enters only through the gates
 
 
@@ -331,7 +332,7 @@ cdef class Direction:
     use).  Every array is C-contiguous, of the call's dtype, and of the size the ``Dir``
     field comment gives — the engine checks, the kernels trust."""
     cdef readonly bint reverse
-    cdef readonly Py_ssize_t ldgx
+    cdef readonly Py_ssize_t ldgx, row0
     cdef readonly object gx, Rp, Rb, Wpp, Wpb, b, P, h0, c0, hy, cy
     cdef readonly object gates, pre, states, cstates, hf
     cdef readonly object dhy, dcy, dh0, dc0, dgx, hm, dhp
@@ -340,12 +341,12 @@ cdef class Direction:
                  Wpp=None, Wpb=None, b=None, P=None, h0=None, c0=None, hy=None, cy=None,
                  gates=None,
                  pre=None, states=None, cstates=None, hf=None, dhy=None, dcy=None, dh0=None,
-                 dc0=None, dgx=None, hm=None, dhp=None):
+                 dc0=None, dgx=None, hm=None, dhp=None, Py_ssize_t row0=0):
         for a in (gx, Rp, Rb, Wpp, Wpb, b, P, h0, c0, hy, cy, gates, pre, states, cstates, hf,
                   dhy, dcy, dh0, dc0, dgx, hm, dhp):
             if a is not None and not isinstance(a, np.ndarray):
                 raise TypeError(f"Direction: expected numpy arrays, got {type(a).__name__}")
-        self.reverse, self.ldgx = reverse, ldgx
+        self.reverse, self.ldgx, self.row0 = reverse, ldgx, row0
         self.gx, self.Rp, self.Rb, self.Wpp, self.Wpb, self.b = gx, Rp, Rb, Wpp, Wpb, b
         self.P = P
         self.h0, self.c0, self.hy, self.cy = h0, c0, hy, cy
@@ -384,6 +385,7 @@ cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunk
         P.P = ptr(a.P)
         P.gates, P.pre, P.hf = ptr(a.gates), ptr(a.pre), ptr(a.hf)
         P.dgx, P.dhp = ptr(a.dgx), ptr(a.dhp)
+        P.st.row0 = a.row0
     return L
 
 

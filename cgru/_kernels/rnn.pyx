@@ -82,7 +82,7 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         if t >= Lp.lengths[b0 + i]:
             continue
         row = <Py_ssize_t>t * Lp.N + b0 + i
-        gxr = <const floating *>P.gx + row * P.ldgx
+        gxr = <const floating *>P.gx + (row - P.st.row0) * P.ldgx   # gx's rows (loops.pxd)
         hn = h_next + i * H
         # 3. h' = act(clip(gx + gh + b))
         for j in range(H):
@@ -121,7 +121,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         if t >= Lp.lengths[b0 + i]:
             continue
         row = <Py_ssize_t>t * Lp.N + b0 + i
-        dar = <floating *>P.dgx + row * H
+        dar = <floating *>P.dgx + (row - P.st.row0) * H   # the operand's rows (driver.pxi)
         hr = hn + i * H
         for j in range(H):
             v = dh[i * H + j]
@@ -158,16 +158,16 @@ cdef class Direction:
     """One direction's arrays for a vanilla-RNN layer call (``None`` for what the call does not
     use); C-contiguous arrays of the call's dtype and of the ``Dir`` fields' sizes."""
     cdef readonly bint reverse
-    cdef readonly Py_ssize_t ldgx
+    cdef readonly Py_ssize_t ldgx, row0
     cdef readonly object gx, Rp, Rb, b, h0, hy, pre, states, dhy, dh0, dgx, hm
 
     def __init__(self, *, bint reverse, gx=None, Py_ssize_t ldgx=0, Rp=None, Rb=None, b=None,
                  h0=None, hy=None, pre=None, states=None, dhy=None, dh0=None, dgx=None,
-                 hm=None):
+                 hm=None, Py_ssize_t row0=0):
         for a in (gx, Rp, Rb, b, h0, hy, pre, states, dhy, dh0, dgx, hm):
             if a is not None and not isinstance(a, np.ndarray):
                 raise TypeError(f"Direction: expected numpy arrays, got {type(a).__name__}")
-        self.reverse, self.ldgx = reverse, ldgx
+        self.reverse, self.ldgx, self.row0 = reverse, ldgx, row0
         self.gx, self.Rp, self.Rb, self.b, self.h0, self.hy = gx, Rp, Rb, b, h0, hy
         self.pre, self.states, self.dhy, self.dh0, self.dgx, self.hm = pre, states, dhy, dh0, dgx, hm
 
@@ -197,6 +197,7 @@ cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunk
         P.st.dG, P.st.ldG, P.st.KG, P.st.Rb = ptr(a.dgx), H, H, ptr(a.Rb)
         P.gx, P.ldgx = ptr(a.gx), a.ldgx if a.ldgx else H
         P.Rp, P.b, P.pre, P.dgx = ptr(a.Rp), ptr(a.b), ptr(a.pre), ptr(a.dgx)
+        P.st.row0 = a.row0
     return L
 
 

@@ -73,8 +73,9 @@ class Gradients(namedtuple("Gradients", "dx dh0 dparams")):
 
 # --- forward -------------------------------------------------------------------------------
 def input_projection(topo, G, layer, d, frozen, X, out, nt):
-    """(gx, ldgx) of direction d: ``gx = X·Wᵀ`` [T·N, G·H] — or x itself in skip / projected
-    mode (skip: every gate block is x; projected: x holds each direction's G blocks).  The
+    """(gx, ldgx) of direction d: ``gx = X·Wᵀ`` [rows, G·H] for the rows of ``X`` given (all
+    ``T·N``, or a block of time) — or x itself in skip / projected mode (skip: every gate
+    block is x; projected: x holds each direction's G blocks).  The
     product runs on the kernels' packed GEMM, whose rows do not depend on which rows share a
     call: ``cgru.Stream``'s steps compute exactly these bits."""
     H = topo.hidden_size
@@ -130,15 +131,16 @@ def forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0=True, zer
     layers' outputs of an inference and the time loops' scratch.  One shared layout per
     distinct arguments (``plan.shared_layout``)."""
     return plan.shared_layout(_forward_layout, kind, cell, topo, np.dtype(dtype), int(T), int(N),
-                          bool(training), bool(zero_h0), bool(zero_c0))
+                              plan.time_block(T, N), bool(training), bool(zero_h0),
+                              bool(zero_c0))
 
 
-def _forward_layout(kind, cell, topo, dtype, T, N, training, zero_h0, zero_c0):
+def _forward_layout(kind, cell, topo, dtype, T, N, Tb, training, zero_h0, zero_c0):
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
     G, DS = cell.gates, topo.output_size
     ws = BACKEND.workspace(dtype)
     for d in range(D):
-        ws.add(f"gx{d}", (T * N, G * H))                     # input projections
+        ws.add(f"gx{d}", (Tb * N, G * H))            # input projections, a block of time
     if zero_h0:
         ws.add("h0", (L * D, N, S))
     if kind.has_cell_state and zero_c0:
@@ -185,12 +187,10 @@ def run_forward(call, workspace=None, out=None):
     if workspace is not None:
         buf = space.allocate(workspace)
     elif training:
-        # a block the backward's workspace fits in too: back in the pool when the forward
-        # returns, it is the one the backward gets, so a training step holds one workspace
-        # block at a time, not the forward's idle beside the backward's
-        buf = space.allocate(plan.recycled(max(space.block_bytes, backward_workspace(
+        # the training step's one block (``_training_block_bytes``)
+        buf = space.allocate(plan.recycled(_training_block_bytes(
             kind, cell, topo, dtype, T, N,
-            call.mask is not None or bool((call.lengths < T).any())).block_bytes)))
+            call.mask is not None or bool((call.lengths < T).any()))))
     else:
         buf = space.borrow()
     h0, c0 = initial_states(buf, h0, c0)
@@ -212,6 +212,7 @@ def run_forward(call, workspace=None, out=None):
         if call.dropout > 0 else None
 
     # --- run
+    Tb = plan.time_block(T, N)
     for layer in range(L):
         last = layer == L - 1
         if last:
@@ -220,20 +221,30 @@ def run_forward(call, workspace=None, out=None):
             out = xin[layer + 1]
         else:
             out = buf[f"out{layer % 2}"]
-        dirs = []
-        for d in range(D):
-            i = layer * D + d
-            lp = net[i]
-            saved = lds[i] if training else {}
-            gx, ldgx = input_projection(topo, G, layer, d, call.frozen, X, buf[f"gx{d}"], nt)
-            common = dict(reverse=topo.reversed_direction(d), gx=gx, ldgx=ldgx, h0=h0[i],
-                          hy=hy[i], states=saved.get("states"), pre=saved.get("pre"),
-                          **kind.packs(call.frozen, i, cell, H, True))
-            dirs.append(kind.forward_direction(kernels, common, cell, H, lp, saved,
-                                               c0[i] if lstm else None,
-                                               cy[i] if lstm else None))
-        kernels.forward_layer(dtype, T, N, H, S, chunks, threads, cell, call.lengths, call.mask,
-                              out, dirs, training, buf["scratch"])
+        # in blocks of Tb steps of each direction, in its own order: each block's input
+        # projection (rows of gx that stay in cache), then its steps, from the carries h (and
+        # c) that the previous block left in hy (cy); the bits are those of one block (the
+        # projection's rows do not depend on which rows share a call)
+        for s0 in range(0, T, Tb):
+            s1 = min(T, s0 + Tb)
+            rows = (s1 - s0) * N
+            dirs = []
+            for d in range(D):
+                i = layer * D + d
+                saved = lds[i] if training else {}
+                rev = topo.reversed_direction(d)
+                r0 = (T - s1 if rev else s0) * N
+                gx, ldgx = input_projection(topo, G, layer, d, call.frozen, X[r0:r0 + rows],
+                                            buf[f"gx{d}"][:rows], nt)
+                common = dict(reverse=rev, gx=gx, ldgx=ldgx, h0=hy[i] if s0 else h0[i],
+                              hy=hy[i], states=saved.get("states"), pre=saved.get("pre"),
+                              row0=r0, **kind.packs(call.frozen, i, cell, H, True))
+                dirs.append(kind.forward_direction(
+                    kernels, common, cell, H, net[i], saved,
+                    (cy[i] if s0 else c0[i]) if lstm else None, cy[i] if lstm else None))
+            kernels.forward_layer(dtype, T, N, H, S, chunks, threads, cell, call.lengths,
+                                  call.mask, out, dirs, training, buf["scratch"],
+                                  steps=(s0, s1))
         if not last:
             if masks is not None:
                 np.multiply(out, masks[layer], out=out)
@@ -305,19 +316,22 @@ def backward_workspace(kind, cell, topo, dtype, T, N, need_hm=True):
     """The workspace of a backward (``plan.Workspace``, not yet allocated): the kind's buffers
     per direction (the gate gradients among them), h ⊙ m for dR (``need_hm``: a state mask or
     padded sequences), the inner layers' input gradients, the time loops' scratch and the
-    partial sums of the weight-gradient products.  Shared as ``forward_workspace``'s."""
+    partial sums of the weight-gradient products.  The gate gradients and their kin hold one
+    block of time (``plan.time_block`` steps), not all ``T``.  Shared as
+    ``forward_workspace``'s."""
     return plan.shared_layout(_backward_layout, kind, cell, topo, np.dtype(dtype), int(T), int(N),
-                          bool(need_hm))
+                              plan.time_block(T, N), bool(need_hm))
 
 
-def _backward_layout(kind, cell, topo, dtype, T, N, need_hm):
+def _backward_layout(kind, cell, topo, dtype, T, N, Tb, need_hm):
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
+    RB = Tb * N                               # the gradient operands hold one block of time
     ws = BACKEND.workspace(dtype)
     for d in range(D):
-        for name, shape in kind.backward_buffers(cell, topo, d, T * N):
+        for name, shape in kind.backward_buffers(cell, topo, d, RB):
             ws.add(f"{name}{d}", shape)
         if need_hm:
-            ws.add(f"hm{d}", (T * N, S))
+            ws.add(f"hm{d}", (RB, S))
     if L > 1:
         DS = topo.output_size
         ws.add("dX0", (T * N, DS)).add("dX1", (T * N, DS))          # inner layers, ping-pong
@@ -327,17 +341,29 @@ def _backward_layout(kind, cell, topo, dtype, T, N, need_hm):
     # the layers above the first all have layer 1's shapes (closed form: L may be huge)
     largest = max(math.prod(shape) for i in {0, min(D, topo.num_layer_directions - 1)}
                   for shape in topo.shapes(i, cell.gates).values())
-    ws.add("partial", (plan.gemm_partial_size(T * N, largest),))
+    ws.add("partial", (plan.gemm_partial_size(RB, largest),))
     return ws
+
+
+def _training_block_bytes(kind, cell, topo, dtype, T, N, need_hm):
+    """The size of the pool's block a training forward and its backward both take their
+    workspaces from: back in the pool when the forward returns, the block is the one the
+    backward gets, so a training step holds one workspace block at a time, not the forward's
+    idle beside the backward's."""
+    return max(forward_workspace(kind, cell, topo, dtype, T, N, True).block_bytes,
+               backward_workspace(kind, cell, topo, dtype, T, N, need_hm).block_bytes)
 
 
 def workspace_nbytes(topo, cell, dtype, T, N, training):
     """Bytes of a block at any address that holds the workspace of every call of a sequence
     of ``T`` steps and ``N`` rows on a network of ``topo``, ``cell`` and ``dtype``: its forward
-    (``training`` or not) and, in training, its backward, whatever their optional arguments."""
+    (``training`` or not) and, in training, its backward, whatever their optional arguments —
+    and a training size also holds an inference forward's (whose inner layers' outputs are
+    temporaries; the time-blocked backward's can be smaller)."""
     kind = kinds.of(cell)
-    ws = [forward_workspace(kind, cell, topo, dtype, T, N, training)]
+    ws = [forward_workspace(kind, cell, topo, dtype, T, N, False)]
     if training:
+        ws.append(forward_workspace(kind, cell, topo, dtype, T, N, True))
         ws.append(backward_workspace(kind, cell, topo, dtype, T, N))
     return max(w.block_bytes for w in ws)
 
@@ -366,14 +392,16 @@ def run_backward(call, workspace=None, out=None):
     # states there may hold h0 of an empty sequence, NaN included)
     need_hm = mask is not None or padded
     space = backward_workspace(kind, cell, topo, dtype, T, N, need_hm)
-    buf = space.borrow() if workspace is None else space.allocate(workspace)
+    buf = space.allocate(workspace if workspace is not None else plan.recycled(
+        _training_block_bytes(kind, cell, topo, dtype, T, N, need_hm)))
     # the call's backend: the products' partial sums in the workspace
     backend = BACKEND.with_partials(buf["partial"])
-    # the backward's buffers by name, one per direction (None: the kind has none)
-    ld = defaultdict(lambda: [None] * D)
-    names = {name for d in range(D) for name, _ in kind.backward_buffers(cell, topo, d, T * N)}
-    for name in names | {"hm"}:
-        ld[name] = [buf.get(f"{name}{d}") for d in range(D)]
+    # the backward's buffers by name, one per direction (None: the kind has none), each
+    # holding one block of time
+    Tb = plan.time_block(T, N)
+    names = {name for d in range(D) for name, _ in kind.backward_buffers(cell, topo, d, Tb * N)}
+    ld = {name: [buf.get(f"{name}{d}") for d in range(D)] for name in names | {"hm"}}
+    no_buffer = [None] * D
     dh0 = _output(given, "dh0", (L * D, N, S), dtype)
     dc0 = _output(given, "dc0", (L * D, N, H), dtype) if lstm else None
     dx = _output(given if not call.batch_major else {}, "dx", (T, N, topo.input_size),
@@ -386,25 +414,39 @@ def run_backward(call, workspace=None, out=None):
         if opened.dropout > 0 else None
     d_out = call.dy  # gradient of the current layer's output, [T, N, D·S] time-major or None
 
-    # --- run
+    # --- run: every layer in blocks of Tb steps of each direction, in its own order (the
+    # forward direction from the last step, the reversed from the first); the carries dh
+    # (and dc) go from block to block through dh0 (dc0), and each block's weight gradients
+    # and input gradient are taken before the next block overwrites its gate gradients
     for layer in reversed(range(L)):
         X = x_tm if layer == 0 else opened.xin[layer].reshape(T * N, DS)
-        dirs = []
-        for d in range(D):
-            i = layer * D + d
-            saved = opened.lds[i]
-            common = dict(reverse=topo.reversed_direction(d), pre=saved.get("pre"),
-                          states=saved["states"], dhy=None if dhy is None else dhy[i],
-                          dh0=dh0[i], dgx=ld["dgx"][d], hm=ld["hm"][d],
-                          **kind.packs(call.frozen, i, cell, H, False))
-            dirs.append(kind.backward_direction(kernels, common, cell, net[i], saved, ld, d,
-                                                None if dcy is None else dcy[i],
-                                                dc0[i] if lstm else None))
-        kernels.backward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask, d_out,
-                               dirs, buf["scratch"])
         dX = dx if layer == 0 else buf[f"dX{layer % 2}"]
-        _layer_gradients(backend, topo, cell, kind, call.frozen, grads, layer, X, opened, ld,
-                         dX, nt, active)
+        if D > 1 or (layer == 0 and topo.input_mode == "skip"):
+            dX[...] = 0             # every direction's blocks add their rows
+        for s0 in range(0, T, Tb):
+            s1 = min(T, s0 + Tb)
+            rows = (s1 - s0) * N
+            bl = defaultdict(lambda: no_buffer, {
+                name: [None if v is None else v[:rows] for v in views]
+                for name, views in ld.items()})
+            dirs, spans = [], []
+            for d in range(D):
+                i = layer * D + d
+                saved = opened.lds[i]
+                rev = topo.reversed_direction(d)
+                t0 = s0 if rev else T - s1
+                spans.append((t0 * N, t0 * N + rows))
+                carry_h = dh0[i] if s0 else None if dhy is None else dhy[i]
+                carry_c = (dc0[i] if s0 else None if dcy is None else dcy[i]) if lstm else None
+                common = dict(reverse=rev, pre=saved.get("pre"), states=saved["states"],
+                              dhy=carry_h, dh0=dh0[i], dgx=bl["dgx"][d], hm=bl["hm"][d],
+                              row0=t0 * N, **kind.packs(call.frozen, i, cell, H, False))
+                dirs.append(kind.backward_direction(kernels, common, cell, net[i], saved, bl, d,
+                                                    carry_c, dc0[i] if lstm else None))
+            kernels.backward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask,
+                                   d_out, dirs, buf["scratch"], steps=(s0, s1))
+            _block_gradients(backend, topo, cell, kind, call.frozen, grads, layer, X, opened,
+                             bl, spans, dX, nt, active, first=s0 == 0)
         if layer > 0:
             d_out = dX.reshape(T, N, DS)
             if masks is not None:
@@ -421,44 +463,50 @@ def run_backward(call, workspace=None, out=None):
                 else:
                     b[...] = a
         grads = call.dparams
-    if workspace is None:
-        space.give_back(buf)
     return Gradients(dx, dh0, grads, dc0)
 
 
-def _layer_gradients(backend, topo, cell, kind, frozen, grads, layer, X, opened, ld, dX, nt,
-                     active=None):
-    """After one layer's backward loops: its weight gradients (into ``grads``) and the
-    gradient of its input ``dX`` [T·N, in], all as whole-sequence GEMMs / column sums."""
+def _block_gradients(backend, topo, cell, kind, frozen, grads, layer, X, opened, bl, spans,
+                     dX, nt, active=None, first=True):
+    """After one block of a layer's backward loops: its weight gradients (added into
+    ``grads``; set by the first block) and its rows of the input gradient ``dX`` [T·N, in],
+    as GEMMs and column sums over the block's rows.  ``bl``: the block's operands by name,
+    one per direction; ``spans[d]``: the rows ``(r0, r1)`` of ``T·N`` direction ``d``'s block
+    covers."""
     H, D, S, G = topo.hidden_size, topo.num_directions, topo.state_size, cell.gates
     TN = X.shape[0]
-    dgx = ld["dgx"]
+    beta = 0.0 if first else 1.0
+    dgx = bl["dgx"]
     for d in range(D):
         i = layer * D + d
         g = grads[i]
+        r0, r1 = spans[d]
         saved = opened.lds[i]
         states = saved["states"].reshape(-1, S)
         # h_prev of every step, in gate-row order: slots 0…T−1 (forward) or 1…T (reversed)
-        h_in = ld["hm"][d] if ld["hm"][d] is not None else states[-TN:] \
-            if topo.reversed_direction(d) else states[:TN]
+        h_in = bl["hm"][d] if bl["hm"][d] is not None else states[-TN:][r0:r1] \
+            if topo.reversed_direction(d) else states[:TN][r0:r1]
         # db_W = Σ_rows dgx,  db_R = Σ_rows dgh (the recurrent side's)
-        np.sum(dgx[d], axis=0, out=g.b_W)
-        np.sum(kind.recurrent_side(cell, ld, d), axis=0, out=g.b_R)
-        kind.weight_gradients(backend, g, cell, topo, d, saved, ld, h_in, nt, active)
+        for out, side in ((g.b_W, dgx[d]), (g.b_R, kind.recurrent_side(cell, bl, d))):
+            if first:
+                np.sum(side, axis=0, out=out)
+            else:
+                out += np.sum(side, axis=0)
+        kind.weight_gradients(backend, g, cell, topo, d, saved, bl, h_in, nt,
+                              None if active is None else active[r0:r1], (r0, r1), beta)
         if g.W.shape[1]:
-            # dW[G·H, in] = dgxᵀ · X
-            backend.gemm(True, False, dgx[d], X, g.W, nt=nt)
-    if layer == 0 and topo.input_mode == "projected":
-        for d in range(D):
-            dX[:, d * G * H:(d + 1) * G * H] = dgx[d]
-    elif layer == 0 and topo.input_mode == "skip":
-        # every input matrix is the identity:  dX = Σ_d Σ_gates dgx
-        dX[...] = 0
-        for d in range(D):
+            # dW[G·H, in] (+)= dgxᵀ · X
+            backend.gemm(True, False, dgx[d], X[r0:r1], g.W, beta=beta, nt=nt)
+    for d in range(D):
+        r0, r1 = spans[d]
+        if layer == 0 and topo.input_mode == "projected":
+            dX[r0:r1, d * G * H:(d + 1) * G * H] = dgx[d]
+        elif layer == 0 and topo.input_mode == "skip":
+            # every input matrix is the identity:  dX = Σ_d Σ_gates dgx  (dX zeroed first)
             for k in range(G):
-                dX += dgx[d][:, k * H:(k + 1) * H]
-    else:
-        for d in range(D):
-            # dX[T·N, in] (+)= dgx_d[T·N, G·H] · W_d[G·H, in]   (W packed once per kept copy)
-            backend.gemm_packed(dgx[d], frozen.packed(layer * D + d, "W", False), dX,
-                                beta1=d > 0, nt=nt)
+                dX[r0:r1] += dgx[d][:, k * H:(k + 1) * H]
+        else:
+            # dX[rows, in] (+)= dgx_d[rows, G·H] · W_d[G·H, in]   (W packed once per kept
+            # copy; with two directions dX was zeroed and both add)
+            backend.gemm_packed(dgx[d], frozen.packed(layer * D + d, "W", False), dX[r0:r1],
+                                beta1=D > 1, nt=nt)

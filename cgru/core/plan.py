@@ -158,10 +158,27 @@ def loop_threads(nt, T, N, H, D, gates):
     return nt if T * N * D * H * (gates * H + 16) >= _MIN_PARALLEL_WORK else 1
 
 
+# The backward runs in blocks of time whose gate gradients (and their kin) have about this
+# many rows — what it holds at once, instead of all T·N — each block's weight gradients taken
+# before the next: the step's peak memory stays near its reserve, inputs and outputs.
+_BLOCK_ROWS = 1024
+
+
+def time_block(T, N):
+    """Steps per block of the backward: a function of the shapes only (never of the thread
+    count, so the results are not either), the blocks as even as whole steps allow."""
+    per = max(1, -(-_BLOCK_ROWS // max(N, 1)))
+    blocks = -(-T // per) if T else 1
+    return max(1, -(-T // blocks))
+
+
 def _gemm_blocks(ta, split):
     """Blocks of a whole-sequence product whose split dimension (C's rows, or the inner
-    dimension k of ``Aᵀ·B``) is ``split``."""
-    return max(1, min(_MAX_GEMM_BLOCKS, split // (4 * _MIN_GEMM_ROWS if ta else _MIN_GEMM_ROWS)))
+    dimension k of ``Aᵀ·B``) is ``split``: 1, 2 or 4 (a power of two, so that two threads
+    share them evenly)."""
+    blocks = max(1, min(_MAX_GEMM_BLOCKS, split // (4 * _MIN_GEMM_ROWS if ta else
+                                                     _MIN_GEMM_ROWS)))
+    return 1 << (blocks.bit_length() - 1)
 
 
 def _wgrad_split(k, m):

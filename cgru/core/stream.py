@@ -46,9 +46,9 @@ KEEP_SHAPES = 4
 
 class _StepPlan:
     """What a step of one shape needs, made once: the workspace layout, the loops' batch
-    chunks and threads, the (read-only) lengths."""
+    chunks and threads, the (read-only) lengths, the steps per block of time."""
 
-    __slots__ = ("layout", "chunks", "threads", "lengths")
+    __slots__ = ("layout", "chunks", "threads", "lengths", "block")
 
     def __init__(self, stream, T, N, zero_h0, zero_c0):
         net, topo = stream.net, stream.net.topology
@@ -60,6 +60,7 @@ class _StepPlan:
         self.threads = plan.loop_threads(stream.num_threads, T, N, H, 1, G)
         self.lengths = np.full(N, T, np.int64)
         self.lengths.flags.writeable = False
+        self.block = plan.time_block(T, N)
 
 
 class Stream:
@@ -133,17 +134,23 @@ class Stream:
         buf = step_plan.layout.borrow()
         try:
             h0, c0 = engine.initial_states(buf, h0, c0)
-            gx = buf["gx0"]
+            Tb = step_plan.block
             for layer, fixed in enumerate(self._layers):
-                engine.input_projection(topo, G, layer, 0, self._frozen, X, gx,
-                                        self.num_threads)
                 out = y if layer == L - 1 else buf[f"out{layer % 2}"]
-                kw = dict(fixed, gx=gx, ldgx=G * H, h0=h0[layer], hy=hy[layer])
-                if lstm:
-                    kw.update(c0=c0[layer], cy=cy[layer])
-                kernels.forward_layer(dtype, T, N, H, S, step_plan.chunks, step_plan.threads,
-                                      net.cell, step_plan.lengths, None, out,
-                                      [kernels.Direction(**kw)], False, buf["scratch"])
+                for s0 in range(0, T, Tb):          # in blocks of time, as cgru.forward
+                    s1 = min(T, s0 + Tb)
+                    rows = (s1 - s0) * N
+                    gx = buf["gx0"][:rows]
+                    engine.input_projection(topo, G, layer, 0, self._frozen,
+                                            X[s0 * N:s0 * N + rows], gx, self.num_threads)
+                    kw = dict(fixed, gx=gx, ldgx=G * H, h0=hy[layer] if s0 else h0[layer],
+                              hy=hy[layer], row0=s0 * N)
+                    if lstm:
+                        kw.update(c0=cy[layer] if s0 else c0[layer], cy=cy[layer])
+                    kernels.forward_layer(dtype, T, N, H, S, step_plan.chunks,
+                                          step_plan.threads, net.cell, step_plan.lengths, None,
+                                          out, [kernels.Direction(**kw)], False,
+                                          buf["scratch"], steps=(s0, s1))
                 X = out.reshape(T * N, S)
         finally:
             step_plan.layout.give_back(buf)

@@ -102,12 +102,16 @@ class Kind:
         kind keeps a second one)."""
         return ld["dgx"][d]
 
-    def weight_gradients(self, backend, g, cell, topology, d, saved, ld, h_in, nt, active):
-        """After the loops: the layer-direction's recurrent weight gradient (and the kind's
-        own), written into ``g`` (its ``LayerParams`` of gradients).  ``h_in`` ``[T·N, S]`` is
-        the state entering every step (masked, zero on padded steps)."""
-        # dR[G·H, S] = dghᵀ · (h ⊙ m)
-        backend.gemm(True, False, self.recurrent_side(cell, ld, d), h_in, g.R, nt=nt)
+    def weight_gradients(self, backend, g, cell, topology, d, saved, ld, h_in, nt, active,
+                         rows, beta):
+        """After a block of the loops: the layer-direction's recurrent weight gradient (and the
+        kind's own) over the block's rows ``rows = (r0, r1)`` of ``T·N``, written into ``g``
+        (its ``LayerParams`` of gradients; ``beta`` 0: set, by the first block, 1: added).
+        ``ld``: the block's operands; ``h_in`` ``[r1 − r0, S]`` the state entering each of its
+        steps (masked, zero on padded steps); ``active`` its rows' activity, or None."""
+        # dR[G·H, S] (+)= dghᵀ · (h ⊙ m)
+        backend.gemm(True, False, self.recurrent_side(cell, ld, d), h_in, g.R, beta=beta,
+                     nt=nt)
 
     # --- rebuilding a reserve from another system's saved training state ----------------
     saved_for_rebuild = None   # {name: width as a function of H} of what rebuild_from_saved

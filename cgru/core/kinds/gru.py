@@ -162,14 +162,15 @@ class GRU(Kind):
     def recurrent_side(self, cell, ld, d):
         return ld["dgh"][d] if cell.reset_after else ld["dgx"][d]
 
-    def weight_gradients(self, backend, g, cell, topology, d, saved, ld, h_in, nt, active):
+    def weight_gradients(self, backend, g, cell, topology, d, saved, ld, h_in, nt, active,
+                         rows, beta):
         if cell.reset_after:
             return super().weight_gradients(backend, g, cell, topology, d, saved, ld, h_in, nt,
-                                            active)
+                                            active, rows, beta)
         H, dgx = topology.hidden_size, ld["dgx"][d]
-        # dR_rz[2H, H] = dgx_rzᵀ · (h ⊙ m);  dR_n[H, H] = dgx_nᵀ · (r ⊙ h ⊙ m)
-        backend.gemm(True, False, dgx[:, :2 * H], h_in, g.R[:2 * H], nt=nt)
-        backend.gemm(True, False, dgx[:, 2 * H:], ld["rhm"][d], g.R[2 * H:], nt=nt)
+        # dR_rz[2H, H] (+)= dgx_rzᵀ · (h ⊙ m);  dR_n[H, H] (+)= dgx_nᵀ · (r ⊙ h ⊙ m)
+        backend.gemm(True, False, dgx[:, :2 * H], h_in, g.R[:2 * H], beta=beta, nt=nt)
+        backend.gemm(True, False, dgx[:, 2 * H:], ld["rhm"][d], g.R[2 * H:], beta=beta, nt=nt)
 
     # --- rebuilding from MPSGraph's saved gates (its zState)
     rebuilds_from_gates = True

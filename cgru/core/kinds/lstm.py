@@ -133,30 +133,37 @@ class LSTM(Kind):
         return kernels.Direction(gates=saved["gates"], cstates=saved["cstates"], P=lp.P,
                                       dcy=dcy, dc0=dc0, dhp=ld["dhp"][d], **common)
 
-    def weight_gradients(self, backend, g, cell, topology, d, saved, ld, h_in, nt, active):
-        super().weight_gradients(backend, g, cell, topology, d, saved, ld, h_in, nt, active)
+    def weight_gradients(self, backend, g, cell, topology, d, saved, ld, h_in, nt, active,
+                         rows, beta):
+        super().weight_gradients(backend, g, cell, topology, d, saved, ld, h_in, nt, active,
+                                 rows, beta)
         H = topology.hidden_size
-        TN = h_in.shape[0]
+        r0, r1 = rows
         if g.W_p is not None:
-            # dW_p[P, H] = dhpᵀ · hf
-            backend.gemm(True, False, ld["dhp"][d], saved["hf"].reshape(TN, H), g.W_p, nt=nt)
+            # dW_p[P, H] (+)= dhpᵀ · hf
+            backend.gemm(True, False, ld["dhp"][d], saved["hf"].reshape(-1, H)[r0:r1], g.W_p,
+                         beta=beta, nt=nt)
         if g.P is not None:
-            # dP = Σ_rows (da_i ⊙ c, da_f ⊙ c, da_o ⊙ c') ("ifgo": Σ_rows da ⊙ c), c the
+            # dP (+)= Σ_rows (da_i ⊙ c, da_f ⊙ c, da_o ⊙ c') ("ifgo": Σ_rows da ⊙ c), c the
             # state before the step
-            cs = saved["cstates"].reshape(-1, H)
+            cs = saved["cstates"].reshape(-1, H)              # the (T + 1)·N slots
+            TN = saved["gates"].reshape(-1, 4 * H).shape[0]
             c_prev, c_new = (cs[-TN:], cs[:TN]) if topology.reversed_direction(d) else \
                 (cs[:TN], cs[-TN:])
+            c_prev, c_new = c_prev[r0:r1], c_new[r0:r1]
             if active is not None:         # padded rows may hold an empty sequence's c0
                 c_prev, c_new = np.where(active, c_prev, 0), np.where(active, c_new, 0)
             da = ld["dgx"][d]
-            if cell.peepholes == "ifgo":
-                for k in range(4):
-                    g.P[k * H:(k + 1) * H] = np.einsum("rj,rj->j", da[:, k * H:(k + 1) * H],
-                                                       c_prev)
-            else:
-                g.P[:H] = np.einsum("rj,rj->j", da[:, :H], c_prev)
-                g.P[H:2 * H] = np.einsum("rj,rj->j", da[:, H:2 * H], c_prev)
-                g.P[2 * H:] = np.einsum("rj,rj->j", da[:, 3 * H:], c_new)
+            parts = [np.einsum("rj,rj->j", da[:, k * H:(k + 1) * H], c_prev) for k in range(4)] \
+                if cell.peepholes == "ifgo" else \
+                [np.einsum("rj,rj->j", da[:, :H], c_prev),
+                 np.einsum("rj,rj->j", da[:, H:2 * H], c_prev),
+                 np.einsum("rj,rj->j", da[:, 3 * H:], c_new)]
+            for k, part in enumerate(parts):
+                if beta:
+                    g.P[k * H:(k + 1) * H] += part
+                else:
+                    g.P[k * H:(k + 1) * H] = part
 
     # --- rebuilding from MPSGraph's saved gates and cell states
     saved_for_rebuild = {"gates": lambda H: 4 * H, "cells": lambda H: H}
