@@ -409,7 +409,7 @@ def test_a_training_step_holds_one_workspace_block(monkeypatch, cell, masked):
     np.testing.assert_allclose(g.dx, want[0], rtol=2e-4, atol=2e-4)
 
 
-# --- the time-blocked backward ----------------------------------------------------------------
+# --- blocks of time -----------------------------------------------------------------------------
 _BLOCK_CASES = {
     # (cell, topology kwargs, T, N, padded, masked)
     "gru_bi_L2_padded_masked": (cgru.GRUCell(), dict(num_layers=2, direction="bidirectional"),

@@ -18,10 +18,12 @@ Shapes (S: the state width, the projection size P of an LSTM with one, else H): 
 A call follows the data: **check** every argument once (``calls``: the checked call value,
 which also takes the kept copies of the weights), **plan** the work split and the buffers
 (``plan``), then **run** (``run_forward`` / ``run_backward``, which trust the call) layer by
-layer: per layer the input projection of all steps as one GEMM per direction, the time loops of
-all directions as (direction, batch chunk) work items (the kernels of the cell's kind, bound
-through its kind object: ``kinds``), and in the backward, after the loops, the weight
-gradients and ``dX`` as whole-sequence GEMMs and the bias gradients as column sums.  A
+layer and, within a layer, in blocks of time (``plan.time_block``): per block the input
+projection of its steps as one GEMM per direction, the time loops of all directions as
+(direction, batch chunk) work items (the kernels of the cell's kind, bound through its kind
+object: ``kinds``), and in the backward, after a block's loops, its weight gradients (added to
+the previous blocks') and its rows of ``dX`` as GEMMs and the bias gradients as column
+sums.  A
 training forward saves what the backward needs in the reserve (``reserve``).  Nothing here
 knows a cell kind by name.
 """
@@ -359,7 +361,7 @@ def workspace_nbytes(topo, cell, dtype, T, N, training):
     of ``T`` steps and ``N`` rows on a network of ``topo``, ``cell`` and ``dtype``: its forward
     (``training`` or not) and, in training, its backward, whatever their optional arguments —
     and a training size also holds an inference forward's (whose inner layers' outputs are
-    temporaries; the time-blocked backward's can be smaller)."""
+    temporaries; the backward's, held a block of time at a time, can be smaller)."""
     kind = kinds.of(cell)
     ws = [forward_workspace(kind, cell, topo, dtype, T, N, False)]
     if training:

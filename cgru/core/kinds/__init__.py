@@ -13,7 +13,7 @@ over the protocol (``base.Kind``) and never ask which kind they hold:
 ``forward_direction``       a layer-direction's forward, bound for the kernels
 ``backward_buffers``,       the backward's per-direction buffers, and a layer-direction's
 ``backward_direction``      backward bound for the kernels
-``weight_gradients``        its weight gradients after the loops, as whole-sequence GEMMs
+``weight_gradients``        its weight gradients after a block of time's loops, as GEMMs
 ``step``, ``step_backward`` its NumPy reference step and the step's exact backward
 ``rebuild``                 its reserve rebuilt from another system's saved training state
 ==========================  ===================================================================

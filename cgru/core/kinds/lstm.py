@@ -15,7 +15,7 @@ Saved per layer-direction: the activated gates ``[T, N, 4H]``, the states ``[T+1
 cell states ``[T+1, N, H]``, ``o ⊙ h(c')`` ``[T, N, H]`` before a projection, the
 pre-activations off the fast path.  The kernels add ``b = b_W + b_R``; the projection is a
 second packed matrix; the backward keeps the projection's input gradient ``dhp`` for
-``dW_p``, and the peephole gradients are column sums after the loops.
+``dW_p``, and the peephole gradients are column sums after each block of time's loops.
 """
 import numpy as np
 
