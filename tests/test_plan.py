@@ -69,7 +69,7 @@ def test_the_pool_is_bounded_and_can_be_emptied(monkeypatch):
     del blocks                                                # 8 × 229,376-byte blocks idle
     n, nbytes = plan.pool_state()
     assert nbytes <= 1 << 20 and n == 4                       # the oldest left beyond the bound
-    plan.recycled(600_000)                                     # above POOL_BYTES / 2: unpooled
+    plan.recycled(1_200_000)                                   # above POOL_BYTES: unpooled
     assert plan.pool_state() == (n, nbytes)
     cgru.release_memory()
     assert plan.pool_state() == (0, 0)

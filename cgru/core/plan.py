@@ -80,9 +80,9 @@ def recycled(nbytes):
     if not _reuse:
         return empty(nbytes, np.uint8)
     cls = size_class(nbytes)
-    # blocks up to half the pool's bound are kept: a training loop's reserve is one (69 MiB for
-    # two bidirectional layers at T·N = 3200, H = 256)
-    if cls > POOL_BYTES // 2:
+    # blocks up to the pool's bound are kept: a training loop's reserve is one (69 MiB for two
+    # bidirectional layers at T·N = 3200, H = 256 in float32, 138 MiB in float64)
+    if cls > POOL_BYTES:
         return empty(nbytes, np.uint8)
     raw = None
     with _pool_lock:
