@@ -83,10 +83,8 @@ def test_size_classes_are_at_most_a_quarter_larger():
     assert plan.size_class(5 << 20) == 5 << 20 and plan.size_class((5 << 20) + 1) == 6 << 20
 
 
-def test_blocks_of_nearby_sizes_are_shared(monkeypatch):
-    """Dynamic padding: training steps whose T varies every step reuse the pool's blocks
-    instead of faulting in new ones.  Counts the fresh blocks made (the pool used to reuse a
-    block only for exactly the same size, and kept up to 512 MiB of blocks it never reused)."""
+def _counting_fresh_blocks(monkeypatch):
+    """The shapes of the fresh blocks (uint8 arrays from ``plan.empty``) made from now on."""
     fresh = []
     real = plan.empty
 
@@ -95,6 +93,14 @@ def test_blocks_of_nearby_sizes_are_shared(monkeypatch):
             fresh.append(shape)
         return real(shape, dtype)
     monkeypatch.setattr(plan, "empty", counting)
+    return fresh
+
+
+def test_blocks_of_nearby_sizes_are_shared(monkeypatch):
+    """Dynamic padding: training steps whose T varies every step reuse the pool's blocks
+    instead of faulting in new ones.  Counts the fresh blocks made (the pool used to reuse a
+    block only for exactly the same size, and kept up to 512 MiB of blocks it never reused)."""
+    fresh = _counting_fresh_blocks(monkeypatch)
     net = cgru.Network.random(cgru.Topology(8, 16, 2), np.float32, seed=1)
     rng = np.random.default_rng(3)
     for step in range(300):
@@ -387,14 +393,7 @@ def test_a_training_step_holds_one_workspace_block(monkeypatch, cell, masked):
     when the forward returns it the backward gets that same block: a training step makes two
     blocks in a fresh process — the reserve and one workspace — not the forward's workspace
     idle beside the backward's (the step's peak memory)."""
-    fresh = []
-    real = plan.empty
-
-    def counting(shape, dtype):
-        if np.dtype(dtype) == np.uint8:
-            fresh.append(shape)
-        return real(shape, dtype)
-    monkeypatch.setattr(plan, "empty", counting)
+    fresh = _counting_fresh_blocks(monkeypatch)
     topo = cgru.Topology(16, 64, 2, "bidirectional")
     net = cgru.Network.random(topo, np.float32, seed=9, cell=cell)
     rng = np.random.default_rng(10)
