@@ -201,7 +201,7 @@ MODES = {
     # every config of every kind, both dtypes, few repetitions of the slow calls
     "default": Mode("default", _MAIN + _OTHER_KINDS, ("float32", "float64"), rounds=3,
                     block_s=0.04, budget_s=0.4, pause_s=0.01, warmup_s=0.06, min_blocks=2,
-                    slow_s=0.6, untimed_s=0.03, about="about 15 min"),
+                    slow_s=0.6, untimed_s=0.03, about="about 20 min"),
     "full": Mode("full", _MAIN + ("DS",) + _OTHER_KINDS + ("lstm:DS", "rnn_tanh:DS"),
                  ("float32", "float64"), rounds=7, block_s=0.1, budget_s=3.0, pause_s=0.05,
                  slow_s=15.0),
