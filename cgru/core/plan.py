@@ -160,15 +160,17 @@ def loop_threads(nt, T, N, H, D, gates):
     return nt if T * N * D * H * (gates * H + 16) >= _MIN_PARALLEL_WORK else 1
 
 
-# The backward runs in blocks of time whose gate gradients (and their kin) have about this
-# many rows — what it holds at once, instead of all T·N — each block's weight gradients taken
-# before the next: the step's peak memory stays near its reserve, inputs and outputs.
+# The forward and the backward run in blocks of time of about this many rows of T·N: the
+# forward's input projection and the backward's gate gradients (and their kin) are held a
+# block at a time, instead of all T·N, each block's weight gradients taken before the next, so
+# a training step's peak memory stays near its reserve, inputs and outputs.
 _BLOCK_ROWS = 1024
 
 
 def time_block(T, N):
-    """Steps per block of the backward: a function of the shapes only (never of the thread
-    count, so the results are not either), the blocks as even as whole steps allow."""
+    """Steps per block of time of the forward and the backward: a function of the shapes only
+    (never of the thread count, so the results are not either), the blocks as even as whole
+    steps allow."""
     per = max(1, -(-_BLOCK_ROWS // max(N, 1)))
     blocks = -(-T // per) if T else 1
     return max(1, -(-T // blocks))
