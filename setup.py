@@ -51,8 +51,9 @@ extensions = [
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
-        depends=[f"{KERNELS}/{h}" for h in ("simd.h", "hash.h", "team.h", "threads.pxd",
-                                            "blas.pxd", "loops.pxd", "entry.pxi", "driver.pxi")
+        depends=[f"{KERNELS}/{h}" for h in ("simd.h", "gates.h", "hash.h", "team.h",
+                                            "threads.pxd", "blas.pxd", "loops.pxd", "entry.pxi",
+                                            "driver.pxi")
                  + (("parallel.h",) if name == "threads" else ())],
     )
     for name in ("threads", "blas", "loops", "gru", "lstm", "rnn")

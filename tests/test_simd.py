@@ -243,3 +243,174 @@ def test_float32_kernels_compute_in_float32(module):
         if arithmetic.search(code):
             found.append(f"{module}.c:{number} in {function}: {code}")
     assert not found, "double arithmetic in float32 kernels:\n" + "\n".join(found[:20])
+
+
+# --- the fused gate rows (gates.h) -----------------------------------------------------------
+def _sig(x):
+    return _exact("sigmoid", x)
+
+
+def _gate_row_numpy(kernel, o, H, option):
+    """What ``K.gate_row`` computes, in float64 from the operands ``o``."""
+    o = {k: np.asarray(v, np.float64) for k, v in o.items()}
+
+    def part(a, q):
+        return a[q * H:(q + 1) * H]
+
+    if kernel == "gru_fwd_ra":
+        pre = o["gx"] + o["gh"] + o["b"]
+        r, z = _sig(part(pre, 0)), _sig(part(pre, 1))
+        hn = part(o["gh"], 2) + o["bhn"]
+        n = np.tanh(part(o["gx"], 2) + part(o["b"], 2) + r * hn)
+        hp = o["hp"]
+        h = hp + z * (n - hp) if option else n + z * (hp - n)
+        return {"g3": np.concatenate([r, z, n]), "hn": hn, "hnew": h}
+    if kernel == "gru_bwd_ra":
+        r, z, n = (part(o["g3"], q) for q in range(3))
+        dh, hp = o["dh"], o["hp"]
+        if option:
+            dn, dz, dh_prev = dh * z, dh * (n - hp), dh * (1 - z)
+        else:
+            dn, dz, dh_prev = dh * (1 - z), dh * (hp - n), dh * z
+        dpn, dpz = dn * (1 - n * n), dz * z * (1 - z)
+        dpr = dpn * o["hn"] * r * (1 - r)
+        return {"dh": dh_prev, "dgx": np.concatenate([dpr, dpz, dpn]),
+                "dgh": np.concatenate([dpr, dpz, dpn * r])}
+    if kernel == "lstm_fwd":
+        pre = o["gx"] + o["gh"] + o["b"]
+        i, f, g, og = _sig(part(pre, 0)), _sig(part(pre, 1)), np.tanh(part(pre, 2)), \
+            _sig(part(pre, 3))
+        c = f * o["cp"] + i * g
+        return {"g4": np.concatenate([i, f, g, og]), "cn": c, "hf": og * np.tanh(c)}
+    if kernel == "lstm_bwd":
+        i, f, g, og = (part(o["g4"], q) for q in range(4))
+        hc = np.tanh(o["cn"])
+        dc = o["dc"] + o["dhf"] * og * (1 - hc * hc)
+        return {"dc": dc * f, "da": np.concatenate([dc * g * i * (1 - i),
+                                                    dc * o["cp"] * f * (1 - f),
+                                                    dc * i * (1 - g * g),
+                                                    o["dhf"] * hc * og * (1 - og)])}
+    if kernel == "rnn_fwd":
+        a = o["gx"] + o["gh"] + o["b"]
+        return {"hn": np.where(a > 0, a, 0.0) if option else np.tanh(a)}
+    assert kernel == "rnn_bwd"
+    h = o["hn"]
+    return {"dh": np.zeros(H), "da": np.where(h > 0, o["dh"], 0.0) if option
+            else o["dh"] * (1 - h * h)}
+
+
+def _gate_operands(kernel, H, dtype, seed):
+    """Random operands of ``kernel``: pre-activations spread wide enough to saturate, gates in
+    their activation's range, a few exact zeros."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, width, role in K.GATE_ROWS[kernel]:
+        if role == "out":
+            continue
+        if name in ("g3", "g4"):        # sigmoid gates in (0, 1), the tanh candidate in (−1, 1)
+            a = rng.uniform(0, 1, width * H)
+            a[2 * H:3 * H] = rng.uniform(-1, 1, H)      # n (GRU) or g (LSTM)
+        elif kernel == "rnn_bwd" and name == "hn":
+            a = rng.uniform(-1, 1, width * H)
+        else:
+            a = rng.standard_normal(width * H) * rng.choice([0.1, 1, 4, 40], width * H)
+        a[rng.random(a.size) < 0.05] = 0.0
+        out[name] = a.astype(dtype)
+    return out
+
+
+_GATE_CASES = [("gru_fwd_ra", 0), ("gru_fwd_ra", 1), ("gru_bwd_ra", 0), ("gru_bwd_ra", 1),
+               ("lstm_fwd", 0), ("lstm_bwd", 0), ("rnn_fwd", 0), ("rnn_fwd", 1), ("rnn_bwd", 0),
+               ("rnn_bwd", 1)]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kernel,option", _GATE_CASES)
+@pytest.mark.parametrize("H", [1, 7, 16, 17, 40, 257])
+def test_gate_rows_match_numpy(kernel, option, dtype, isa, H):
+    ops = _gate_operands(kernel, H, dtype, seed=H)
+    kept = {k: v.copy() for k, v in ops.items()}
+    got = K.gate_row(kernel, ops, option, isa=isa)
+    want = _gate_row_numpy(kernel, ops, H, option)
+    assert set(got) == set(want)
+    tol = {np.float32: 2e-6, np.float64: 1e-14}[dtype]
+    for name in want:
+        assert got[name].dtype == dtype
+        np.testing.assert_allclose(got[name], want[name], rtol=tol * 10, atol=tol * 40,
+                                   err_msg=name)
+    assert all(np.array_equal(ops[k], kept[k]) for k in ops)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kernel,option", _GATE_CASES)
+def test_gate_rows_do_not_depend_on_an_elements_position(kernel, option, dtype, isa):
+    # Every element goes through the same instructions wherever it sits in a row (in a full
+    # vector or the short last one): bitwise the same as a row of that one element.
+    H = 37
+    ops = _gate_operands(kernel, H, dtype, seed=3)
+    whole = K.gate_row(kernel, ops, option, isa=isa)
+    widths = {name: width for name, width, _ in K.GATE_ROWS[kernel]}
+    for j in range(H):
+        one = {name: a.reshape(widths[name], H)[:, j].copy() for name, a in ops.items()}
+        alone = K.gate_row(kernel, one, option, isa=isa)
+        for name, a in alone.items():
+            assert np.array_equal(a, whole[name].reshape(widths[name], H)[:, j]), (name, j)
+
+
+def test_gate_row_refuses_what_it_cannot_run():
+    ops = _gate_operands("rnn_fwd", 4, np.float32, 0)
+    with pytest.raises(ValueError, match="isa"):
+        K.gate_row("rnn_fwd", ops, isa=2)
+    with pytest.raises(ValueError, match="kernel"):
+        K.gate_row("gru", ops)
+    with pytest.raises(ValueError, match="operands"):
+        K.gate_row("rnn_fwd", {"gx": ops["gx"]})
+    with pytest.raises(ValueError, match="gh: expected 4 elements"):
+        K.gate_row("rnn_fwd", dict(ops, gh=ops["gh"][:3]))
+
+
+def _disassembly(module):
+    """``{function: [instruction lines]}`` of a kernel module, by objdump."""
+    import subprocess
+    import shutil
+    import importlib
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("no objdump")
+    path = importlib.import_module(f"cgru._kernels.{module}").__file__
+    text = subprocess.run([objdump, "-d", "--no-show-raw-insn", path], capture_output=True,
+                          text=True, check=True).stdout
+    functions, current = {}, None
+    for line in text.split("\n"):
+        head = re.match(r"^[0-9a-f]+ <([^>]+)>:$", line)
+        if head:
+            current = functions.setdefault(head.group(1), [])
+        elif current is not None and "\t" in line:
+            current.append(line)
+    return functions
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 code only")
+@pytest.mark.parametrize("module,kernels", [("gru", ("gru_fwd_ra", "gru_bwd_ra")),
+                                            ("lstm", ("lstm_fwd", "lstm_bwd")),
+                                            ("rnn", ("rnn_fwd", "rnn_bwd"))])
+def test_gate_rows_are_compiled_for_each_isa(module, kernels):
+    """Reads the machine code the kind's module holds: each fused row kernel in its three
+    versions, the AVX-512 one on 512-bit registers, the AVX2 one on 256-bit ones, and float32
+    math in float32 (no conversion of a float to double anywhere in them)."""
+    code = _disassembly(module)
+    for kernel in kernels:
+        for suffix in ("f32", "f64"):
+            for level, register in (("v4", "%zmm"), ("v3", "%ymm"), ("base", "%xmm")):
+                name = f"cgru_{kernel}_{suffix}_{level}"
+                body = [f for f in code if f == name or f.startswith(name + ".")]
+                assert body, f"{name} is not in {module}'s code"
+                lines = [line for f in body for line in code[f]]
+                assert any(register in line for line in lines), (name, register)
+                if level == "base":
+                    assert not any("%ymm" in line or "%zmm" in line for line in lines), name
+                if suffix == "f32":
+                    promoted = [line for line in lines if re.search(r"cvtss2sd|cvtps2pd", line)]
+                    assert not promoted, (name, promoted[:3])

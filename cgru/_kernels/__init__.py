@@ -18,14 +18,19 @@ Python entry points (``scratch_size``, ``forward_layer``, ``backward_layer``).
 ``simd.h`` holds the packed-weight GEMM and the vectorised activations, compiled for each ISA
 (AVX-512, AVX2+FMA, baseline) and chosen at run time: the GEMM by an explicit switch on
 ``cgru_isa()`` (a new ISA is one more case there), the activations by the compiler's
-``target_clones``.  ``hash.h`` is the fingerprint behind the reserves' MACs, ``team.h`` the
+``target_clones``.  ``gates.h`` holds the default cells' fused row math (the GRU's reset-after
+sigmoid/tanh cell, the LSTM's, the RNN's tanh and relu, forward and backward) on the same
+vectors, dispatched by the same switch; the Cython modules themselves are compiled for the
+baseline, so the other cells' row math (general activations, clips, peepholes) runs one
+scalar at a time.  ``hash.h`` is the fingerprint behind the reserves' MACs, ``team.h`` the
 team that shares one direction's per-step products, ``parallel.h`` the OpenMP regions.  A new
 cell kind is one more module beside ``gru``: its step, and the two includes.
 
 In the fused-type (``floating``) code, numeric constants are typed variables (``cdef floating
 one = 1``), never literals beside a float: Cython writes ``1 - z`` as ``1.0 - z``, a double
 expression that runs float32 math in double, one scalar at a time
-(``tests/test_simd.py`` reads the generated C for it).
+(``tests/test_simd.py`` reads the generated C for it, and the machine code of ``gates.h``'s
+kernels for their ISA versions).
 """
 import glob as _glob
 import importlib.machinery as _machinery

@@ -207,15 +207,9 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         if C.reset_after:
             hn = (ws_hn + row * H) if training else (ghr + 2 * H)
             if fast:
-                # 3. r, z
-                for j in range(2 * H):
-                    g3[j] = gxr[j] + ghr[j] + b_rzn[j]
-                sigmoid_inplace(g3, 2 * H)
-                # 4. hn = gh_n + b_Rn, n = tanh(gx_n + b_Wn + r ⊙ hn)
-                for j in range(H):
-                    hn[j] = ghr[2 * H + j] + b_hn[j]
-                    g3[2 * H + j] = gxr[2 * H + j] + b_rzn[2 * H + j] + g3[j] * hn[j]
-                tanh_inplace(g3 + 2 * H, H)
+                # 3.-5. in one pass (gates.h)
+                gru_fwd_ra_row(H, gxr, ghr, b_rzn, b_hn, hp, g3, hn, hnew, flip)
+                continue
             else:
                 pre3 = (ws_pre + row * H3) if training else NULL
                 general_gates(C, H, gxr, ghr, b_rzn, b_hn, g3, hn, pre3)
@@ -235,52 +229,6 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
 
 
 # --- backward ------------------------------------------------------------------------------
-cdef inline void bwd_row_fast_ra(int H, const floating *g3, const floating *hp,
-                                 const floating *hn, floating *dh, floating *dgx, floating *dgh,
-                                 bint flip) noexcept nogil:
-    """Steps bwd of 5, 4, 3 for one row of the sigmoid/tanh reset-after cell: reads the gates
-    g3 = [r, z, n], h_prev, hn; turns dh into dh_prev (before the GEMM); writes dgx, dgh."""
-    cdef int j
-    cdef floating r, z, n, dhv, dn, dz, dpn, dpz, dpr
-    cdef floating one = 1          # (a literal 1 would make Cython compute in double)
-    if flip:
-        for j in range(H):
-            r = g3[j]
-            z = g3[H + j]
-            n = g3[2 * H + j]
-            dhv = dh[j]
-            dn = dhv * z
-            dz = dhv * (n - hp[j])
-            dh[j] = dhv * (one - z)
-            dpn = dn * (one - n * n)
-            dpz = dz * z * (one - z)
-            dpr = dpn * hn[j] * r * (one - r)
-            dgx[j] = dpr
-            dgx[H + j] = dpz
-            dgx[2 * H + j] = dpn
-            dgh[j] = dpr
-            dgh[H + j] = dpz
-            dgh[2 * H + j] = dpn * r
-    else:
-        for j in range(H):
-            r = g3[j]
-            z = g3[H + j]
-            n = g3[2 * H + j]
-            dhv = dh[j]
-            dn = dhv * (one - z)
-            dz = dhv * (hp[j] - n)
-            dh[j] = dhv * z
-            dpn = dn * (one - n * n)
-            dpz = dz * z * (one - z)
-            dpr = dpn * hn[j] * r * (one - r)
-            dgx[j] = dpr
-            dgx[H + j] = dpz
-            dgx[2 * H + j] = dpn
-            dgh[j] = dpr
-            dgh[H + j] = dpz
-            dgh[2 * H + j] = dpn * r
-
-
 cdef inline size_t bwd_work(const Layer *L, int rows) noexcept nogil:
     return 0
 
@@ -324,9 +272,9 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         g3 = ws_gates + row * H3
         pre3 = ws_pre + row * H3 if ws_pre != NULL else NULL
         if fast and C.reset_after:
-            # the common cell: branch-free, so that the compiler vectorises it
-            bwd_row_fast_ra(H, g3, hp + i * H, ws_hn + row * H, dhr, dxr, dgh + (row - r0) * H3,
-                            flip)
+            # the common cell: one pass (gates.h)
+            gru_bwd_ra_row(H, g3, hp + i * H, ws_hn + row * H, dhr, dxr, dgh + (row - r0) * H3,
+                           flip)
             continue
         for j in range(H):
             r = g3[j]

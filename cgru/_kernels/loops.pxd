@@ -27,6 +27,33 @@ cdef extern from "simd.h" nogil:
     int CGRU_NR_D
     int cgru_isa()
 
+cdef extern from "gates.h" nogil:
+    # the default cells' fused row math (gates.h documents each); NAME_at runs one ISA level
+    void cgru_gru_fwd_ra_f32(int H, const float *gx, const float *gh, const float *b,
+                             const float *bhn, const float *hp, float *g3, float *hn,
+                             float *hnew, int flip)
+    void cgru_gru_fwd_ra_f64(int H, const double *gx, const double *gh, const double *b,
+                             const double *bhn, const double *hp, double *g3, double *hn,
+                             double *hnew, int flip)
+    void cgru_gru_bwd_ra_f32(int H, const float *g3, const float *hp, const float *hn,
+                             float *dh, float *dgx, float *dgh, int flip)
+    void cgru_gru_bwd_ra_f64(int H, const double *g3, const double *hp, const double *hn,
+                             double *dh, double *dgx, double *dgh, int flip)
+    void cgru_lstm_fwd_f32(int H, const float *gx, const float *gh, const float *b,
+                           const float *cp, float *g4, float *cn, float *hf)
+    void cgru_lstm_fwd_f64(int H, const double *gx, const double *gh, const double *b,
+                           const double *cp, double *g4, double *cn, double *hf)
+    void cgru_lstm_bwd_f32(int H, const float *g4, const float *cp, const float *cn,
+                           const float *dhf, float *dc, float *da)
+    void cgru_lstm_bwd_f64(int H, const double *g4, const double *cp, const double *cn,
+                           const double *dhf, double *dc, double *da)
+    void cgru_rnn_fwd_f32(int H, const float *gx, const float *gh, const float *b, float *hn,
+                          int relu)
+    void cgru_rnn_fwd_f64(int H, const double *gx, const double *gh, const double *b,
+                          double *hn, int relu)
+    void cgru_rnn_bwd_f32(int H, const float *hn, float *dh, float *da, int relu)
+    void cgru_rnn_bwd_f64(int H, const double *hn, double *dh, double *da, int relu)
+
 cdef extern from "team.h" nogil:
     ctypedef struct cgru_team:
         pass
@@ -232,6 +259,60 @@ cdef inline void tanh_inplace(floating *v, int n) noexcept nogil:
         cgru_tanh_f32(n, v, v)
     else:
         cgru_tanh_f64(n, v, v)
+
+
+# the default cells' fused row math (gates.h), one row of one step
+cdef inline void gru_fwd_ra_row(int H, const floating *gx, const floating *gh,
+                                const floating *b, const floating *bhn, const floating *hp,
+                                floating *g3, floating *hn, floating *hnew,
+                                bint flip) noexcept nogil:
+    if floating is float:
+        cgru_gru_fwd_ra_f32(H, gx, gh, b, bhn, hp, g3, hn, hnew, flip)
+    else:
+        cgru_gru_fwd_ra_f64(H, gx, gh, b, bhn, hp, g3, hn, hnew, flip)
+
+
+cdef inline void gru_bwd_ra_row(int H, const floating *g3, const floating *hp,
+                                const floating *hn, floating *dh, floating *dgx, floating *dgh,
+                                bint flip) noexcept nogil:
+    if floating is float:
+        cgru_gru_bwd_ra_f32(H, g3, hp, hn, dh, dgx, dgh, flip)
+    else:
+        cgru_gru_bwd_ra_f64(H, g3, hp, hn, dh, dgx, dgh, flip)
+
+
+cdef inline void lstm_fwd_row(int H, const floating *gx, const floating *gh, const floating *b,
+                              const floating *cp, floating *g4, floating *cn,
+                              floating *hf) noexcept nogil:
+    if floating is float:
+        cgru_lstm_fwd_f32(H, gx, gh, b, cp, g4, cn, hf)
+    else:
+        cgru_lstm_fwd_f64(H, gx, gh, b, cp, g4, cn, hf)
+
+
+cdef inline void lstm_bwd_row(int H, const floating *g4, const floating *cp,
+                              const floating *cn, const floating *dhf, floating *dc,
+                              floating *da) noexcept nogil:
+    if floating is float:
+        cgru_lstm_bwd_f32(H, g4, cp, cn, dhf, dc, da)
+    else:
+        cgru_lstm_bwd_f64(H, g4, cp, cn, dhf, dc, da)
+
+
+cdef inline void rnn_fwd_row(int H, const floating *gx, const floating *gh, const floating *b,
+                             floating *hn, bint relu) noexcept nogil:
+    if floating is float:
+        cgru_rnn_fwd_f32(H, gx, gh, b, hn, relu)
+    else:
+        cgru_rnn_fwd_f64(H, gx, gh, b, hn, relu)
+
+
+cdef inline void rnn_bwd_row(int H, const floating *hn, floating *dh, floating *da,
+                             bint relu) noexcept nogil:
+    if floating is float:
+        cgru_rnn_bwd_f32(H, hn, dh, da, relu)
+    else:
+        cgru_rnn_bwd_f64(H, hn, dh, da, relu)
 
 
 cdef inline void gemm_packed(int m, int n, int k, const floating *A, int lda,

@@ -346,6 +346,144 @@ def vector_math(name, x):
     return out
 
 
+cdef extern from "gates.h" nogil:
+    # each ISA level of the fused row kernels (tests: gate_row)
+    void cgru_gru_fwd_ra_f32_at(int isa, int H, const float *gx, const float *gh,
+                                const float *b, const float *bhn, const float *hp, float *g3,
+                                float *hn, float *hnew, int flip)
+    void cgru_gru_fwd_ra_f64_at(int isa, int H, const double *gx, const double *gh,
+                                const double *b, const double *bhn, const double *hp,
+                                double *g3, double *hn, double *hnew, int flip)
+    void cgru_gru_bwd_ra_f32_at(int isa, int H, const float *g3, const float *hp,
+                                const float *hn, float *dh, float *dgx, float *dgh, int flip)
+    void cgru_gru_bwd_ra_f64_at(int isa, int H, const double *g3, const double *hp,
+                                const double *hn, double *dh, double *dgx, double *dgh,
+                                int flip)
+    void cgru_lstm_fwd_f32_at(int isa, int H, const float *gx, const float *gh, const float *b,
+                              const float *cp, float *g4, float *cn, float *hf)
+    void cgru_lstm_fwd_f64_at(int isa, int H, const double *gx, const double *gh,
+                              const double *b, const double *cp, double *g4, double *cn,
+                              double *hf)
+    void cgru_lstm_bwd_f32_at(int isa, int H, const float *g4, const float *cp,
+                              const float *cn, const float *dhf, float *dc, float *da)
+    void cgru_lstm_bwd_f64_at(int isa, int H, const double *g4, const double *cp,
+                              const double *cn, const double *dhf, double *dc, double *da)
+    void cgru_rnn_fwd_f32_at(int isa, int H, const float *gx, const float *gh, const float *b,
+                             float *hn, int relu)
+    void cgru_rnn_fwd_f64_at(int isa, int H, const double *gx, const double *gh,
+                             const double *b, double *hn, int relu)
+    void cgru_rnn_bwd_f32_at(int isa, int H, const float *hn, float *dh, float *da, int relu)
+    void cgru_rnn_bwd_f64_at(int isa, int H, const double *hn, double *dh, double *da,
+                             int relu)
+
+
+# kernel: (its operands in order, each (name, width in H, role)); role "in" is read,
+# "inout" read and overwritten, "out" written
+GATE_ROWS = {
+    "gru_fwd_ra": (("gx", 3, "in"), ("gh", 3, "in"), ("b", 3, "in"), ("bhn", 1, "in"),
+                   ("hp", 1, "in"), ("g3", 3, "out"), ("hn", 1, "out"), ("hnew", 1, "out")),
+    "gru_bwd_ra": (("g3", 3, "in"), ("hp", 1, "in"), ("hn", 1, "in"), ("dh", 1, "inout"),
+                   ("dgx", 3, "out"), ("dgh", 3, "out")),
+    "lstm_fwd": (("gx", 4, "in"), ("gh", 4, "in"), ("b", 4, "in"), ("cp", 1, "in"),
+                 ("g4", 4, "out"), ("cn", 1, "out"), ("hf", 1, "out")),
+    "lstm_bwd": (("g4", 4, "in"), ("cp", 1, "in"), ("cn", 1, "in"), ("dhf", 1, "in"),
+                 ("dc", 1, "inout"), ("da", 4, "out")),
+    "rnn_fwd": (("gx", 1, "in"), ("gh", 1, "in"), ("b", 1, "in"), ("hn", 1, "out")),
+    "rnn_bwd": (("hn", 1, "in"), ("dh", 1, "inout"), ("da", 1, "out")),
+}
+
+
+cdef void _gate_row(int kernel, int isa, int H, int option, void **p, bint f32) noexcept nogil:
+    # one row through kernel (GATE_ROWS' order) at ISA level isa; p: the operands in order
+    if kernel == 0:
+        if f32:
+            cgru_gru_fwd_ra_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2],
+                                   <float *>p[3], <float *>p[4], <float *>p[5], <float *>p[6],
+                                   <float *>p[7], option)
+        else:
+            cgru_gru_fwd_ra_f64_at(isa, H, <double *>p[0], <double *>p[1], <double *>p[2],
+                                   <double *>p[3], <double *>p[4], <double *>p[5],
+                                   <double *>p[6], <double *>p[7], option)
+    elif kernel == 1:
+        if f32:
+            cgru_gru_bwd_ra_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2],
+                                   <float *>p[3], <float *>p[4], <float *>p[5], option)
+        else:
+            cgru_gru_bwd_ra_f64_at(isa, H, <double *>p[0], <double *>p[1], <double *>p[2],
+                                   <double *>p[3], <double *>p[4], <double *>p[5], option)
+    elif kernel == 2:
+        if f32:
+            cgru_lstm_fwd_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2],
+                                 <float *>p[3], <float *>p[4], <float *>p[5], <float *>p[6])
+        else:
+            cgru_lstm_fwd_f64_at(isa, H, <double *>p[0], <double *>p[1], <double *>p[2],
+                                 <double *>p[3], <double *>p[4], <double *>p[5],
+                                 <double *>p[6])
+    elif kernel == 3:
+        if f32:
+            cgru_lstm_bwd_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2],
+                                 <float *>p[3], <float *>p[4], <float *>p[5])
+        else:
+            cgru_lstm_bwd_f64_at(isa, H, <double *>p[0], <double *>p[1], <double *>p[2],
+                                 <double *>p[3], <double *>p[4], <double *>p[5])
+    elif kernel == 4:
+        if f32:
+            cgru_rnn_fwd_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2],
+                                <float *>p[3], option)
+        else:
+            cgru_rnn_fwd_f64_at(isa, H, <double *>p[0], <double *>p[1], <double *>p[2],
+                                <double *>p[3], option)
+    else:
+        if f32:
+            cgru_rnn_bwd_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2], option)
+        else:
+            cgru_rnn_bwd_f64_at(isa, H, <double *>p[0], <double *>p[1], <double *>p[2],
+                                option)
+
+
+def gate_row(kernel, operands, int option=0, isa=None):
+    """One row through a fused gate kernel of ``gates.h`` (for tests): ``kernel`` a key of
+    ``GATE_ROWS``, ``operands`` its "in" and "inout" operands by name (1-D arrays of one float
+    dtype, each of its width times H), ``option`` the kernel's flag (GRU: flip_z, RNN: relu),
+    ``isa`` the level to run (4 AVX-512, 3 AVX2+FMA, 0 portable; at most ``cgru_isa()``).
+    Returns the "inout" and "out" operands as new arrays; the given ones are not modified."""
+    cdef int level = cgru_isa() if isa is None else isa
+    if level not in (0, 3, 4) or level > cgru_isa():
+        raise ValueError(f"isa: expected 0, 3 or 4, at most {cgru_isa()} here, got {isa!r}")
+    if kernel not in GATE_ROWS:
+        raise ValueError(f"kernel: expected one of {sorted(GATE_ROWS)}, got {kernel!r}")
+    spec = GATE_ROWS[kernel]
+    given = {name for name, _, role in spec if role != "out"}
+    if set(operands) != given:
+        raise ValueError(f"operands: expected {sorted(given)}, got {sorted(operands)}")
+    first = operands[spec[0][0]]
+    dtype = np.asarray(first).dtype
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"operands: expected float32 or float64, got {dtype}")
+    cdef int H = np.asarray(first).size // spec[0][1]
+    cdef void *p[8]
+    arrays, results = [], {}
+    for name, width, role in spec:
+        if role == "out":
+            a = np.full(width * H, np.nan, dtype)
+        else:
+            a = np.array(operands[name], dtype=dtype, copy=True, order="C")
+            if a.ndim != 1 or a.dtype != dtype or a.size != width * H:
+                raise ValueError(f"{name}: expected {width * H} elements of {dtype}, got "
+                                 f"{a.size} of {a.dtype}")
+        if role != "in":
+            results[name] = a
+        arrays.append(a)
+    cdef cnp.ndarray arr
+    for i, arr in enumerate(arrays):
+        p[i] = cnp.PyArray_DATA(arr)
+    cdef int code = list(GATE_ROWS).index(kernel)
+    cdef bint f32 = dtype == np.float32
+    with nogil:
+        _gate_row(code, level, H, option, p, f32)
+    return results
+
+
 cgru_isa()  # decide the ISA once, at import, before any thread can ask
 
 

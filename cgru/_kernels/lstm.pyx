@@ -101,27 +101,19 @@ cdef struct Layer:
 cdef inline void gates_and_cell(const CellSpec *C, int H, const floating *gxr,
                                 const floating *ghr, const floating *b, const floating *P,
                                 const floating *cp, floating *g4, floating *pre4, floating *cn,
-                                floating *hf, floating *tmp) noexcept nogil:
+                                floating *hf) noexcept nogil:
     """Steps 3–5 for one row: gates into g4 [4H] (pre-activations into pre4 when not NULL),
-    c' into cn [H], hf into hf [H]; P the peepholes or NULL; tmp [H] is scratch."""
+    c' into cn [H], hf into hf [H]; P the peepholes or NULL."""
     cdef int j
     cdef floating clipv = <floating>C.clip
     cdef floating a
     cdef floating one = 1          # (a literal 1 would make Cython compute in double)
     cdef bint has_clip = C.has_clip
+    if C.fast:
+        lstm_fwd_row(H, gxr, ghr, b, cp, g4, cn, hf)      # in one pass (gates.h)
+        return
     for j in range(4 * H):
         g4[j] = gxr[j] + ghr[j] + b[j]
-    if C.fast:
-        sigmoid_inplace(g4, 2 * H)                 # i, f
-        tanh_inplace(g4 + 2 * H, H)                # g
-        sigmoid_inplace(g4 + 3 * H, H)             # o
-        for j in range(H):
-            cn[j] = g4[H + j] * cp[j] + g4[j] * g4[2 * H + j]
-        memcpy(tmp, cn, H * sizeof(floating))
-        tanh_inplace(tmp, H)
-        for j in range(H):
-            hf[j] = g4[3 * H + j] * tmp[j]
-        return
     for j in range(H):
         if P != NULL:
             g4[j] += P[j] * cp[j]
@@ -149,9 +141,9 @@ cdef inline void gates_and_cell(const CellSpec *C, int H, const floating *gxr,
 
 cdef inline size_t fwd_work(const Layer *L, int rows) noexcept nogil:
     # gh [rows, 4H] | g4 [rows, 4H] (inference gates) | hf [rows, H] | hp [rows, S] (the
-    # projection's result) | tmp [H]
+    # projection's result)
     cdef size_t H = L.loop.H
-    return <size_t>rows * (9 * H + L.loop.S) + H
+    return <size_t>rows * (9 * H + L.loop.S)
 
 
 cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d, int t,
@@ -174,7 +166,6 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
     cdef floating *g4s = gh + <size_t>rows * H4
     cdef floating *hfs = g4s + <size_t>rows * H4
     cdef floating *hps = hfs + <size_t>rows * H
-    cdef floating *tmp = hps + <size_t>rows * S
     # 2. gh[rows, 4H] = h_src[rows, S] · R[4H, S]ᵀ
     loop_gemm(Lp, rows, 4 * H, S, h_src, S, <const floating *>P.Rp, False, gh, H4)
     # 3.–5. per row
@@ -189,7 +180,7 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         gates_and_cell(C, H, gx + (row - r0) * ldgx, gh + i * H4, <const floating *>P.b,
                        <const floating *>P.P, c_prev + i * H, g4,
                        (ws_pre + row * H4) if (training and ws_pre != NULL) else NULL,
-                       c_next + i * H, hfr if L.proj else h_next + i * S, tmp)
+                       c_next + i * H, hfr if L.proj else h_next + i * S)
     # 6. projection: h'[rows, P] = hf[rows, H] · W_p[P, H]ᵀ
     if L.proj:
         loop_gemm(Lp, rows, S, H, (ws_hf + (<size_t>t * N + b0) * H) if training else hfs,
@@ -202,30 +193,15 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
 # --- backward ------------------------------------------------------------------------------
 cdef inline void bwd_row(const CellSpec *C, int H, const floating *g4, const floating *pre4,
                          const floating *P, const floating *cp, const floating *cn,
-                         const floating *dhf, floating *dc, floating *da,
-                         floating *tmp) noexcept nogil:
+                         const floating *dhf, floating *dc, floating *da) noexcept nogil:
     """bwd of 5, 4, 3 for one row: reads the gates g4 = [i, f, g, o], c (cp) and c' (cn),
-    dhf, the peepholes P (or NULL); turns the carry dc into dc_prev; writes da [4H].  tmp [H]
-    is scratch."""
+    dhf, the peepholes P (or NULL); turns the carry dc into dc_prev; writes da [4H]."""
     cdef int j
     cdef floating ig, fg, gg, og, hc, dhc, dcj, di, df, clipv = <floating>C.clip
     cdef floating one = 1          # (a literal 1 would make Cython compute in double)
     cdef bint has_clip = C.has_clip
     if C.fast:
-        memcpy(tmp, cn, H * sizeof(floating))
-        tanh_inplace(tmp, H)
-        for j in range(H):
-            ig = g4[j]
-            fg = g4[H + j]
-            gg = g4[2 * H + j]
-            og = g4[3 * H + j]
-            hc = tmp[j]
-            dcj = dc[j] + dhf[j] * og * (one - hc * hc)
-            da[j] = dcj * gg * ig * (one - ig)
-            da[H + j] = dcj * cp[j] * fg * (one - fg)
-            da[2 * H + j] = dcj * ig * (one - gg * gg)
-            da[3 * H + j] = dhf[j] * hc * og * (one - og)
-            dc[j] = dcj * fg
+        lstm_bwd_row(H, g4, cp, cn, dhf, dc, da)          # in one pass (gates.h)
         return
     for j in range(H):
         ig = g4[j]
@@ -262,8 +238,8 @@ cdef inline void bwd_row(const CellSpec *C, int H, const floating *g4, const flo
 
 
 cdef inline size_t bwd_work(const Layer *L, int rows) noexcept nogil:
-    # dhf [rows, H] | tmp [H]
-    return (<size_t>rows + 1) * L.loop.H
+    # dhf [rows, H]
+    return <size_t>rows * L.loop.H
 
 
 cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d, int t,
@@ -283,7 +259,6 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
     cdef Py_ssize_t row
     cdef const floating *dhfr
     cdef floating *dhf = work
-    cdef floating *tmp = dhf + <size_t>rows * H
     # bwd of 6
     if L.proj:
         for i in range(rows):
@@ -300,7 +275,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         dhfr = (dhf + i * H) if L.proj else (dh + i * S)
         bwd_row(C, H, ws_gates + row * H4, (ws_pre + row * H4) if ws_pre != NULL else NULL,
                 <const floating *>P.P, cp + i * H, cn + i * H, dhfr, dc + i * H,
-                dgx + (row - r0) * H4, tmp)
+                dgx + (row - r0) * H4)
         memset(dh + i * S, 0, S * sizeof(floating))   # h enters only through the gates
 
 

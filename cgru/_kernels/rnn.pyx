@@ -85,18 +85,15 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         gxr = <const floating *>P.gx + (row - P.st.row0) * P.ldgx   # gx's rows (loops.pxd)
         hn = h_next + i * H
         # 3. h' = act(clip(gx + gh + b))
+        if C.fast:
+            rnn_fwd_row(H, gxr, gh + i * H, bias, hn, C.fast == 2)   # tanh or relu (gates.h)
+            continue
         for j in range(H):
             hn[j] = gxr[j] + gh[i * H + j] + bias[j]
-        if C.fast == 1:
-            tanh_inplace(hn, H)
-        elif C.fast == 2:
-            for j in range(H):
-                hn[j] = hn[j] if hn[j] > 0 else 0
-        else:
-            if training:
-                memcpy(ws_pre + row * H, hn, H * sizeof(floating))
-            for j in range(H):
-                hn[j] = activate(&C.act, clamp(hn[j], C.has_clip, clipv))
+        if training:
+            memcpy(ws_pre + row * H, hn, H * sizeof(floating))
+        for j in range(H):
+            hn[j] = activate(&C.act, clamp(hn[j], C.has_clip, clipv))
 
 
 cdef inline size_t bwd_work(const Layer *L, int rows) noexcept nogil:
@@ -113,7 +110,6 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
     cdef Py_ssize_t row
     cdef const floating *ws_pre = <const floating *>P.pre
     cdef floating clipv = <floating>C.clip
-    cdef floating one = 1          # (a literal 1 would make Cython compute in double)
     cdef const floating *hr
     cdef floating *dar
     cdef floating v
@@ -123,16 +119,13 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         row = <Py_ssize_t>t * Lp.N + b0 + i
         dar = <floating *>P.dgx + (row - P.st.row0) * H   # the operand's rows (driver.pxi)
         hr = hn + i * H
+        if C.fast:
+            rnn_bwd_row(H, hr, dh + i * H, dar, C.fast == 2)        # tanh or relu (gates.h)
+            continue
         for j in range(H):
             v = dh[i * H + j]
-            if C.fast == 1:
-                dar[j] = v * (one - hr[j] * hr[j])
-            elif C.fast == 2:
-                dar[j] = v if hr[j] > 0 else 0
-            else:
-                dar[j] = v * activate_grad(&C.act, clamp(ws_pre[row * H + j], C.has_clip,
-                                                         clipv), hr[j]) \
-                    * clip_grad(ws_pre[row * H + j], C.has_clip, clipv)
+            dar[j] = v * activate_grad(&C.act, clamp(ws_pre[row * H + j], C.has_clip, clipv),
+                                       hr[j]) * clip_grad(ws_pre[row * H + j], C.has_clip, clipv)
             dh[i * H + j] = 0
 
 

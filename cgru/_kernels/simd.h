@@ -8,7 +8,8 @@
  *      per kept copy and reused by every step and call. Every C element is a sum over k in
  *      increasing order, whatever m, the row blocking or the thread: results do not depend on
  *      how the rows are split, so a stream's one-step products equal a whole sequence's.
- *   2. Vectorised sigmoid and tanh, float32 and float64, for the fused gate loops.
+ *   2. Vectorised sigmoid and tanh, float32 and float64, for the fused gate loops (gates.h
+ *      and the kinds' own loops).
  *
  * Each hot function is compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the
  * baseline.  The GEMM picks its version by an explicit switch on cgru_isa() (asked once,

@@ -1,0 +1,177 @@
+/* The fused gate math of one row of one step, for the cells whose activations are the
+ * defaults (sigmoid gates, tanh candidate; an RNN's tanh or relu): the elementwise part of
+ * each kind's step, between the per-step GEMMs (gru.pyx, lstm.pyx, rnn.pyx hold the
+ * equations; the other cells' rows stay in Cython, one scalar at a time).
+ *
+ * Written on simd.h's 64-byte vectors (16 floats, 8 doubles), a row in chunks of one vector;
+ * a short last chunk is loaded into a zeroed vector and stored back in part, so that every
+ * element of a row goes through the same instructions wherever it sits. Each kernel is
+ * compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the baseline, picked like the
+ * GEMM (NAME_at takes the level; NAME asks cgru_isa()). float32 rows are computed in float32
+ * throughout.
+ *
+ * Pointers may alias only where a kernel's comment says so; each chunk is read before it is
+ * written.
+ */
+#ifndef CGRU_GATES_H
+#define CGRU_GATES_H
+
+#include "simd.h"
+
+/* ---- partial vector load/store: w ≤ lanes elements at p ---------------------------------- */
+#define CGRU_DEFINE_PARTIAL(SUF, T, VT, V)                                                     \
+CGRU_INLINE VT cgru_ld_##SUF(const T *p, int w) {                                              \
+    VT v = (VT){0};                                                                            \
+    if (__builtin_expect(w >= V, 1)) memcpy(&v, p, sizeof v);     /* one vector load */        \
+    else memcpy(&v, p, (size_t)w * sizeof(T));                                                 \
+    return v;                                                                                  \
+}                                                                                              \
+CGRU_INLINE void cgru_st_##SUF(T *p, VT v, int w) {                                            \
+    if (__builtin_expect(w >= V, 1)) memcpy(p, &v, sizeof v);                                  \
+    else memcpy(p, &v, (size_t)w * sizeof(T));                                                 \
+}
+CGRU_DEFINE_PARTIAL(f32, float, cgru_vf, 16)
+CGRU_DEFINE_PARTIAL(f64, double, cgru_vd, 8)
+
+/* ---- lanes where x > 0: v there, else 0 (a NaN x gives 0) ---------------------------------- */
+CGRU_INLINE cgru_vf cgru_where_pos_f32(cgru_vf x, cgru_vf v) { return (cgru_vf)((cgru_vi)v & (x > 0)); }
+CGRU_INLINE cgru_vd cgru_where_pos_f64(cgru_vd x, cgru_vd v) { return (cgru_vd)((cgru_vl)v & (x > 0)); }
+
+/* ---- the kernels' bodies, one row; V lanes, LD/ST partial, SIG/TANH the vector activations */
+
+/* GRU, reset-after, one row of steps 3-5:
+ *   r = σ(gx_r + gh_r + b_r), z = σ(gx_z + gh_z + b_z), hn = gh_n + b_Rn,
+ *   n = tanh(gx_n + b_Wn + r ⊙ hn), h' = n + z ⊙ (h − n)  (flip: h' = h + z ⊙ (n − h)).
+ * In: gx [3H], gh [3H], b [3H] (b_r, b_z, b_Wn), bhn [H], hp [H]. Out: g3 [3H] = r, z, n;
+ * hn [H] (may be gh + 2H); hnew [H].                                                          */
+#define CGRU_GRU_FWD_RA_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                                 \
+    for (int j = 0; j < H; j += V) {                                                           \
+        int w = H - j;                                                                         \
+        VT r = SIG(LD(gx + j, w) + LD(gh + j, w) + LD(b + j, w));                              \
+        VT z = SIG(LD(gx + H + j, w) + LD(gh + H + j, w) + LD(b + H + j, w));                  \
+        VT hnv = LD(gh + 2 * H + j, w) + LD(bhn + j, w);                                       \
+        VT n = TANH(LD(gx + 2 * H + j, w) + LD(b + 2 * H + j, w) + r * hnv);                   \
+        VT h = LD(hp + j, w);                                                                  \
+        VT hv = flip ? h + z * (n - h) : n + z * (h - n);                                      \
+        ST(g3 + j, r, w); ST(g3 + H + j, z, w); ST(g3 + 2 * H + j, n, w);                      \
+        ST(hn + j, hnv, w); ST(hnew + j, hv, w);                                               \
+    }
+
+/* GRU, reset-after, one row of bwd of 5, 4, 3: reads g3 = r, z, n, hp [H], hn [H]; turns dh
+ * [H] into dh_prev before the recurrent product; writes dgx [3H] and dgh [3H]:
+ *   dn = dh ⊙ (1 − z), dz = dh ⊙ (h − n), dh_prev = dh ⊙ z   (flip: dn = dh ⊙ z,
+ *   dz = dh ⊙ (n − h), dh_prev = dh ⊙ (1 − z));  dpn = dn ⊙ (1 − n²), dpz = dz ⊙ z(1 − z),
+ *   dpr = dpn ⊙ hn ⊙ r(1 − r);  dgx = dpr, dpz, dpn;  dgh = dpr, dpz, dpn ⊙ r.              */
+#define CGRU_GRU_BWD_RA_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                                 \
+    for (int j = 0; j < H; j += V) {                                                           \
+        int w = H - j;                                                                         \
+        VT r = LD(g3 + j, w), z = LD(g3 + H + j, w), n = LD(g3 + 2 * H + j, w);                \
+        VT h = LD(hp + j, w), d = LD(dh + j, w), one = (VT){0} + 1;                            \
+        VT dn, dz;                                                                             \
+        if (flip) { dn = d * z; dz = d * (n - h); ST(dh + j, d * (one - z), w); }              \
+        else      { dn = d * (one - z); dz = d * (h - n); ST(dh + j, d * z, w); }              \
+        VT dpn = dn * (one - n * n);                                                           \
+        VT dpz = dz * z * (one - z);                                                           \
+        VT dpr = dpn * LD(hn + j, w) * r * (one - r);                                          \
+        ST(dgx + j, dpr, w); ST(dgx + H + j, dpz, w); ST(dgx + 2 * H + j, dpn, w);             \
+        ST(dgh + j, dpr, w); ST(dgh + H + j, dpz, w); ST(dgh + 2 * H + j, dpn * r, w);         \
+    }
+
+/* LSTM (no peepholes, no projection's part here), one row of steps 3-5:
+ *   i, f, o = σ(gx + gh + b), g = tanh(gx_g + gh_g + b_g), c' = f ⊙ c + i ⊙ g,
+ *   hf = o ⊙ tanh(c').  In: gx, gh, b [4H] (i, f, g, o), cp [H]. Out: g4 [4H], cn [H], hf [H]. */
+#define CGRU_LSTM_FWD_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                                   \
+    for (int j = 0; j < H; j += V) {                                                           \
+        int w = H - j;                                                                         \
+        VT i = SIG(LD(gx + j, w) + LD(gh + j, w) + LD(b + j, w));                              \
+        VT f = SIG(LD(gx + H + j, w) + LD(gh + H + j, w) + LD(b + H + j, w));                  \
+        VT g = TANH(LD(gx + 2 * H + j, w) + LD(gh + 2 * H + j, w) + LD(b + 2 * H + j, w));     \
+        VT o = SIG(LD(gx + 3 * H + j, w) + LD(gh + 3 * H + j, w) + LD(b + 3 * H + j, w));      \
+        VT c = f * LD(cp + j, w) + i * g;                                                      \
+        ST(g4 + j, i, w); ST(g4 + H + j, f, w); ST(g4 + 2 * H + j, g, w);                      \
+        ST(g4 + 3 * H + j, o, w); ST(cn + j, c, w); ST(hf + j, o * TANH(c), w);                \
+    }
+
+/* LSTM, one row of bwd of 5, 4, 3: reads g4 = i, f, g, o, cp, cn, dhf [H]; turns the carry dc
+ * [H] into dc_prev; writes da [4H]:
+ *   hc = tanh(c'), dc += dhf ⊙ o ⊙ (1 − hc²);  da_i = dc ⊙ g ⊙ i(1 − i),
+ *   da_f = dc ⊙ c ⊙ f(1 − f), da_g = dc ⊙ i ⊙ (1 − g²), da_o = dhf ⊙ hc ⊙ o(1 − o);
+ *   dc_prev = dc ⊙ f.                                                                         */
+#define CGRU_LSTM_BWD_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                                   \
+    for (int j = 0; j < H; j += V) {                                                           \
+        int w = H - j;                                                                         \
+        VT i = LD(g4 + j, w), f = LD(g4 + H + j, w), g = LD(g4 + 2 * H + j, w);                \
+        VT o = LD(g4 + 3 * H + j, w), dhv = LD(dhf + j, w), one = (VT){0} + 1;                 \
+        VT hc = TANH(LD(cn + j, w));                                                           \
+        VT dcj = LD(dc + j, w) + dhv * o * (one - hc * hc);                                    \
+        ST(da + j, dcj * g * i * (one - i), w);                                                \
+        ST(da + H + j, dcj * LD(cp + j, w) * f * (one - f), w);                                \
+        ST(da + 2 * H + j, dcj * i * (one - g * g), w);                                        \
+        ST(da + 3 * H + j, dhv * hc * o * (one - o), w);                                       \
+        ST(dc + j, dcj * f, w);                                                                \
+    }
+
+/* RNN, one row of step 3: h' = act(gx + gh + b), act = tanh (relu = 0) or relu (1: x > 0 ? x
+ * : 0, so NaN gives 0). In: gx, gh, b [H]. Out: hn [H].                                       */
+#define CGRU_RNN_FWD_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                                    \
+    for (int j = 0; j < H; j += V) {                                                           \
+        int w = H - j;                                                                         \
+        VT a = LD(gx + j, w) + LD(gh + j, w) + LD(b + j, w);                                   \
+        if (relu) ST(hn + j, POS(a, a), w);                                                    \
+        else ST(hn + j, TANH(a), w);                                                           \
+    }
+
+/* RNN, one row of its backward: da = dh ⊙ act'(h') (tanh: 1 − h'², relu: h' > 0), then the
+ * carry dh [H] is cleared (h enters the previous step only through R). In: h [H].          */
+#define CGRU_RNN_BWD_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                                    \
+    for (int j = 0; j < H; j += V) {                                                           \
+        int w = H - j;                                                                         \
+        VT h = LD(hn + j, w), d = LD(dh + j, w), one = (VT){0} + 1;                            \
+        if (relu) ST(da + j, POS(h, d), w);                                                    \
+        else ST(da + j, d * (one - h * h), w);                                                 \
+        ST(dh + j, (VT){0}, w);                                                                \
+    }
+
+/* One kernel in three compiled versions and its dispatch: NAME_v4, NAME_v3, NAME_base;
+ * NAME_at(level, …) and NAME(…) (the machine's level).                                        */
+#define CGRU_DEFINE_ROW_KERNEL(NAME, BODY, T, VT, V, SUF, SIG, TANH, PARAMS, ARGS)             \
+CGRU_TARGET_V4 static void NAME##_v4 PARAMS { CGRU_APPLY(BODY, T, VT, V, CGRU_ROW_OPS(SUF, SIG, TANH)) } \
+CGRU_TARGET_V3 static void NAME##_v3 PARAMS { CGRU_APPLY(BODY, T, VT, V, CGRU_ROW_OPS(SUF, SIG, TANH)) } \
+static void NAME##_base PARAMS { CGRU_APPLY(BODY, T, VT, V, CGRU_ROW_OPS(SUF, SIG, TANH)) }    \
+static inline void NAME##_at(int isa, CGRU_UNPAREN PARAMS) {                                   \
+    switch (isa) {                                                                             \
+    case 4: NAME##_v4 ARGS; break;                                                             \
+    case 3: NAME##_v3 ARGS; break;                                                             \
+    default: NAME##_base ARGS; break;                                                          \
+    }                                                                                          \
+}                                                                                              \
+static inline void NAME(CGRU_UNPAREN PARAMS) { NAME##_at(cgru_isa(), CGRU_UNPAREN ARGS); }
+#define CGRU_UNPAREN(...) __VA_ARGS__
+#define CGRU_APPLY(M, ...) M(__VA_ARGS__)
+#define CGRU_ROW_OPS(SUF, SIG, TANH) cgru_ld_##SUF, cgru_st_##SUF, SIG, TANH, cgru_where_pos_##SUF
+
+#define CGRU_DEFINE_GATES(SUF, T, VT, V, SIG, TANH)                                            \
+CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_ra_##SUF, CGRU_GRU_FWD_RA_BODY, T, VT, V, SUF, SIG, TANH,  \
+    (int H, const T *gx, const T *gh, const T *b, const T *bhn, const T *hp, T *g3, T *hn,     \
+     T *hnew, int flip),                                                                       \
+    (H, gx, gh, b, bhn, hp, g3, hn, hnew, flip))                                               \
+CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_ra_##SUF, CGRU_GRU_BWD_RA_BODY, T, VT, V, SUF, SIG, TANH,  \
+    (int H, const T *g3, const T *hp, const T *hn, T *dh, T *dgx, T *dgh, int flip),           \
+    (H, g3, hp, hn, dh, dgx, dgh, flip))                                                       \
+CGRU_DEFINE_ROW_KERNEL(cgru_lstm_fwd_##SUF, CGRU_LSTM_FWD_BODY, T, VT, V, SUF, SIG, TANH,      \
+    (int H, const T *gx, const T *gh, const T *b, const T *cp, T *g4, T *cn, T *hf),           \
+    (H, gx, gh, b, cp, g4, cn, hf))                                                            \
+CGRU_DEFINE_ROW_KERNEL(cgru_lstm_bwd_##SUF, CGRU_LSTM_BWD_BODY, T, VT, V, SUF, SIG, TANH,      \
+    (int H, const T *g4, const T *cp, const T *cn, const T *dhf, T *dc, T *da),                \
+    (H, g4, cp, cn, dhf, dc, da))                                                              \
+CGRU_DEFINE_ROW_KERNEL(cgru_rnn_fwd_##SUF, CGRU_RNN_FWD_BODY, T, VT, V, SUF, SIG, TANH,        \
+    (int H, const T *gx, const T *gh, const T *b, T *hn, int relu),                            \
+    (H, gx, gh, b, hn, relu))                                                                  \
+CGRU_DEFINE_ROW_KERNEL(cgru_rnn_bwd_##SUF, CGRU_RNN_BWD_BODY, T, VT, V, SUF, SIG, TANH,        \
+    (int H, const T *hn, T *dh, T *da, int relu),                                              \
+    (H, hn, dh, da, relu))
+
+CGRU_DEFINE_GATES(f32, float, cgru_vf, 16, cgru_vsigmoidf, cgru_vtanhf)
+CGRU_DEFINE_GATES(f64, double, cgru_vd, 8, cgru_vsigmoidd, cgru_vtanhd)
+
+#endif
