@@ -479,3 +479,41 @@ def test_forward_and_backward_in_blocks_of_time(monkeypatch, case):
     ref = [want[0], want[1], want[-1].flat()] + ([want[2]] if c0 is not None else [])
     for a, w in zip(one, ref):
         np.testing.assert_allclose(a, w, rtol=1e-9, atol=1e-9)
+
+
+def test_a_sealed_network_keeps_its_weights_proof_and_plans_only_for_what_they_belong_to():
+    """A sealed network keeps its ``Frozen`` (the call's weights, their packs, bias sums and
+    forward plans) from call to call: the next call of the same network takes it as it is.
+    What it keeps belongs to exactly what it was made for: a network built without a cell runs
+    the cell each call names (the deprecated ``cell=``), and a call of another cell or another
+    shape gets its own fixed arguments and plan — every result bitwise that of an unsealed copy
+    of the network, in any order of calls."""
+    import warnings
+    from cgru.core import reference, weights
+    topo = cgru.Topology(5, 8, 2, direction="bidirectional")
+    plain = cgru.Network.random(topo, np.float64, seed=3)          # built without a cell
+    sealed = plain.sealed()
+    assert weights.freeze(sealed) is weights.freeze(sealed)
+    assert weights.freeze(plain) is not weights.freeze(plain)       # unsealed: proven per call
+    rng = np.random.default_rng(4)
+    xs = {(T, N): rng.standard_normal((T, N, 5)) for T, N in ((3, 2), (1, 1), (4, 3))}
+    cells = [cgru.GRUCell(), cgru.GRUCell(reset_after=False),
+             cgru.GRUCell(flip_z=True, reset_after=False), None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for cell in cells * 2:                       # every cell and shape twice, interleaved
+            for (T, N), x in xs.items():
+                for training in (False, True):
+                    got = cgru.forward(sealed, x, cell=cell, training=training)
+                    want = cgru.forward(plain.copy(), x, cell=cell, training=training)
+                    np.testing.assert_array_equal(got.y, want.y)
+                    np.testing.assert_array_equal(got.hy, want.hy)
+                    if training:
+                        dy = np.cos(got.y)
+                        g = cgru.backward(sealed, x, got.reserve, dy, cell=cell)
+                        h = cgru.backward(plain, x, want.reserve, dy, cell=cell)
+                        np.testing.assert_array_equal(g.dx, h.dx)
+                        np.testing.assert_array_equal(g.dparams.flat(), h.dparams.flat())
+    ref = reference.forward(plain.with_cell(cells[1]), xs[3, 2])
+    np.testing.assert_allclose(cgru.forward(sealed.with_cell(cells[1]), xs[3, 2]).y, ref[0],
+                               rtol=1e-12, atol=1e-12)

@@ -160,7 +160,7 @@ class ForwardCall:
         self.net, self.cell, self.kind = net, cell, kinds.of(cell)
         self.x, self.T, self.N = x, x.shape[0], x.shape[1]
         if lengths is None:
-            lengths = np.full(self.N, self.T, np.int64)
+            lengths = validate.full_lengths(self.T, self.N)
         self.h0, self.c0, self.lengths, self.mask = h0, c0, lengths, mask
         self.dropout, self.seed, self.seed2 = dropout, seed, seed2
         self.training, self.batch_major, self.num_threads = training, batch_major, num_threads

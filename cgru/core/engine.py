@@ -181,11 +181,14 @@ def run_forward(call, workspace=None, out=None):
     h0, c0 = call.h0, call.c0
     kernels = BACKEND.kernels(kind)
 
-    # --- plan
-    chunks = plan.n_chunks(N, H)
-    threads = plan.loop_threads(nt, T, N, H, D, G)
+    # --- plan (a sealed network's ``Frozen`` keeps it for the calls of the same shapes)
+    chunks, threads, space, Tb = call.frozen.memo(
+        ("forward plan", call.frozen.cell_key(cell), T, N, nt, training, h0 is None,
+         c0 is None),
+        lambda: (plan.n_chunks(N, H), plan.loop_threads(nt, T, N, H, D, G),
+                 forward_workspace(kind, cell, topo, dtype, T, N, training, h0 is None,
+                                   c0 is None), plan.time_block(T, N)))
     X = call.x.reshape(T * N, topo.input_size)
-    space = forward_workspace(kind, cell, topo, dtype, T, N, training, h0 is None, c0 is None)
     if workspace is not None:
         buf = space.allocate(workspace)
     elif training:
@@ -214,7 +217,6 @@ def run_forward(call, workspace=None, out=None):
         if call.dropout > 0 else None
 
     # --- run
-    Tb = plan.time_block(T, N)
     for layer in range(L):
         last = layer == L - 1
         if last:
@@ -240,9 +242,9 @@ def run_forward(call, workspace=None, out=None):
                                             buf[f"gx{d}"][:rows], nt)
                 common = dict(reverse=rev, gx=gx, ldgx=ldgx, h0=hy[i] if s0 else h0[i],
                               hy=hy[i], states=saved.get("states"), pre=saved.get("pre"),
-                              row0=r0, **kind.packs(call.frozen, i, cell, H, True))
+                              row0=r0, **call.frozen.direction_args(kind, cell, i, True))
                 dirs.append(kind.forward_direction(
-                    kernels, common, cell, H, net[i], saved,
+                    kernels, common, cell, saved,
                     (cy[i] if s0 else c0[i]) if lstm else None, cy[i] if lstm else None))
             kernels.forward_layer(dtype, T, N, H, S, chunks, threads, cell, call.lengths,
                                   call.mask, out, dirs, training, buf["scratch"],
@@ -442,7 +444,7 @@ def run_backward(call, workspace=None, out=None):
                 carry_c = (dc0[i] if s0 else None if dcy is None else dcy[i]) if lstm else None
                 common = dict(reverse=rev, pre=saved.get("pre"), states=saved["states"],
                               dhy=carry_h, dh0=dh0[i], dgx=bl["dgx"][d], hm=bl["hm"][d],
-                              row0=t0 * N, **kind.packs(call.frozen, i, cell, H, False))
+                              row0=t0 * N, **call.frozen.direction_args(kind, cell, i, False))
                 dirs.append(kind.backward_direction(kernels, common, cell, net[i], saved, bl, d,
                                                     carry_c, dc0[i] if lstm else None))
             kernels.backward_layer(dtype, T, N, H, S, chunks, threads, cell, lengths, mask,

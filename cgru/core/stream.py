@@ -91,16 +91,15 @@ class Stream:
 
     def refresh(self):
         """Take a new snapshot of the network's weights (after they changed in place)."""
-        cell, topo = self.net.cell, self.net.topology
         frozen = weights.freeze(self.net)
         self._frozen = frozen
         # per layer, the time loop's fixed arguments (its recurrent packs among them)
         self._layers = []
-        for i, lp in enumerate(frozen.net.layers):
+        for i in range(len(frozen.net.layers)):
             frozen.packed(i, "W", True)                        # gx = x·Wᵀ, packed now
             self._layers.append(dict(reverse=False,
-                                     **self._kind.packs(frozen, i, cell, topo.hidden_size, True),
-                                     **self._kind.fixed(lp, cell, topo.hidden_size)))
+                                     **frozen.direction_args(self._kind, self.net.cell, i,
+                                                             True)))
 
     def step(self, x, state=None):
         net, topo, dtype = self.net, self.net.topology, self.net.dtype

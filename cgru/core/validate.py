@@ -11,6 +11,7 @@ The limits (``call_sizes``, ``nbytes_limit``): every matrix dimension and ``T·N
 kernels' 32-bit BLAS integers (``INT_MAX``); no buffer is larger than ``MAX_BYTES``.  The size
 queries apply the same limits as the calls, in closed form.
 """
+import functools
 import math
 import numbers
 
@@ -220,11 +221,20 @@ def _check_cell_for_dtype(cell, dtype, what):
 
 
 # --- sequences -----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)
+def full_lengths(T, N):
+    """The lengths of ``N`` sequences of ``T`` steps: int64 ``[N]``, read-only (one array per
+    ``(T, N)`` shared by the calls of that shape)."""
+    out = np.full(N, T, dtype=np.int64)
+    out.flags.writeable = False
+    return out
+
+
 def lengths(value, T, N, what="lengths", T_name="T"):
-    """Sequence lengths: ``None`` → all ``T``; else integers ``[N]`` in ``[0, T]`` (any
-    order) as int64."""
+    """Sequence lengths: ``None`` → all ``T`` (``full_lengths``, read-only); else integers
+    ``[N]`` in ``[0, T]`` (any order) as int64."""
     if value is None:
-        return np.full(N, T, dtype=np.int64)
+        return full_lengths(T, N)
     if isinstance(value, np.ndarray):
         plain_array(value, what)
         arr = value

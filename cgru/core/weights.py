@@ -29,7 +29,9 @@ reads only the copies, never the caller's arrays again.  So:
 ``bytes`` object that no array can write, so the array itself serves as the call's copy, with
 no comparison and no copy (a C-contiguous, aligned view; other views are copied as usual);
 its ``Kept`` (and so its packs) hangs on that memory object and is freed with it, outside the
-cache and its bound.
+cache and its bound.  A network whose every array is sealed keeps its ``Frozen`` too, so its
+next call skips even the lookups (proof: the same layer tuple, each array's same address,
+shape, strides and dtype).
 
 ``cgru.Stream`` keeps the ``Frozen`` network of its last ``refresh`` (its snapshot).
 """
@@ -51,6 +53,7 @@ _reuse = True                 # False: nothing is kept between calls (the tests'
 _cache = collections.OrderedDict()   # key -> Kept, least recently used first
 _cached_bytes = 0
 _lock = threading.RLock()     # re-entrant: an owner's finalisation may drop an entry anywhere
+_frozen_sealed = weakref.WeakKeyDictionary()   # a sealed network -> (layers, keys, its Frozen)
 
 
 class Kept:
@@ -172,11 +175,44 @@ class Frozen:
     """The weights of one call: ``net`` (a ``Network`` of the kept copies, the caller's cell
     and topology) and ``kept[i][name]`` (the ``Kept`` of layer-direction ``i``'s array)."""
 
-    __slots__ = ("net", "kept")
+    __slots__ = ("net", "kept", "_args")
 
     def __init__(self, net, kept):
         self.net = net
         self.kept = kept
+        self._args = {}
+
+    def direction_args(self, kind, cell, i, forward):
+        """Layer-direction ``i``'s fixed arguments of the kernels (``Direction`` keywords) for
+        a call of ``cell`` (its ``kind``), made once per ``Frozen`` and cell: forward, the
+        packs of the recurrent weights and the kind's ``fixed`` (the bias sums…, read-only);
+        backward, the packs.  They derive from the kept copies alone, which nothing writes, so
+        they hold as long as this ``Frozen`` (a sealed network's serves call after call)."""
+        return self.memo(("direction", self.cell_key(cell), i, bool(forward)),
+                         lambda: self._direction_args(kind, cell, i, forward))
+
+    def cell_key(self, cell):
+        """``cell`` in a ``memo`` key: None for the network's own (the usual call, no hashing),
+        else the cell value (a network built without a cell runs any cell of its gate count)."""
+        return None if cell is self.net.cell else cell
+
+    def _direction_args(self, kind, cell, i, forward):
+        H = self.net.topology.hidden_size
+        found = dict(kind.packs(self, i, cell, H, forward))
+        if forward:
+            for name, a in kind.fixed(self.net[i], cell, H).items():
+                if a is not None and a.flags.writeable:
+                    a.flags.writeable = False
+                found[name] = a
+        return found
+
+    def memo(self, key, make):
+        """``make()``, made once per ``Frozen`` and ``key``: for what is a function of these
+        weights (and of what ``key`` names) alone."""
+        found = self._args.get(key)
+        if found is None:
+            found = self._args.setdefault(key, make())
+        return found
 
     def fingerprints(self):
         """Every array's fingerprint in order (layer-directions, then names): what the reserve's
@@ -195,12 +231,27 @@ class Frozen:
 
 def freeze(net):
     """The ``Frozen`` weights of ``net`` for one call (see the module docstring)."""
+    memo = _frozen_sealed.get(net) if _reuse else None
+    if memo is not None and memo[0] is net.layers and memo[1] == _array_keys(net):
+        return memo[2]
     kept, layers = [], []
     for lp in net.layers:
         ks = {name: keep(a) for name, a in lp.arrays().items()}
         kept.append(ks)
         layers.append(LayerParams(**{name: k.array for name, k in ks.items()}))
-    return Frozen(net.with_layers(layers), kept)
+    frozen = Frozen(net.with_layers(layers), kept)
+    if _reuse and all(k.array is a for lp, ks in zip(net.layers, kept)
+                      for a, k in zip(lp.arrays().values(), ks.values())):
+        # every array serves as its own copy: sealed memory, which nothing writes. The same
+        # layers (an immutable tuple of frozen LayerParams) over arrays of the same address,
+        # shape, strides and dtype are then these weights, so the next call of this network
+        # takes this Frozen as it is.
+        _frozen_sealed[net] = (net.layers, _array_keys(net), frozen)
+    return frozen
+
+
+def _array_keys(net):
+    return tuple(array_key(a) for lp in net.layers for a in lp.arrays().values())
 
 
 def release():

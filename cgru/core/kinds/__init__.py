@@ -10,6 +10,7 @@ over the protocol (``base.Kind``) and never ask which kind they hold:
 ``saved_regions``           what a training forward saves per layer-direction (the reserve)
 ``kernels``                 its compiled time loops (imported on first use)
 ``fixed``, ``packs``        the kernels' fixed arguments (bias sums…), packed recurrent weights
+                            (made once per call's weights: ``weights.Frozen.direction_args``)
 ``forward_direction``       a layer-direction's forward, bound for the kernels
 ``backward_buffers``,       the backward's per-direction buffers, and a layer-direction's
 ``backward_direction``      backward bound for the kernels

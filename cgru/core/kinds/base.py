@@ -78,11 +78,12 @@ class Kind:
         return {"Rp" if forward else "Rb": frozen.packed(i, "R", forward)}
 
     # --- binding a layer-direction for the kernels ---------------------------------------
-    def forward_direction(self, kernels, common, cell, H, lp, saved, c0, cy):
+    def forward_direction(self, kernels, common, cell, saved, c0, cy):
         """The kernels' ``Direction`` of one layer-direction's forward: ``common`` holds what
-        every kind takes (reverse, gx, ldgx, h0, hy, its packs, states, pre), ``saved`` its
-        reserve views (``{}`` in inference), ``c0``/``cy`` the cell states (LSTM)."""
-        return kernels.Direction(**self.fixed(lp, cell, H), **common)
+        every kind takes (reverse, gx, ldgx, h0, hy, states, pre) and its fixed arguments (its
+        packs and ``fixed``: ``weights.Frozen.direction_args``), ``saved`` its reserve views
+        (``{}`` in inference), ``c0``/``cy`` the cell states (LSTM)."""
+        return kernels.Direction(**common)
 
     def backward_buffers(self, cell, topology, d, TN):
         """``[(name, shape)]`` of direction ``d``'s backward buffers (one of each name per

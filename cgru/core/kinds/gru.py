@@ -144,9 +144,8 @@ class GRU(Kind):
         return {tag: frozen.packed(i, "R", forward, (0, 2 * H)),
                 tag + "_n": frozen.packed(i, "R", forward, (2 * H, 3 * H))}
 
-    def forward_direction(self, kernels, common, cell, H, lp, saved, c0, cy):
-        return kernels.Direction(**self.fixed(lp, cell, H), hn=saved.get("hn"),
-                                      gates=saved.get("gates"), **common)
+    def forward_direction(self, kernels, common, cell, saved, c0, cy):
+        return kernels.Direction(hn=saved.get("hn"), gates=saved.get("gates"), **common)
 
     def backward_buffers(self, cell, topology, d, TN):
         H = topology.hidden_size

@@ -120,10 +120,9 @@ class LSTM(Kind):
         """``b = b_W + b_R`` and the peepholes ``P`` (None without)."""
         return {"b": lp.b_W + lp.b_R, "P": lp.P}
 
-    def forward_direction(self, kernels, common, cell, H, lp, saved, c0, cy):
-        return kernels.Direction(**self.fixed(lp, cell, H), c0=c0, cy=cy,
-                                      gates=saved.get("gates"), cstates=saved.get("cstates"),
-                                      hf=saved.get("hf"), **common)
+    def forward_direction(self, kernels, common, cell, saved, c0, cy):
+        return kernels.Direction(c0=c0, cy=cy, gates=saved.get("gates"),
+                                 cstates=saved.get("cstates"), hf=saved.get("hf"), **common)
 
     def backward_buffers(self, cell, topology, d, TN):
         extra = [("dhp", (TN, topology.state_size))] if topology.proj_size else []
