@@ -514,6 +514,10 @@ def test_a_sealed_network_keeps_its_weights_proof_and_plans_only_for_what_they_b
                         h = cgru.backward(plain, x, want.reserve, dy, cell=cell)
                         np.testing.assert_array_equal(g.dx, h.dx)
                         np.testing.assert_array_equal(g.dparams.flat(), h.dparams.flat())
+    # the plans kept are bounded, whatever the number of shapes a network sees
+    for T in range(1, 3 * weights.Frozen.PLANS):
+        cgru.forward(sealed, rng.standard_normal((T, 1, 5)))
+    assert len(weights.freeze(sealed)._plans) == weights.Frozen.PLANS
     ref = reference.forward(plain.with_cell(cells[1]), xs[3, 2])
     np.testing.assert_allclose(cgru.forward(sealed.with_cell(cells[1]), xs[3, 2]).y, ref[0],
                                rtol=1e-12, atol=1e-12)

@@ -182,7 +182,7 @@ def run_forward(call, workspace=None, out=None):
     kernels = BACKEND.kernels(kind)
 
     # --- plan (a sealed network's ``Frozen`` keeps it for the calls of the same shapes)
-    chunks, threads, space, Tb = call.frozen.memo(
+    chunks, threads, space, Tb = call.frozen.plan(
         ("forward plan", call.frozen.cell_key(cell), T, N, nt, training, h0 is None,
          c0 is None),
         lambda: (plan.n_chunks(N, H), plan.loop_threads(nt, T, N, H, D, G),

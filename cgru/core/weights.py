@@ -175,12 +175,16 @@ class Frozen:
     """The weights of one call: ``net`` (a ``Network`` of the kept copies, the caller's cell
     and topology) and ``kept[i][name]`` (the ``Kept`` of layer-direction ``i``'s array)."""
 
-    __slots__ = ("net", "kept", "_args")
+    __slots__ = ("net", "kept", "_args", "_plans", "_plans_lock")
+
+    PLANS = 16          # the forward plans kept, for the most recent shapes
 
     def __init__(self, net, kept):
         self.net = net
         self.kept = kept
         self._args = {}
+        self._plans = collections.OrderedDict()
+        self._plans_lock = threading.Lock()
 
     def direction_args(self, kind, cell, i, forward):
         """Layer-direction ``i``'s fixed arguments of the kernels (``Direction`` keywords) for
@@ -208,10 +212,25 @@ class Frozen:
 
     def memo(self, key, make):
         """``make()``, made once per ``Frozen`` and ``key``: for what is a function of these
-        weights (and of what ``key`` names) alone."""
+        weights (and of what ``key`` names) alone, and of few keys (layer-directions, cells)."""
         found = self._args.get(key)
         if found is None:
             found = self._args.setdefault(key, make())
+        return found
+
+    def plan(self, key, make):
+        """As ``memo``, for keys that name shapes (a network may see many): the ``PLANS`` most
+        recently used are kept."""
+        with self._plans_lock:
+            found = self._plans.get(key)
+            if found is not None:
+                self._plans.move_to_end(key)
+                return found
+        found = make()
+        with self._plans_lock:
+            self._plans[key] = found
+            if len(self._plans) > self.PLANS:
+                self._plans.popitem(last=False)
         return found
 
     def fingerprints(self):
