@@ -11,6 +11,9 @@ Oracles, each able to fail:
 3. The NumPy reference over dtypes, directions, depths and lengths; onnxruntime's ``LSTM`` and
    ``RNN`` operators for the forward.
 4. Thread-count independence (bitwise), the reserve's size query, bad input.
+
+Every test runs with the ``poison`` fixture (engine buffers start as NaN), so an element a
+kernel or the engine leaves unwritten shows.
 """
 import math
 
@@ -21,6 +24,8 @@ import cgru
 from cgru import LSTMCell, Network, RNNCell, Topology
 from cgru.core import gradcheck, reference
 from conftest import run_torch_rnn
+
+pytestmark = pytest.mark.usefixtures("poison")
 
 KINDS = {
     "lstm": LSTMCell(),

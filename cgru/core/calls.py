@@ -231,7 +231,7 @@ def open_reserve(reserve, net, cell, T, N, batch_major, what="reserve", inferenc
     """The reserve's views (``reserve.Opened``) after checking that it is one, of this model
     and layout (not yet that its forward had this call's arrays: ``BackwardCall.check``)."""
     topo, dtype = net.topology, net.dtype
-    layout = reserve_mod.Layout(topo, cell, T, N, dtype)
+    layout = reserve_mod.layout_of(topo, cell, T, N, dtype)
     return reserve_mod.read(reserve, layout, batch_major=batch_major, what=what,
                             inference_hint=inference_hint)
 

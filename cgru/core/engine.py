@@ -205,7 +205,7 @@ def run_forward(call, workspace=None, out=None):
     y = _output(given if not call.batch_major else {}, "y", (T, N, DS), dtype)
     rv, lds, xin = None, None, None
     if training:
-        layout = reserve_mod.Layout(topo, cell, T, N, dtype)
+        layout = reserve_mod.layout_of(topo, cell, T, N, dtype)
         rv, (_, _, lds, xin) = reserve_mod.create(
             layout, lengths=call.lengths, dropout=call.dropout, seed=call.seed,
             seed2=call.seed2, batch_major=call.batch_major, x=reserve_mod.data_mac(b"x", call.x),
@@ -411,8 +411,10 @@ def run_backward(call, workspace=None, out=None):
     dx = _output(given if not call.batch_major else {}, "dx", (T, N, topo.input_size),
                  dtype).reshape(T * N, topo.input_size)
     # Computed into a buffer of our own and handed over only when the call has succeeded, so
-    # that a failing or interrupted call leaves the caller's dparams as they were.
-    grads = Network.zeros(topo, dtype, cell=cell)
+    # that a failing or interrupted call leaves the caller's dparams as they were.  Every
+    # element is written (set by the first block of time, added by the others), so it starts
+    # empty (poisoned under the tests: an element left unwritten shows as NaN).
+    grads = Network._allocated(topo, dtype, plan.empty, cell)
     masks = dropout_mod.dropout_masks(topo, T, N, dropout=opened.dropout,
                                       seed=(opened.seed, opened.seed2), dtype=dtype) \
         if opened.dropout > 0 else None

@@ -340,9 +340,15 @@ class Network:
     # --- constructors ---------------------------------------------------------------------
     @classmethod
     def zeros(cls, topology, dtype=np.float32, *, cell=None):
+        return cls._allocated(topology, dtype, np.zeros, cell)
+
+    @classmethod
+    def _allocated(cls, topology, dtype, allocate, cell=None):
+        """A network whose every array is ``allocate(shape, dtype)`` (``np.zeros``; the
+        backward's gradients: ``plan.empty``, every element of which it writes)."""
         dt = as_dtype(dtype)
         c = cell or _DEFAULT_CELL
-        return cls(topology, [LayerParams(**{k: np.zeros(s, dt) for k, s in
+        return cls(topology, [LayerParams(**{k: allocate(s, dt) for k, s in
                                              _shapes(topology, c, i).items()})
                               for i in range(topology.num_layer_directions)], cell)
 

@@ -47,6 +47,7 @@ once per process, so nobody who chooses the inputs can steer a collision, and a 
 valid only in the process that made it and its forked children.  One pass over each array,
 memory-bound; the weights' fingerprints are taken once per kept copy (``weights``).
 """
+import functools
 import hashlib
 import math
 import os
@@ -165,6 +166,14 @@ def reserve_nbytes(topology, T, N, *, cell=None, dtype=np.float32):
     return validate.nbytes_limit(nbytes, f"T={T}, N={N} (with {topology})", "the reserve")
 
 
+@functools.lru_cache(maxsize=256)
+def layout_of(topology, cell, T, N, dtype):
+    """The ``Layout`` of these values, made once for the calls of the same model and shapes
+    (a layout is never changed once made)."""
+    return Layout(topology, cell, T, N, dtype)
+
+
+@functools.lru_cache(maxsize=256)
 def model_digest(topology, cell, T, N, dtype, batch_major):
     key = repr((topology, cell, T, N, np.dtype(dtype).str, bool(batch_major))).encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=7).digest(), "little")
