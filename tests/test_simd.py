@@ -252,7 +252,7 @@ def _sig(x):
 
 def _gate_row_numpy(kernel, o, H, option):
     """What ``K.gate_row`` computes, in float64 from the operands ``o``."""
-    o = {k: np.asarray(v, np.float64) for k, v in o.items()}
+    o = {k: np.asarray(v, np.float64) for k, v in o.items() if v is not None}
 
     def part(a, q):
         return a[q * H:(q + 1) * H]
@@ -276,6 +276,30 @@ def _gate_row_numpy(kernel, o, H, option):
         dpr = dpn * o["hn"] * r * (1 - r)
         return {"dh": dh_prev, "dgx": np.concatenate([dpr, dpz, dpn]),
                 "dgh": np.concatenate([dpr, dpz, dpn * r])}
+    m = o.get("m")
+    m = 1.0 if m is None else m
+    if kernel == "gru_fwd_rb_rz":
+        pre = o["gx"] + o["gh"] + o["b"]
+        r, z = _sig(part(pre, 0)), _sig(part(pre, 1))
+        return {"g3": np.concatenate([r, z]), "rh": r * o["hp"] * m}
+    if kernel == "gru_fwd_rb_n":
+        n = np.tanh(o["gxn"] + o["ghn"] + o["bn"])
+        z, hp = o["z"], o["hp"]
+        return {"n": n, "hnew": hp + z * (n - hp) if option else n + z * (hp - n)}
+    if kernel == "gru_bwd_rb":
+        r, z, n = (part(o["g3"], q) for q in range(3))
+        dh, hp = o["dh"], o["hp"]
+        if option:
+            dn, dz, dh_prev = dh * z, dh * (n - hp), dh * (1 - z)
+        else:
+            dn, dz, dh_prev = dh * (1 - z), dh * (hp - n), dh * z
+        dgx = o["dgx"].copy()                 # the r columns are the next kernel's
+        dgx[H:2 * H], dgx[2 * H:] = dz * z * (1 - z), dn * (1 - n * n)
+        return {"dh": dh_prev, "dgx": dgx, "rhm": r * hp * m}
+    if kernel == "gru_bwd_rb_r":
+        r = o["g3"]
+        dr = o["drh"] * o["hp"] * m
+        return {"dh": o["dh"] + o["drh"] * r * m, "dgx": dr * r * (1 - r)}
     if kernel == "lstm_fwd":
         pre = o["gx"] + o["gh"] + o["b"]
         i, f, g, og = _sig(part(pre, 0)), _sig(part(pre, 1)), np.tanh(part(pre, 2)), \
@@ -307,9 +331,13 @@ def _gate_operands(kernel, H, dtype, seed):
     for name, width, role in K.GATE_ROWS[kernel]:
         if role == "out":
             continue
-        if name in ("g3", "g4"):        # sigmoid gates in (0, 1), the tanh candidate in (−1, 1)
+        if role == "mask":
+            out[name] = None if seed % 2 else rng.uniform(0, 1.5, H).astype(dtype)
+            continue
+        if name in ("g3", "g4", "z"):   # sigmoid gates in (0, 1), the tanh candidate in (−1, 1)
             a = rng.uniform(0, 1, width * H)
-            a[2 * H:3 * H] = rng.uniform(-1, 1, H)      # n (GRU) or g (LSTM)
+            if width >= 3:
+                a[2 * H:3 * H] = rng.uniform(-1, 1, H)  # n (GRU) or g (LSTM)
         elif kernel == "rnn_bwd" and name == "hn":
             a = rng.uniform(-1, 1, width * H)
         else:
@@ -320,6 +348,8 @@ def _gate_operands(kernel, H, dtype, seed):
 
 
 _GATE_CASES = [("gru_fwd_ra", 0), ("gru_fwd_ra", 1), ("gru_bwd_ra", 0), ("gru_bwd_ra", 1),
+               ("gru_fwd_rb_rz", 0), ("gru_fwd_rb_n", 0), ("gru_fwd_rb_n", 1),
+               ("gru_bwd_rb", 0), ("gru_bwd_rb", 1), ("gru_bwd_rb_r", 0),
                ("lstm_fwd", 0), ("lstm_bwd", 0), ("rnn_fwd", 0), ("rnn_fwd", 1), ("rnn_bwd", 0),
                ("rnn_bwd", 1)]
 
@@ -330,7 +360,7 @@ _GATE_CASES = [("gru_fwd_ra", 0), ("gru_fwd_ra", 1), ("gru_bwd_ra", 0), ("gru_bw
 @pytest.mark.parametrize("H", [1, 7, 16, 17, 40, 257])
 def test_gate_rows_match_numpy(kernel, option, dtype, isa, H):
     ops = _gate_operands(kernel, H, dtype, seed=H)
-    kept = {k: v.copy() for k, v in ops.items()}
+    kept = {k: None if v is None else v.copy() for k, v in ops.items()}
     got = K.gate_row(kernel, ops, option, isa=isa)
     want = _gate_row_numpy(kernel, ops, H, option)
     assert set(got) == set(want)
@@ -339,7 +369,8 @@ def test_gate_rows_match_numpy(kernel, option, dtype, isa, H):
         assert got[name].dtype == dtype
         np.testing.assert_allclose(got[name], want[name], rtol=tol * 10, atol=tol * 40,
                                    err_msg=name)
-    assert all(np.array_equal(ops[k], kept[k]) for k in ops)
+    assert all(ops[k] is None if kept[k] is None else np.array_equal(ops[k], kept[k])
+               for k in ops)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -349,14 +380,16 @@ def test_gate_rows_do_not_depend_on_an_elements_position(kernel, option, dtype, 
     # Every element goes through the same instructions wherever it sits in a row (in a full
     # vector or the short last one): bitwise the same as a row of that one element.
     H = 37
-    ops = _gate_operands(kernel, H, dtype, seed=3)
-    whole = K.gate_row(kernel, ops, option, isa=isa)
     widths = {name: width for name, width, _ in K.GATE_ROWS[kernel]}
-    for j in range(H):
-        one = {name: a.reshape(widths[name], H)[:, j].copy() for name, a in ops.items()}
-        alone = K.gate_row(kernel, one, option, isa=isa)
-        for name, a in alone.items():
-            assert np.array_equal(a, whole[name].reshape(widths[name], H)[:, j]), (name, j)
+    for seed in (3, 4):                        # without and with a mask, where there is one
+        ops = _gate_operands(kernel, H, dtype, seed)
+        whole = K.gate_row(kernel, ops, option, isa=isa)
+        for j in range(H):
+            one = {name: None if a is None else a.reshape(widths[name], H)[:, j].copy()
+                   for name, a in ops.items()}
+            alone = K.gate_row(kernel, one, option, isa=isa)
+            for name, a in alone.items():
+                assert np.array_equal(a, whole[name].reshape(widths[name], H)[:, j]), (name, j)
 
 
 def test_gate_row_refuses_what_it_cannot_run():
@@ -393,7 +426,9 @@ def _disassembly(module):
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 code only")
-@pytest.mark.parametrize("module,kernels", [("gru", ("gru_fwd_ra", "gru_bwd_ra")),
+@pytest.mark.parametrize("module,kernels", [("gru", ("gru_fwd_ra", "gru_bwd_ra", "gru_fwd_rb_rz",
+                                                     "gru_fwd_rb_n", "gru_bwd_rb",
+                                                     "gru_bwd_rb_r")),
                                             ("lstm", ("lstm_fwd", "lstm_bwd")),
                                             ("rnn", ("rnn_fwd", "rnn_bwd"))])
 def test_gate_rows_are_compiled_for_each_isa(module, kernels):

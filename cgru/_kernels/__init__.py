@@ -18,8 +18,8 @@ Python entry points (``scratch_size``, ``forward_layer``, ``backward_layer``).
 ``simd.h`` holds the packed-weight GEMM and the vectorised activations, compiled for each ISA
 (AVX-512, AVX2+FMA, baseline) and chosen at run time: the GEMM by an explicit switch on
 ``cgru_isa()`` (a new ISA is one more case there), the activations by the compiler's
-``target_clones``.  ``gates.h`` holds the default cells' fused row math (the GRU's reset-after
-sigmoid/tanh cell, the LSTM's, the RNN's tanh and relu, forward and backward) on the same
+``target_clones``.  ``gates.h`` holds the default cells' fused row math (the GRU's sigmoid/tanh
+cell in both reset forms, the LSTM's, the RNN's tanh and relu, forward and backward) on the same
 vectors, dispatched by the same switch; the Cython modules themselves are compiled for the
 baseline, so the other cells' row math (general activations, clips, peepholes) runs one
 scalar at a time.  ``hash.h`` is the fingerprint behind the reserves' MACs, ``team.h`` the

@@ -77,6 +77,61 @@ CGRU_INLINE cgru_vd cgru_where_pos_f64(cgru_vd x, cgru_vd v) { return (cgru_vd)(
         ST(dgh + j, dpr, w); ST(dgh + H + j, dpz, w); ST(dgh + 2 * H + j, dpn * r, w);         \
     }
 
+/* GRU, reset-before, one row of step 3 and the candidate product's operand:
+ *   r = σ(gx_r + gh_r + b_r), z = σ(gx_z + gh_z + b_z), rh = r ⊙ h ⊙ m  (m NULL: no mask).
+ * In: gx, gh, b [2H] (r, z), hp [H], m [H] or NULL. Out: g3 [2H] = r, z; rh [H].            */
+#define CGRU_GRU_FWD_RB_RZ_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                              \
+    for (int j = 0; j < H; j += V) {                                                           \
+        int w = H - j;                                                                         \
+        VT r = SIG(LD(gx + j, w) + LD(gh + j, w) + LD(b + j, w));                              \
+        VT z = SIG(LD(gx + H + j, w) + LD(gh + H + j, w) + LD(b + H + j, w));                  \
+        VT rhv = r * LD(hp + j, w);                                                            \
+        if (m) rhv = rhv * LD(m + j, w);                                                       \
+        ST(g3 + j, r, w); ST(g3 + H + j, z, w); ST(rh + j, rhv, w);                            \
+    }
+
+/* GRU, reset-before, one row of steps 4-5 (after gh_n = rh·R_nᵀ):
+ *   n = tanh(gx_n + gh_n + b_n), h' = n + z ⊙ (h − n)  (flip: h' = h + z ⊙ (n − h)).
+ * In: gx_n, gh_n, b_n [H] (the n blocks), z [H], hp [H]. Out: n [H], hnew [H].              */
+#define CGRU_GRU_FWD_RB_N_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                               \
+    for (int j = 0; j < H; j += V) {                                                           \
+        int w = H - j;                                                                         \
+        VT nv = TANH(LD(gxn + j, w) + LD(ghn + j, w) + LD(bn + j, w));                         \
+        VT zv = LD(z + j, w), h = LD(hp + j, w);                                               \
+        ST(n + j, nv, w);                                                                      \
+        ST(hnew + j, flip ? h + zv * (nv - h) : nv + zv * (h - nv), w);                        \
+    }
+
+/* GRU, reset-before, one row of bwd of 5 and 4 before the candidate's product: reads g3 =
+ * r, z, n, hp, m (or NULL); turns dh into its part of dh_prev; writes dgx's z and n columns
+ * (dpz, dpn: the candidate product's operand) and rhm = r ⊙ h ⊙ m (dR_n's operand).          */
+#define CGRU_GRU_BWD_RB_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                                 \
+    for (int j = 0; j < H; j += V) {                                                           \
+        int w = H - j;                                                                         \
+        VT r = LD(g3 + j, w), z = LD(g3 + H + j, w), n = LD(g3 + 2 * H + j, w);                \
+        VT h = LD(hp + j, w), d = LD(dh + j, w), one = (VT){0} + 1;                            \
+        VT dn, dz;                                                                             \
+        if (flip) { dn = d * z; dz = d * (n - h); ST(dh + j, d * (one - z), w); }              \
+        else      { dn = d * (one - z); dz = d * (h - n); ST(dh + j, d * z, w); }              \
+        ST(dgx + H + j, dz * z * (one - z), w);                                                \
+        ST(dgx + 2 * H + j, dn * (one - n * n), w);                                            \
+        VT rhv = r * h;                                                                        \
+        if (m) rhv = rhv * LD(m + j, w);                                                       \
+        ST(rhm + j, rhv, w);                                                                   \
+    }
+
+/* GRU, reset-before, one row of bwd of 4 after drh = dgx_n·R_n: reads r (g3), hp, m (or
+ * NULL), drh; dh_prev += drh ⊙ r ⊙ m; dgx_r = (drh ⊙ h ⊙ m) ⊙ r(1 − r).                    */
+#define CGRU_GRU_BWD_RB_R_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                               \
+    for (int j = 0; j < H; j += V) {                                                           \
+        int w = H - j;                                                                         \
+        VT r = LD(g3 + j, w), h = LD(hp + j, w), d = LD(drh + j, w), one = (VT){0} + 1;        \
+        VT dr = d * h, dhv = d * r;                                                            \
+        if (m) { VT mv = LD(m + j, w); dr = dr * mv; dhv = dhv * mv; }                         \
+        ST(dh + j, LD(dh + j, w) + dhv, w);                                                    \
+        ST(dgx + j, dr * r * (one - r), w);                                                    \
+    }
+
 /* LSTM (no peepholes, no projection's part here), one row of steps 3-5:
  *   i, f, o = σ(gx + gh + b), g = tanh(gx_g + gh_g + b_g), c' = f ⊙ c + i ⊙ g,
  *   hf = o ⊙ tanh(c').  In: gx, gh, b [4H] (i, f, g, o), cp [H]. Out: g4 [4H], cn [H], hf [H]. */
@@ -158,6 +213,19 @@ CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_ra_##SUF, CGRU_GRU_FWD_RA_BODY, T, VT, V, SU
 CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_ra_##SUF, CGRU_GRU_BWD_RA_BODY, T, VT, V, SUF, SIG, TANH,  \
     (int H, const T *g3, const T *hp, const T *hn, T *dh, T *dgx, T *dgh, int flip),           \
     (H, g3, hp, hn, dh, dgx, dgh, flip))                                                       \
+CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_rb_rz_##SUF, CGRU_GRU_FWD_RB_RZ_BODY, T, VT, V, SUF, SIG,  \
+    TANH, (int H, const T *gx, const T *gh, const T *b, const T *hp, const T *m, T *g3, T *rh), \
+    (H, gx, gh, b, hp, m, g3, rh))                                                             \
+CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_rb_n_##SUF, CGRU_GRU_FWD_RB_N_BODY, T, VT, V, SUF, SIG,    \
+    TANH, (int H, const T *gxn, const T *ghn, const T *bn, const T *z, const T *hp, T *n,      \
+           T *hnew, int flip),                                                                 \
+    (H, gxn, ghn, bn, z, hp, n, hnew, flip))                                                   \
+CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_rb_##SUF, CGRU_GRU_BWD_RB_BODY, T, VT, V, SUF, SIG, TANH,  \
+    (int H, const T *g3, const T *hp, const T *m, T *dh, T *dgx, T *rhm, int flip),            \
+    (H, g3, hp, m, dh, dgx, rhm, flip))                                                        \
+CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_rb_r_##SUF, CGRU_GRU_BWD_RB_R_BODY, T, VT, V, SUF, SIG,    \
+    TANH, (int H, const T *g3, const T *hp, const T *m, const T *drh, T *dh, T *dgx),          \
+    (H, g3, hp, m, drh, dh, dgx))                                                              \
 CGRU_DEFINE_ROW_KERNEL(cgru_lstm_fwd_##SUF, CGRU_LSTM_FWD_BODY, T, VT, V, SUF, SIG, TANH,      \
     (int H, const T *gx, const T *gh, const T *b, const T *cp, T *g4, T *cn, T *hf),           \
     (H, gx, gh, b, cp, g4, cn, hf))                                                            \

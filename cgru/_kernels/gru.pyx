@@ -175,17 +175,18 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
                 continue
             gxr = gx + (row - r0) * ldgx
             ghr = gh + i * H3
+            mrow = mask_row(Lp, mask, t, b, d)
+            if fast:
+                # 3. and rh in one pass (gates.h)
+                gru_fwd_rb_rz_row(H, gxr, ghr, b_rzn, hp, mrow, g3, rh + i * H)
+                continue
             for j in range(2 * H):
                 g3[j] = gxr[j] + ghr[j] + b_rzn[j]
-            if fast:
-                sigmoid_inplace(g3, 2 * H)
-            else:
-                if training:
-                    memcpy(ws_pre + row * H3, g3, 2 * H * sizeof(floating))
-                for j in range(H):
-                    g3[j] = activate(&C.f_r, clamp(g3[j], has_clip, clipv))
-                    g3[H + j] = activate(&C.f_z, clamp(g3[H + j], has_clip, clipv))
-            mrow = mask_row(Lp, mask, t, b, d)
+            if training:
+                memcpy(ws_pre + row * H3, g3, 2 * H * sizeof(floating))
+            for j in range(H):
+                g3[j] = activate(&C.f_r, clamp(g3[j], has_clip, clipv))
+                g3[H + j] = activate(&C.f_z, clamp(g3[H + j], has_clip, clipv))
             if mrow != NULL:
                 for j in range(H):
                     rh[i * H + j] = g3[j] * hp[j] * mrow[j]
@@ -213,18 +214,20 @@ cdef inline void fwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
             else:
                 pre3 = (ws_pre + row * H3) if training else NULL
                 general_gates(C, H, gxr, ghr, b_rzn, b_hn, g3, hn, pre3)
+        elif fast:
+            # 4.-5. in one pass (gates.h)
+            gru_fwd_rb_n_row(H, gxr + 2 * H, ghr + 2 * H, b_rzn + 2 * H, g3 + H, hp,
+                             g3 + 2 * H, hnew, flip)
+            continue
         else:
             # 4. n = g(gx_n + gh_n + b_Wn + b_Rn)
             for j in range(H):
                 g3[2 * H + j] = gxr[2 * H + j] + ghr[2 * H + j] + b_rzn[2 * H + j]
-            if fast:
-                tanh_inplace(g3 + 2 * H, H)
-            else:
-                for j in range(H):
-                    pn = g3[2 * H + j]
-                    if training:
-                        ws_pre[row * H3 + 2 * H + j] = pn
-                    g3[2 * H + j] = activate(&C.g, clamp(pn, has_clip, clipv))
+            for j in range(H):
+                pn = g3[2 * H + j]
+                if training:
+                    ws_pre[row * H3 + 2 * H + j] = pn
+                g3[2 * H + j] = activate(&C.g, clamp(pn, has_clip, clipv))
         blend(hnew, hp, g3 + H, g3 + 2 * H, H, flip)
 
 
@@ -276,6 +279,11 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
             gru_bwd_ra_row(H, g3, hp + i * H, ws_hn + row * H, dhr, dxr, dgh + (row - r0) * H3,
                            flip)
             continue
+        if fast:
+            # reset-before: bwd of 5 and the candidate's part of 4 in one pass (gates.h)
+            gru_bwd_rb_row(H, g3, hp + i * H, mrow, dhr, dxr, rhm + (row - r0) * H, flip)
+            continue
+        # the other cells (general activations, clip), one scalar at a time
         for j in range(H):
             r = g3[j]
             z = g3[H + j]
@@ -292,23 +300,16 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
                 dz = dhv * (hv - n)
                 dhr[j] = dhv * z
             # bwd of 4 (candidate), 3 (update gate)
-            if fast:
-                dpn = dn * (one - n * n)
-                dpz = dz * z * (one - z)
-            else:
-                dpn = dn * activate_grad(&C.g, clamp(pre3[2 * H + j], has_clip, clipv), n) \
-                    * clip_grad(pre3[2 * H + j], has_clip, clipv)
-                dpz = dz * activate_grad(&C.f_z, clamp(pre3[H + j], has_clip, clipv), z) \
-                    * clip_grad(pre3[H + j], has_clip, clipv)
+            dpn = dn * activate_grad(&C.g, clamp(pre3[2 * H + j], has_clip, clipv), n) \
+                * clip_grad(pre3[2 * H + j], has_clip, clipv)
+            dpz = dz * activate_grad(&C.f_z, clamp(pre3[H + j], has_clip, clipv), z) \
+                * clip_grad(pre3[H + j], has_clip, clipv)
             dxr[H + j] = dpz
             dxr[2 * H + j] = dpn
             if C.reset_after:
                 dr = dpn * ws_hn[row * H + j]
-                if fast:
-                    dpr = dr * r * (one - r)
-                else:
-                    dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
-                        * clip_grad(pre3[j], has_clip, clipv)
+                dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
+                    * clip_grad(pre3[j], has_clip, clipv)
                 dxr[j] = dpr
                 dgh[(row - r0) * H3 + j] = dpr
                 dgh[(row - r0) * H3 + H + j] = dpz
@@ -328,16 +329,17 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
             g3 = ws_gates + row * H3
             pre3 = ws_pre + row * H3 if ws_pre != NULL else NULL
             mrow = mask_row(Lp, mask, t, b, d)
+            if fast:
+                gru_bwd_rb_r_row(H, g3, hp + i * H, mrow, tmp + i * H, dh + i * H,
+                                 dgx + (row - r0) * H3)      # one pass (gates.h)
+                continue
             for j in range(H):
                 r = g3[j]
                 m = mrow[j] if mrow != NULL else 1
                 dr = tmp[i * H + j] * hp[i * H + j] * m
                 dh[i * H + j] += tmp[i * H + j] * r * m
-                if fast:
-                    dpr = dr * r * (one - r)
-                else:
-                    dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
-                        * clip_grad(pre3[j], has_clip, clipv)
+                dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
+                    * clip_grad(pre3[j], has_clip, clipv)
                 dgx[(row - r0) * H3 + j] = dpr
 
 

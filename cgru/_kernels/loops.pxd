@@ -39,6 +39,23 @@ cdef extern from "gates.h" nogil:
                              float *dh, float *dgx, float *dgh, int flip)
     void cgru_gru_bwd_ra_f64(int H, const double *g3, const double *hp, const double *hn,
                              double *dh, double *dgx, double *dgh, int flip)
+    void cgru_gru_fwd_rb_rz_f32(int H, const float *gx, const float *gh, const float *b,
+                                const float *hp, const float *m, float *g3, float *rh)
+    void cgru_gru_fwd_rb_rz_f64(int H, const double *gx, const double *gh, const double *b,
+                                const double *hp, const double *m, double *g3, double *rh)
+    void cgru_gru_fwd_rb_n_f32(int H, const float *gxn, const float *ghn, const float *bn,
+                               const float *z, const float *hp, float *n, float *hnew, int flip)
+    void cgru_gru_fwd_rb_n_f64(int H, const double *gxn, const double *ghn, const double *bn,
+                               const double *z, const double *hp, double *n, double *hnew,
+                               int flip)
+    void cgru_gru_bwd_rb_f32(int H, const float *g3, const float *hp, const float *m,
+                             float *dh, float *dgx, float *rhm, int flip)
+    void cgru_gru_bwd_rb_f64(int H, const double *g3, const double *hp, const double *m,
+                             double *dh, double *dgx, double *rhm, int flip)
+    void cgru_gru_bwd_rb_r_f32(int H, const float *g3, const float *hp, const float *m,
+                               const float *drh, float *dh, float *dgx)
+    void cgru_gru_bwd_rb_r_f64(int H, const double *g3, const double *hp, const double *m,
+                               const double *drh, double *dh, double *dgx)
     void cgru_lstm_fwd_f32(int H, const float *gx, const float *gh, const float *b,
                            const float *cp, float *g4, float *cn, float *hf)
     void cgru_lstm_fwd_f64(int H, const double *gx, const double *gh, const double *b,
@@ -279,6 +296,42 @@ cdef inline void gru_bwd_ra_row(int H, const floating *g3, const floating *hp,
         cgru_gru_bwd_ra_f32(H, g3, hp, hn, dh, dgx, dgh, flip)
     else:
         cgru_gru_bwd_ra_f64(H, g3, hp, hn, dh, dgx, dgh, flip)
+
+
+cdef inline void gru_fwd_rb_rz_row(int H, const floating *gx, const floating *gh,
+                                   const floating *b, const floating *hp, const floating *m,
+                                   floating *g3, floating *rh) noexcept nogil:
+    if floating is float:
+        cgru_gru_fwd_rb_rz_f32(H, gx, gh, b, hp, m, g3, rh)
+    else:
+        cgru_gru_fwd_rb_rz_f64(H, gx, gh, b, hp, m, g3, rh)
+
+
+cdef inline void gru_fwd_rb_n_row(int H, const floating *gxn, const floating *ghn,
+                                  const floating *bn, const floating *z, const floating *hp,
+                                  floating *n, floating *hnew, bint flip) noexcept nogil:
+    if floating is float:
+        cgru_gru_fwd_rb_n_f32(H, gxn, ghn, bn, z, hp, n, hnew, flip)
+    else:
+        cgru_gru_fwd_rb_n_f64(H, gxn, ghn, bn, z, hp, n, hnew, flip)
+
+
+cdef inline void gru_bwd_rb_row(int H, const floating *g3, const floating *hp,
+                                const floating *m, floating *dh, floating *dgx, floating *rhm,
+                                bint flip) noexcept nogil:
+    if floating is float:
+        cgru_gru_bwd_rb_f32(H, g3, hp, m, dh, dgx, rhm, flip)
+    else:
+        cgru_gru_bwd_rb_f64(H, g3, hp, m, dh, dgx, rhm, flip)
+
+
+cdef inline void gru_bwd_rb_r_row(int H, const floating *g3, const floating *hp,
+                                  const floating *m, const floating *drh, floating *dh,
+                                  floating *dgx) noexcept nogil:
+    if floating is float:
+        cgru_gru_bwd_rb_r_f32(H, g3, hp, m, drh, dh, dgx)
+    else:
+        cgru_gru_bwd_rb_r_f64(H, g3, hp, m, drh, dh, dgx)
 
 
 cdef inline void lstm_fwd_row(int H, const floating *gx, const floating *gh, const floating *b,

@@ -359,6 +359,28 @@ cdef extern from "gates.h" nogil:
     void cgru_gru_bwd_ra_f64_at(int isa, int H, const double *g3, const double *hp,
                                 const double *hn, double *dh, double *dgx, double *dgh,
                                 int flip)
+    void cgru_gru_fwd_rb_rz_f32_at(int isa, int H, const float *gx, const float *gh,
+                                   const float *b, const float *hp, const float *m, float *g3,
+                                   float *rh)
+    void cgru_gru_fwd_rb_rz_f64_at(int isa, int H, const double *gx, const double *gh,
+                                   const double *b, const double *hp, const double *m,
+                                   double *g3, double *rh)
+    void cgru_gru_fwd_rb_n_f32_at(int isa, int H, const float *gxn, const float *ghn,
+                                  const float *bn, const float *z, const float *hp, float *n,
+                                  float *hnew, int flip)
+    void cgru_gru_fwd_rb_n_f64_at(int isa, int H, const double *gxn, const double *ghn,
+                                  const double *bn, const double *z, const double *hp,
+                                  double *n, double *hnew, int flip)
+    void cgru_gru_bwd_rb_f32_at(int isa, int H, const float *g3, const float *hp,
+                                const float *m, float *dh, float *dgx, float *rhm, int flip)
+    void cgru_gru_bwd_rb_f64_at(int isa, int H, const double *g3, const double *hp,
+                                const double *m, double *dh, double *dgx, double *rhm,
+                                int flip)
+    void cgru_gru_bwd_rb_r_f32_at(int isa, int H, const float *g3, const float *hp,
+                                  const float *m, const float *drh, float *dh, float *dgx)
+    void cgru_gru_bwd_rb_r_f64_at(int isa, int H, const double *g3, const double *hp,
+                                  const double *m, const double *drh, double *dh,
+                                  double *dgx)
     void cgru_lstm_fwd_f32_at(int isa, int H, const float *gx, const float *gh, const float *b,
                               const float *cp, float *g4, float *cn, float *hf)
     void cgru_lstm_fwd_f64_at(int isa, int H, const double *gx, const double *gh,
@@ -377,13 +399,21 @@ cdef extern from "gates.h" nogil:
                              int relu)
 
 
-# kernel: (its operands in order, each (name, width in H, role)); role "in" is read,
-# "inout" read and overwritten, "out" written
+# kernel: (its operands in order, each (name, width in H, role)); role "in" is read, "mask"
+# read or None (NULL: no mask), "inout" read and overwritten, "out" written
 GATE_ROWS = {
     "gru_fwd_ra": (("gx", 3, "in"), ("gh", 3, "in"), ("b", 3, "in"), ("bhn", 1, "in"),
                    ("hp", 1, "in"), ("g3", 3, "out"), ("hn", 1, "out"), ("hnew", 1, "out")),
     "gru_bwd_ra": (("g3", 3, "in"), ("hp", 1, "in"), ("hn", 1, "in"), ("dh", 1, "inout"),
                    ("dgx", 3, "out"), ("dgh", 3, "out")),
+    "gru_fwd_rb_rz": (("gx", 2, "in"), ("gh", 2, "in"), ("b", 2, "in"), ("hp", 1, "in"),
+                      ("m", 1, "mask"), ("g3", 2, "out"), ("rh", 1, "out")),
+    "gru_fwd_rb_n": (("gxn", 1, "in"), ("ghn", 1, "in"), ("bn", 1, "in"), ("z", 1, "in"),
+                     ("hp", 1, "in"), ("n", 1, "out"), ("hnew", 1, "out")),
+    "gru_bwd_rb": (("g3", 3, "in"), ("hp", 1, "in"), ("m", 1, "mask"), ("dh", 1, "inout"),
+                   ("dgx", 3, "inout"), ("rhm", 1, "out")),
+    "gru_bwd_rb_r": (("g3", 1, "in"), ("hp", 1, "in"), ("m", 1, "mask"), ("drh", 1, "in"),
+                     ("dh", 1, "inout"), ("dgx", 1, "out")),
     "lstm_fwd": (("gx", 4, "in"), ("gh", 4, "in"), ("b", 4, "in"), ("cp", 1, "in"),
                  ("g4", 4, "out"), ("cn", 1, "out"), ("hf", 1, "out")),
     "lstm_bwd": (("g4", 4, "in"), ("cp", 1, "in"), ("cn", 1, "in"), ("dhf", 1, "in"),
@@ -413,20 +443,52 @@ cdef void _gate_row(int kernel, int isa, int H, int option, void **p, bint f32) 
                                    <double *>p[3], <double *>p[4], <double *>p[5], option)
     elif kernel == 2:
         if f32:
+            cgru_gru_fwd_rb_rz_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2],
+                                      <float *>p[3], <float *>p[4], <float *>p[5],
+                                      <float *>p[6])
+        else:
+            cgru_gru_fwd_rb_rz_f64_at(isa, H, <double *>p[0], <double *>p[1], <double *>p[2],
+                                      <double *>p[3], <double *>p[4], <double *>p[5],
+                                      <double *>p[6])
+    elif kernel == 3:
+        if f32:
+            cgru_gru_fwd_rb_n_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2],
+                                     <float *>p[3], <float *>p[4], <float *>p[5],
+                                     <float *>p[6], option)
+        else:
+            cgru_gru_fwd_rb_n_f64_at(isa, H, <double *>p[0], <double *>p[1], <double *>p[2],
+                                     <double *>p[3], <double *>p[4], <double *>p[5],
+                                     <double *>p[6], option)
+    elif kernel == 4:
+        if f32:
+            cgru_gru_bwd_rb_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2],
+                                   <float *>p[3], <float *>p[4], <float *>p[5], option)
+        else:
+            cgru_gru_bwd_rb_f64_at(isa, H, <double *>p[0], <double *>p[1], <double *>p[2],
+                                   <double *>p[3], <double *>p[4], <double *>p[5], option)
+    elif kernel == 5:
+        if f32:
+            cgru_gru_bwd_rb_r_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2],
+                                     <float *>p[3], <float *>p[4], <float *>p[5])
+        else:
+            cgru_gru_bwd_rb_r_f64_at(isa, H, <double *>p[0], <double *>p[1], <double *>p[2],
+                                     <double *>p[3], <double *>p[4], <double *>p[5])
+    elif kernel == 6:
+        if f32:
             cgru_lstm_fwd_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2],
                                  <float *>p[3], <float *>p[4], <float *>p[5], <float *>p[6])
         else:
             cgru_lstm_fwd_f64_at(isa, H, <double *>p[0], <double *>p[1], <double *>p[2],
                                  <double *>p[3], <double *>p[4], <double *>p[5],
                                  <double *>p[6])
-    elif kernel == 3:
+    elif kernel == 7:
         if f32:
             cgru_lstm_bwd_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2],
                                  <float *>p[3], <float *>p[4], <float *>p[5])
         else:
             cgru_lstm_bwd_f64_at(isa, H, <double *>p[0], <double *>p[1], <double *>p[2],
                                  <double *>p[3], <double *>p[4], <double *>p[5])
-    elif kernel == 4:
+    elif kernel == 8:
         if f32:
             cgru_rnn_fwd_f32_at(isa, H, <float *>p[0], <float *>p[1], <float *>p[2],
                                 <float *>p[3], option)
@@ -443,8 +505,8 @@ cdef void _gate_row(int kernel, int isa, int H, int option, void **p, bint f32) 
 
 def gate_row(kernel, operands, int option=0, isa=None):
     """One row through a fused gate kernel of ``gates.h`` (for tests): ``kernel`` a key of
-    ``GATE_ROWS``, ``operands`` its "in" and "inout" operands by name (1-D arrays of one float
-    dtype, each of its width times H), ``option`` the kernel's flag (GRU: flip_z, RNN: relu),
+    ``GATE_ROWS``, ``operands`` its "in", "mask" (or None) and "inout" operands by name (1-D
+    arrays of one float dtype, each of its width times H), ``option`` the kernel's flag (GRU: flip_z, RNN: relu),
     ``isa`` the level to run (4 AVX-512, 3 AVX2+FMA, 0 portable; at most ``cgru_isa()``).
     Returns the "inout" and "out" operands as new arrays; the given ones are not modified."""
     cdef int level = cgru_isa() if isa is None else isa
@@ -466,17 +528,23 @@ def gate_row(kernel, operands, int option=0, isa=None):
     for name, width, role in spec:
         if role == "out":
             a = np.full(width * H, np.nan, dtype)
+        elif role == "mask" and operands[name] is None:
+            a = None
         else:
             a = np.array(operands[name], dtype=dtype, copy=True, order="C")
             if a.ndim != 1 or a.dtype != dtype or a.size != width * H:
                 raise ValueError(f"{name}: expected {width * H} elements of {dtype}, got "
                                  f"{a.size} of {a.dtype}")
-        if role != "in":
+        if role in ("inout", "out"):
             results[name] = a
         arrays.append(a)
     cdef cnp.ndarray arr
-    for i, arr in enumerate(arrays):
-        p[i] = cnp.PyArray_DATA(arr)
+    for i, a in enumerate(arrays):
+        if a is None:
+            p[i] = NULL
+        else:
+            arr = a
+            p[i] = cnp.PyArray_DATA(arr)
     cdef int code = list(GATE_ROWS).index(kernel)
     cdef bint f32 = dtype == np.float32
     with nogil:
