@@ -23,7 +23,7 @@ def _net_and_x():
     return net, x
 
 
-def test_a_released_reserve_is_reused_and_a_held_one_never():
+def test_a_released_reserve_is_reused_and_a_held_one_never(monkeypatch):
     net, x = _net_and_x()
     f1 = cgru.forward(net, x, training=True)
     held = f1.reserve
@@ -32,9 +32,12 @@ def test_a_released_reserve_is_reused_and_a_held_one_never():
     f2 = cgru.forward(net, x * 2, training=True)           # f1's reserve is still held
     assert f2.reserve.ctypes.data != addr
     np.testing.assert_array_equal(held, snapshot)          # untouched
+    f2_reserve = f2.reserve.ctypes.data
     del f1, held
+    fresh = _counting_fresh_blocks(monkeypatch)
     f3 = cgru.forward(net, x, training=True)               # now free: handed out again
-    assert f3.reserve.ctypes.data == addr
+    # (the reserve or the workspace: the pool picks among the idle blocks of a size class)
+    assert fresh == [] and f3.reserve.ctypes.data != f2_reserve
     np.testing.assert_array_equal(f3.reserve, snapshot)    # and written as by a fresh call
     g = cgru.backward(net, x, f3.reserve, np.ones_like(f3.y))
     assert np.isfinite(g.dx).all()
@@ -51,14 +54,18 @@ def test_a_view_keeps_a_reserve_from_reuse():
     assert view.base is not None
 
 
-def test_a_reserve_made_read_only_is_writable_again_when_reused():
+def test_a_reserve_made_read_only_is_writable_again_when_reused(monkeypatch):
+    # its block goes back to the pool, and the next call of the shape takes it (as its reserve
+    # or as its workspace: the pool picks among the idle blocks of a size class) writable
     net, x = _net_and_x()
     f = cgru.forward(net, x, training=True)
     f.reserve.flags.writeable = False
-    addr = f.reserve.ctypes.data
+    want = f.reserve.copy()
     del f
+    fresh = _counting_fresh_blocks(monkeypatch)
     f2 = cgru.forward(net, x, training=True)
-    assert f2.reserve.ctypes.data == addr and f2.reserve.flags.writeable
+    assert fresh == [] and f2.reserve.flags.writeable
+    np.testing.assert_array_equal(f2.reserve, want)
 
 
 def test_the_pool_is_bounded_and_can_be_emptied(monkeypatch):
@@ -152,39 +159,34 @@ _CALL_CASES = [
                          ids=["gru", "lstm", "rnn"])
 def test_a_call_allocates_one_workspace_and_nothing_below_it(monkeypatch, cell, topo, T, N,
                                                                lengths, masked):
-    """Every temporary of a forward or backward — the kernels' scratch and the products'
-    partial sums included — is a view of one workspace block per call: ``Workspace.allocate``
-    runs once, and every split weight-gradient product is handed its partial sums (it would
-    allocate them otherwise)."""
-    from cgru._kernels import blas
+    """Every temporary of a forward or backward — the kernels' scratch and the weight
+    gradients' packs included — is a view of one workspace block per call:
+    ``Workspace.allocate`` runs once, and every weight-gradient product is handed its pack
+    (it would allocate one otherwise)."""
     rng = np.random.default_rng(3)
     net = cgru.Network.random(topo, np.float64, seed=2, cell=cell)
     x = rng.standard_normal((T, N, topo.input_size))
     lens = rng.integers(0, T + 1, N) if lengths else None
     mask = (rng.random((T, N, topo.output_size)) > 0.3).astype(np.float64) if masked else None
-    allocations, products = [], []
-    real_allocate, real_gemm = plan.Workspace.allocate, blas.gemm_blocks
+    allocations, packs = [], []
+    real_allocate, real_pack = plan.Workspace.allocate, plan.pack_rhs
 
     def allocate(self, block=None):
         allocations.append(self.nbytes)
         return real_allocate(self, block)
 
-    def gemm_blocks(ta, tb, alpha, A, B, beta, C, n_blocks, nt, partial=None,
-                    split_rows=False):
-        k_split = ta and not split_rows
-        products.append((k_split, min(n_blocks, A.shape[0]) if k_split else 1,
-                         partial is not None))
-        return real_gemm(ta, tb, alpha, A, B, beta, C, n_blocks, nt, partial, split_rows)
+    def pack_rhs(B, trans, out=None):
+        packs.append(out is not None)
+        return real_pack(B, trans, out)
 
     monkeypatch.setattr(plan.Workspace, "allocate", allocate)
-    monkeypatch.setattr(blas, "gemm_blocks", gemm_blocks)
+    monkeypatch.setattr(plan, "pack_rhs", pack_rhs)
     f = cgru.forward(net, x, lengths=lens, state_mask=mask, training=True)
     assert len(allocations) == 1
     g = cgru.backward(net, x, f.reserve, rng.standard_normal(f.y.shape), state_mask=mask)
     assert len(allocations) == 2
-    split = [p for p in products if p[0] and p[1] > 1]
-    assert split, "no weight-gradient product was split: the case does not test the partials"
-    assert all(given for _, _, given in split)
+    assert packs, "no weight-gradient product ran"
+    assert all(packs)
     assert np.isfinite(g.dx).all()
 
 
@@ -208,19 +210,53 @@ def test_a_workspace_is_carved_from_a_block_at_any_address():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_partial_sums_in_a_given_buffer_are_bitwise_the_allocated_ones(dtype):
-    """``gemm`` with the call's ``partial`` gives bitwise the product it gives with partial
-    sums of its own; a buffer smaller than ``gemm_partial_size`` is refused."""
+    """``gemm``'s BLAS route (``Aᵀ·Bᵀ``: not a weight gradient) with a given ``partial`` gives
+    bitwise the product it gives with partial sums of its own; a buffer smaller than
+    ``gemm_partial_size`` is refused."""
     rng = np.random.default_rng(0)
     k, m, n = 4096, 24, 10
-    A, B = rng.standard_normal((k, m)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    A, B = rng.standard_normal((k, m)).astype(dtype), rng.standard_normal((n, k)).astype(dtype)
     own, given = np.empty((m, n), dtype), np.empty((m, n), dtype)
-    plan.gemm(True, False, A, B, own, nt=2)
+    plan.gemm(True, True, A, B, own, nt=2)
     size = plan.gemm_partial_size(k, m * n)
     assert size >= m * n                    # k = 4096 splits: there are partial sums
-    plan.gemm(True, False, A, B, given, nt=2, partial=np.full(size, np.nan, dtype))
+    plan.gemm(True, True, A, B, given, nt=2, partial=np.full(size, np.nan, dtype))
     assert own.tobytes() == given.tobytes()
+    np.testing.assert_allclose(own, A.T.astype(np.float64) @ B.T.astype(np.float64),
+                               rtol=1e-4 if dtype == np.float32 else 1e-12, atol=1e-3)
     with pytest.raises(ValueError, match="partial has"):
-        plan.gemm(True, False, A, B, given, nt=2, partial=np.empty(size - 1, dtype))
+        plan.gemm(True, True, A, B, given, nt=2, partial=np.empty(size - 1, dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_weight_gradients_run_on_the_packed_gemm_with_its_pack_in_a_given_buffer(dtype, beta):
+    """A weight gradient ``C (+)= Aᵀ·B`` runs on the kernels' packed GEMM with A read
+    transposed: against BLAS (the oracle), bitwise the same at 1 and 2 threads and with the
+    pack in a given buffer (written, never allocated) or its own; a buffer too small is
+    refused."""
+    from cgru._kernels import blas
+    rng = np.random.default_rng(1)
+    k, m, n = 1000, 300, 77
+    bigA = rng.standard_normal((k, m + 9)).astype(dtype)
+    A, B = bigA[:, 4:4 + m], rng.standard_normal((k, n)).astype(dtype)     # A strided
+    C0 = rng.standard_normal((m, n)).astype(dtype)
+    oracle = C0.copy()
+    blas.gemm_rm(True, False, 1.0, A, B, beta, oracle)
+    results = []
+    for nt, pack in ((1, None), (2, None), (2, np.full(plan.gemm_pack_size(k, n, dtype) + 5,
+                                                       np.nan, dtype))):
+        C = C0.copy()
+        plan.gemm(True, False, A, B, C, beta, nt, pack=pack)
+        results.append(C)
+        if pack is not None:
+            assert not np.isnan(pack[:-5]).any() and np.isnan(pack[-5:]).all()
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(results[0], oracle, rtol=tol, atol=tol * np.sqrt(k))
+    assert all(r.tobytes() == results[0].tobytes() for r in results)
+    with pytest.raises(ValueError, match="at least"):
+        plan.gemm(True, False, A, B, C0.copy(), beta, 1,
+                  pack=np.empty(plan.gemm_pack_size(k, n, dtype) - 1, dtype))
 
 
 @pytest.mark.parametrize("cell", [cgru.GRUCell(), cgru.LSTMCell(), cgru.RNNCell()],
@@ -358,10 +394,10 @@ def test_concurrent_calls_never_share_a_workspace(monkeypatch):
 
 
 @pytest.mark.parametrize("cell", [cgru.GRUCell(), cgru.LSTMCell()], ids=["gru", "lstm"])
-def test_short_sequences_split_the_weight_gradients_over_rows(monkeypatch, cell):
-    """A weight-gradient product whose inner dimension T·N is too short to split (under 1024)
-    is split over the rows of C instead, so that both cores share it: the split happens, the
-    result is bitwise the same at 1 and 2 threads, and it agrees with the NumPy reference."""
+def test_weight_gradients_are_split_over_rows(monkeypatch, cell):
+    """A weight-gradient product is split over the rows of C (each over all of T·N), so that
+    both cores share it however short the sequence: the split happens, the result is bitwise
+    the same at 1 and 2 threads, and it agrees with the NumPy reference."""
     from cgru._kernels import blas
     from cgru.core import reference
     topo = cgru.Topology(24, 96, 2, "bidirectional")
@@ -369,13 +405,13 @@ def test_short_sequences_split_the_weight_gradients_over_rows(monkeypatch, cell)
     rng = np.random.default_rng(8)
     x = rng.standard_normal((20, 12, 24))
     dy = rng.standard_normal((20, 12, topo.output_size))
-    splits, real = [], blas.gemm_blocks
+    splits, real = [], blas.gemm_packed_blocks
 
-    def spy(*args):
-        if len(args) > 10 and args[10]:
-            splits.append(min(args[7], args[6].shape[0]))
-        return real(*args)
-    monkeypatch.setattr(blas, "gemm_blocks", spy)
+    def spy(A, Bp, C, beta1, n_blocks, nt, trans_a=False):
+        if trans_a:
+            splits.append(min(n_blocks, C.shape[0]))
+        return real(A, Bp, C, beta1, n_blocks, nt, trans_a)
+    monkeypatch.setattr(blas, "gemm_packed_blocks", spy)
     grads = []
     for nt in (1, 2):
         f = cgru.forward(net, x, training=True, num_threads=nt)

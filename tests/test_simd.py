@@ -22,16 +22,35 @@ ISAS = {"AVX-512": [4, 3, 0], "AVX2+FMA": [3, 0], "baseline": [0]}[K.simd_isa()]
                                    # with a short last block
                                    (683, 45, 301), (1290, 33, 520)])
 @pytest.mark.parametrize("beta1", [False, True])
-def test_packed_gemm_matches_numpy(isa, dtype, trans, m, n, k, beta1):
+@pytest.mark.parametrize("trans_a", [False, True])
+def test_packed_gemm_matches_numpy(isa, dtype, trans, m, n, k, beta1, trans_a):
+    # trans_a: A given as [k, m] (the weight gradients' dgᵀ·X)
     rng = np.random.default_rng(m * 1000 + n + k)
-    A = rng.standard_normal((m, k)).astype(dtype)
+    A = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
     B = rng.standard_normal((n, k) if trans else (k, n)).astype(dtype)
     C0 = rng.standard_normal((m, n)).astype(dtype)
     C = C0.copy() if beta1 else np.full((m, n), np.nan, dtype)
-    K.gemm_packed_rm(A, K.pack_rhs(B, trans), n, C, beta1, isa=isa)
-    opB = B.T if trans else B
-    want = A.astype(np.float64) @ opB.astype(np.float64) + (C0 if beta1 else 0)
+    K.gemm_packed_rm(A, K.pack_rhs(B, trans), n, C, beta1, isa=isa, trans_a=trans_a)
+    opA, opB = (A.T if trans_a else A), (B.T if trans else B)
+    want = opA.astype(np.float64) @ opB.astype(np.float64) + (C0 if beta1 else 0)
     np.testing.assert_allclose(C, want, rtol=TOL[dtype], atol=TOL[dtype] * k)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_packed_gemm_with_transposed_a_on_strided_views(isa, dtype):
+    # A [k, m] as a column window of a wider array, C likewise; a B wider than L2 in
+    # float64 (column blocks of B); the columns around C's window untouched
+    rng = np.random.default_rng(6)
+    k, m, n = 700, 130, 300
+    bigA = rng.standard_normal((k, m + 11)).astype(dtype)
+    bigC = np.full((m, n + 7), 7.0, dtype)
+    A, C = bigA[:, 5:5 + m], bigC[:, 3:3 + n]
+    B = rng.standard_normal((k, n)).astype(dtype)
+    K.gemm_packed_rm(A, K.pack_rhs(B, False), n, C, False, isa=isa, trans_a=True)
+    np.testing.assert_allclose(C, A.T.astype(np.float64) @ B.astype(np.float64),
+                               rtol=TOL[dtype], atol=TOL[dtype] * k)
+    assert (bigC[:, :3] == 7).all() and (bigC[:, 3 + n:] == 7).all()
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -63,6 +82,27 @@ def test_packed_gemm_refuses_what_it_cannot_compute():
         K.gemm_packed_rm(A.astype(np.float64), Bp, 5, C, False)
     with pytest.raises(ValueError, match="inner stride"):
         K.gemm_packed_rm(np.ones((4, 12), np.float32)[:, ::2], Bp, 5, C, False)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_transposed_a_rows_do_not_depend_on_the_split(dtype):
+    # a weight gradient's rows of C are bitwise the same computed alone or among others, on
+    # one or two threads, in any number of blocks (blas.gemm_packed_blocks)
+    from cgru._kernels import blas
+    rng = np.random.default_rng(9)
+    k, m, n = 300, 70, 45
+    A = rng.standard_normal((k, m)).astype(dtype)
+    Bp = K.pack_rhs(rng.standard_normal((k, n)).astype(dtype), False)
+    whole = np.empty((m, n), dtype)
+    K.gemm_packed_rm(A, Bp, n, whole, False, trans_a=True)
+    for lo, hi in [(0, 1), (5, 8), (3, 5), (8, 70), (69, 70)]:
+        part = np.empty((hi - lo, n), dtype)
+        K.gemm_packed_rm(A[:, lo:hi], Bp, n, part, False, trans_a=True)
+        assert np.array_equal(part, whole[lo:hi]), (lo, hi)
+    for blocks, threads in ((1, 1), (2, 2), (4, 2), (3, 1)):
+        C = np.full((m, n), np.nan, dtype)
+        blas.gemm_packed_blocks(A, Bp, C, False, blocks, threads, True)
+        assert np.array_equal(C, whole), (blocks, threads)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

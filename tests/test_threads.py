@@ -153,10 +153,13 @@ class _nothing:
         return False
 
 
-def test_blas_is_single_threaded_inside_cgrus_gemms_from_any_thread(monkeypatch):
-    """Inside a call made from a thread that is not threadpoolctl's "controlling" thread, the
-    BLAS cgru uses runs at one thread (observed from inside every whole-sequence GEMM)."""
+def test_blas_is_single_threaded_inside_cgrus_blas_products_from_any_thread(monkeypatch):
+    """Inside the products cgru runs on BLAS (``plan.gemm``'s BLAS route: what is not a weight
+    gradient, as a reserve rebuilt from another system's gates), called from a thread that is
+    not threadpoolctl's "controlling" thread, the BLAS runs at one thread (observed from
+    inside each); and a call's forward and backward run no BLAS at all."""
     from cgru._kernels import blas as kblas, threads as kthreads
+    from cgru.core import plan
     if kthreads.blas_control()[0] != "openblas":
         pytest.skip("cgru holds this BLAS through threadpoolctl (best effort)")
     seen = []
@@ -167,11 +170,22 @@ def test_blas_is_single_threaded_inside_cgrus_gemms_from_any_thread(monkeypatch)
         return real(*args, **kw)
     monkeypatch.setattr(kblas, "gemm_blocks", spy)
     prob = _big_problem(0)
+    rng = np.random.default_rng(1)
+    A, B = rng.standard_normal((4096, 64)), rng.standard_normal((48, 4096))
+
+    def products():
+        for _ in range(2):
+            plan.gemm(True, True, A, B, np.empty((64, 48)), nt=2)         # Aᵀ·Bᵀ, k split
+            plan.gemm(False, True, A, B[:, :64], np.empty((4096, 48)), nt=2)
     with threadpool_limits(limits=2, user_api="blas"):
         t = threading.Thread(target=_big_call, args=(prob,))
         t.start()
         t.join()
-    assert len(seen) >= 4 and set(seen) == {1}, seen
+        assert seen == []                     # the engine's GEMMs are cgru's own
+        t = threading.Thread(target=products)
+        t.start()
+        t.join()
+    assert len(seen) == 4 and set(seen) == {1}, seen
 
 
 def test_blas_keeps_the_process_count_during_the_time_loops(rendezvous):

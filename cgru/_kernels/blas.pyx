@@ -14,7 +14,8 @@ import numpy as np
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 
 # the kernels' packed GEMM (simd.h), for the products whose weights come packed
-from cgru._kernels.loops cimport gemm_packed, cgru_packed_size, CGRU_NR_F, CGRU_NR_D
+from cgru._kernels.loops cimport (gemm_packed, gemm_packed_ta, cgru_packed_size, CGRU_NR_F,
+                                  CGRU_NR_D)
 
 cdef extern from *:
     """
@@ -261,6 +262,19 @@ cdef inline void gemm_block(const floating *sample, GemmJob *J, int blk) noexcep
     cdef floating *pp = <floating *>J.partial
     cdef int i0, i1, s0, s1
     cdef floating beta
+    if J.trans_a and J.packed:
+        # C[s0:s1] (+)= A[:, s0:s1]ᵀ · op(B), each row of C over all of k
+        i0 = <int>((<long long>blk * J.m) // J.n_blocks)
+        i1 = <int>((<long long>(blk + 1) * J.m) // J.n_blocks)
+        s0 = i0
+        while s0 < i1:
+            s1 = min(i1, s0 + J.chunk)
+            if not chunk_start(J):
+                return
+            gemm_packed_ta(s1 - s0, J.n, J.k, pa + s0, J.lda, pb, J.beta != 0,
+                           pc + <Py_ssize_t>s0 * J.ldc, J.ldc)
+            s0 = s1
+        return
     if not J.trans_a:
         i0 = <int>((<long long>blk * J.m) // J.n_blocks)
         i1 = <int>((<long long>(blk + 1) * J.m) // J.n_blocks)
@@ -404,9 +418,10 @@ cdef int start_job(GemmJob *J, list errors, int num_threads):
     """The sub-chunk size, the polling state and the team size of a job whose operands and
     blocks are set."""
     cdef double per
-    # sub-chunks: rows of C (each 2·n·k flops) or a stretch of k (each step 2·m·n flops, of
-    # the block's m rows when split_rows)
-    per = 2.0 * J.n * (J.m / J.n_blocks if J.split_rows else J.m if J.trans_a else J.k)
+    # sub-chunks: rows of C (each 2·n·k flops: the packed GEMM's, trans_a or not) or a stretch
+    # of k (each step 2·m·n flops, of the block's m rows when split_rows)
+    per = 2.0 * J.n * (J.m / J.n_blocks if J.split_rows
+                       else J.m if (J.trans_a and not J.packed) else J.k)
     J.chunk = max(MIN_CHUNK_ROWS, <int>min(<double>(1 << 30), CHUNK_FLOPS / max(per, 1.0)))
     J.abort = 0
     J.poll = threading.current_thread() is threading.main_thread()
@@ -416,21 +431,25 @@ cdef int start_job(GemmJob *J, list errors, int num_threads):
 
 
 def gemm_packed_blocks(const floating[:, :] A, const floating[::1] Bp, floating[:, :] C,
-                       bint beta1, int n_blocks, int num_threads):
-    """``C[m, n] = A[m, k] · op(B)`` (``+ C`` with ``beta1``), ``op(B)`` packed by
+                       bint beta1, int n_blocks, int num_threads, bint trans_a=False):
+    """``C[m, n] = op(A)[m, k] · op(B)`` (``+ C`` with ``beta1``), ``op(B)`` packed by
     ``loops.pack_rhs`` (the caller's: a pack is made from the very array it stands for), as
     ``gemm_blocks`` runs a product without ``trans_a`` — blocks of C's rows on an OpenMP team,
     sub-chunks, signal polling — on the kernels' packed GEMM (``simd.h``) instead of BLAS: the
     weights are packed once, not once per call, and every element of C is one sum over k in
     increasing order, so the result does not depend on the blocks, the sub-chunks, the thread
     count or which rows share a call (a time loop's one step computes its rows bit for bit as
-    a whole sequence does).  A and C: row-strided views with unit inner stride."""
+    a whole sequence does).  A and C: row-strided views with unit inner stride; with
+    ``trans_a`` A is ``[k, m]`` (``C = Aᵀ·op(B)``: a weight gradient, split the same way, over
+    C's rows, each over all of k)."""
     cdef GemmJob J
     cdef int nr = CGRU_NR_F if floating is float else CGRU_NR_D
     cdef Py_ssize_t itemsize = sizeof(floating)
-    if A.shape[0] != C.shape[0]:
-        raise ValueError(f"gemm_packed_blocks: A has {A.shape[0]} rows, C {C.shape[0]}")
-    J.m, J.k, J.n = A.shape[0], A.shape[1], C.shape[1]
+    cdef Py_ssize_t a_rows = A.shape[1] if trans_a else A.shape[0]
+    if a_rows != C.shape[0]:
+        raise ValueError(f"gemm_packed_blocks: op(A) has {a_rows} rows, C {C.shape[0]}")
+    J.m, J.n = C.shape[0], C.shape[1]
+    J.k = A.shape[0] if trans_a else A.shape[1]
     if <Py_ssize_t>Bp.shape[0] != <Py_ssize_t>cgru_packed_size(J.n, J.k, nr):
         raise ValueError(f"gemm_packed_blocks: Bp has {Bp.shape[0]} elements; a packed "
                          f"[{J.k}, {J.n}] matrix has {cgru_packed_size(J.n, J.k, nr)}")
@@ -443,7 +462,7 @@ def gemm_packed_blocks(const floating[:, :] A, const floating[::1] Bp, floating[
         if not beta1:
             C[:, :] = 0
         return
-    J.trans_a, J.trans_b, J.alpha, J.beta = False, False, 1.0, 1.0 if beta1 else 0.0
+    J.trans_a, J.trans_b, J.alpha, J.beta = trans_a, False, 1.0, 1.0 if beta1 else 0.0
     J.A = &A[0, 0]
     J.B = &Bp[0]
     J.packed = True

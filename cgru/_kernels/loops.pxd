@@ -15,6 +15,14 @@ cdef extern from "simd.h" nogil:
                               int beta1, float *C, int ldc)
     void cgru_gemm_packed_f64(int m, int n, int k, const double *A, int lda, const double *Bp,
                               int beta1, double *C, int ldc)
+    void cgru_gemm_packed_f32_ta(int m, int n, int k, const float *A, int lda,
+                                 const float *Bp, int beta1, float *C, int ldc)
+    void cgru_gemm_packed_f64_ta(int m, int n, int k, const double *A, int lda,
+                                 const double *Bp, int beta1, double *C, int ldc)
+    void cgru_gemm_packed_f32_t_at(int isa, int ta, int m, int n, int k, const float *A,
+                                   int lda, const float *Bp, int beta1, float *C, int ldc)
+    void cgru_gemm_packed_f64_t_at(int isa, int ta, int m, int n, int k, const double *A,
+                                   int lda, const double *Bp, int beta1, double *C, int ldc)
     void cgru_gemm_packed_f32_at(int isa, int m, int n, int k, const float *A, int lda,
                                  const float *Bp, int beta1, float *C, int ldc)
     void cgru_gemm_packed_f64_at(int isa, int m, int n, int k, const double *A, int lda,
@@ -375,6 +383,16 @@ cdef inline void gemm_packed(int m, int n, int k, const floating *A, int lda,
         cgru_gemm_packed_f32(m, n, k, A, lda, Bp, beta1, C, ldc)
     else:
         cgru_gemm_packed_f64(m, n, k, A, lda, Bp, beta1, C, ldc)
+
+
+cdef inline void gemm_packed_ta(int m, int n, int k, const floating *A, int lda,
+                                const floating *Bp, bint beta1, floating *C,
+                                int ldc) noexcept nogil:
+    # C[m, n] (+)= Aᵀ · op(B), A given as [k, m] (row stride lda), op(B) packed by pack_rhs
+    if floating is float:
+        cgru_gemm_packed_f32_ta(m, n, k, A, lda, Bp, beta1, C, ldc)
+    else:
+        cgru_gemm_packed_f64_ta(m, n, k, A, lda, Bp, beta1, C, ldc)
 
 
 cdef inline void loop_gemm(const Loop *L, int m, int n, int k, const floating *A, int lda,

@@ -257,30 +257,49 @@ def probe_arrive():
     cgru_add(&probe.arrived, 1)
 
 
-def pack_rhs(B, bint trans):
+def packed_size(int n, int k, dtype):
+    """Elements of ``op(B)`` ``[k, n]`` packed (``pack_rhs``) in ``dtype``."""
+    return cgru_packed_size(n, k, CGRU_NR_F if np.dtype(dtype) == np.float32 else CGRU_NR_D)
+
+
+def pack_rhs(B, bint trans, out=None):
     """Pack ``op(B)`` (``[k, n]``; ``B`` is ``[k, n]``, or ``[n, k]`` when ``trans``) for the
-    time loop's GEMMs.  ``B`` is a C-contiguous 2-D float32/float64 array."""
+    time loop's GEMMs.  ``B`` is a C-contiguous 2-D float32/float64 array.  Returns a new array,
+    or the first ``packed_size`` elements of ``out`` (a 1-D C-contiguous array of B's dtype:
+    a call's workspace) written."""
+    if not isinstance(B, np.ndarray) or B.ndim != 2 or not B.flags.c_contiguous \
+            or B.dtype not in (np.float32, np.float64):
+        raise ValueError("pack_rhs: B must be a C-contiguous 2-D float32 or float64 array")
     cdef cnp.ndarray arr = B
     cdef int n = B.shape[0] if trans else B.shape[1]
     cdef int k = B.shape[1] if trans else B.shape[0]
     cdef int ldb = B.shape[1]
-    cdef cnp.ndarray out
-    if B.dtype == np.float32:
-        out = np.empty(cgru_packed_size(n, k, CGRU_NR_F), np.float32)
-        cgru_pack_f32(trans, n, k, <const float *>cnp.PyArray_DATA(arr), ldb,
-                      <float *>cnp.PyArray_DATA(out))
+    cdef size_t size = packed_size(n, k, B.dtype)
+    cdef cnp.ndarray dst
+    if out is None:
+        dst = np.empty(size, B.dtype)
     else:
-        out = np.empty(cgru_packed_size(n, k, CGRU_NR_D), np.float64)
+        if not isinstance(out, np.ndarray) or out.dtype != B.dtype or out.ndim != 1 \
+                or not out.flags.c_contiguous or not out.flags.writeable \
+                or <size_t>out.shape[0] < size:
+            raise ValueError(f"pack_rhs: out must be a writable 1-D C-contiguous {B.dtype} "
+                             f"array of at least {size} elements")
+        dst = out[:size]
+    if B.dtype == np.float32:
+        cgru_pack_f32(trans, n, k, <const float *>cnp.PyArray_DATA(arr), ldb,
+                      <float *>cnp.PyArray_DATA(dst))
+    else:
         cgru_pack_f64(trans, n, k, <const double *>cnp.PyArray_DATA(arr), ldb,
-                      <double *>cnp.PyArray_DATA(out))
-    return out
+                      <double *>cnp.PyArray_DATA(dst))
+    return dst
 
 
-def gemm_packed_rm(A, Bp, int n, C, bint beta1, isa=None):
-    """``C[m, n] (+)= A[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs`` (the kernels' GEMM,
-    single-threaded; for tests and tools — the engine runs it through ``blas.gemm_blocks``):
-    A and C 2-D views of one float dtype with unit inner stride (any row stride).  ``isa``:
-    run the code of that level (4 AVX-512, 3 AVX2+FMA, 0 portable; at most ``cgru_isa()``)."""
+def gemm_packed_rm(A, Bp, int n, C, bint beta1, isa=None, bint trans_a=False):
+    """``C[m, n] (+)= op(A)[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs`` (the kernels'
+    GEMM, single-threaded; for tests and tools — the engine runs it through
+    ``blas.gemm_packed_blocks``): A (``[k, m]`` with ``trans_a``) and C 2-D views of one float
+    dtype with unit inner stride (any row stride).  ``isa``: run the code of that level (4
+    AVX-512, 3 AVX2+FMA, 0 portable; at most ``cgru_isa()``)."""
     cdef int level = cgru_isa() if isa is None else isa
     if level not in (0, 3, 4) or level > cgru_isa():
         raise ValueError(f"isa: expected 0, 3 or 4, at most {cgru_isa()} here, got {isa!r}")
@@ -291,7 +310,9 @@ def gemm_packed_rm(A, Bp, int n, C, bint beta1, isa=None):
                         f"{C.dtype}")
     if A.ndim != 2 or C.ndim != 2 or Bp.ndim != 1 or not Bp.flags.c_contiguous:
         raise ValueError("A, C: expected 2-D arrays; Bp: the 1-D array of pack_rhs")
-    cdef int m = A.shape[0], k = A.shape[1], item = A.itemsize
+    cdef int m = A.shape[1] if trans_a else A.shape[0]
+    cdef int k = A.shape[0] if trans_a else A.shape[1]
+    cdef int item = A.itemsize
     cdef int nr = CGRU_NR_F if A.dtype == np.float32 else CGRU_NR_D
     if C.shape[0] != m or C.shape[1] != n or n < 0:
         raise ValueError(f"C: expected shape {[m, n]}, got {list(C.shape)}")
@@ -306,7 +327,7 @@ def gemm_packed_rm(A, Bp, int n, C, bint beta1, isa=None):
         raise ValueError("C: expected a writable array")
     if m == 0 or n == 0:
         return
-    cdef int lda = A.strides[0] // item if m > 1 else max(k, 1)
+    cdef int lda = A.strides[0] // item if A.shape[0] > 1 else max(A.shape[1], 1)
     cdef int ldc = C.strides[0] // item if m > 1 else max(n, 1)
     cdef cnp.ndarray a = A, bp = Bp, c = C
     cdef bint f32 = A.dtype == np.float32
@@ -315,11 +336,11 @@ def gemm_packed_rm(A, Bp, int n, C, bint beta1, isa=None):
     cdef void *pc = cnp.PyArray_DATA(c)
     with nogil:
         if f32:
-            cgru_gemm_packed_f32_at(level, m, n, k, <const float *>pa, lda, <const float *>pb,
-                                    beta1, <float *>pc, ldc)
+            cgru_gemm_packed_f32_t_at(level, trans_a, m, n, k, <const float *>pa, lda,
+                                      <const float *>pb, beta1, <float *>pc, ldc)
         else:
-            cgru_gemm_packed_f64_at(level, m, n, k, <const double *>pa, lda,
-                                    <const double *>pb, beta1, <double *>pc, ldc)
+            cgru_gemm_packed_f64_t_at(level, trans_a, m, n, k, <const double *>pa, lda,
+                                      <const double *>pb, beta1, <double *>pc, ldc)
 
 
 def vector_math_f32(name, x):

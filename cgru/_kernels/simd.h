@@ -2,7 +2,8 @@
  *
  *   1. A GEMM with a pre-packed right-hand side, C[m, n] (+)= A[m, k] · op(B), for the
  *      per-step recurrent products of the time loop and for the whole-sequence input
- *      projections and input gradients (blas.pyx's gemm_packed_blocks runs it in row blocks).
+ *      projections and input gradients (blas.pyx's gemm_packed_blocks runs it in row blocks);
+ *      with A read transposed (ta: A given [k, m]), for the weight gradients dgᵀ·X.
  *      OpenBLAS re-packs B (the weights) on every call, which costs more than the product
  *      itself when m (the batch rows of one step) is small; here the weights are packed once
  *      per kept copy and reused by every step and call. Every C element is a sum over k in
@@ -62,7 +63,7 @@ static inline void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {  
         if (!trans) {         /* rows of op(B) are rows of B: copy w contiguous values */      \
             for (int kk = 0; kk < k; kk++)                                                     \
                 memcpy(dst + (size_t)kk * NR, B + (size_t)kk * ldb + j0, (size_t)w * sizeof(T)); \
-        } else {              /* column c of the panel is row j0 + c of B: gather the w rows, \
+        } else {              /* column c of the panel is row j0 + c of B: gather the w rows,  \
                                  writing the panel in order (the w source lines stay in L1) */ \
             const T *src = B + (size_t)j0 * ldb;                                               \
             for (int kk = 0; kk < k; kk++)                                                     \
@@ -78,8 +79,8 @@ CGRU_DEFINE_PACK(cgru_pack_f64, double, CGRU_NR_D)
  * C element is acc += a·b over kk in increasing order in every instantiation, so the bits do
  * not depend on mr, PW or which rows share a call.                                            */
 #define CGRU_DEFINE_MICRO(NAME, T, VT, NR, LOAD)                                               \
-CGRU_INLINE void NAME(const int mr, const int pw, int ncols, int k, const T *A, int lda,       \
-                      const T *Bp, int beta1, T *C, int ldc) {                                 \
+CGRU_INLINE void NAME(const int ta, const int mr, const int pw, int ncols, int k, const T *A,  \
+                      int lda, const T *Bp, int beta1, T *C, int ldc) {                        \
     enum { V = NR / 2 };                                                                       \
     VT acc[8][4];                                                                              \
     size_t ps = (size_t)NR * k;                                                                \
@@ -89,7 +90,7 @@ CGRU_INLINE void NAME(const int mr, const int pw, int ncols, int k, const T *A, 
         VT b[4];                                                                               \
         for (int q = 0; q < 2 * pw; q++) b[q] = LOAD(Bp + (q / 2) * ps + (size_t)kk * NR + (q % 2) * V); \
         for (int r = 0; r < mr; r++) {                                                         \
-            T a = A[(size_t)r * lda + kk];                                                     \
+            T a = ta ? A[(size_t)kk * lda + r] : A[(size_t)r * lda + kk];                      \
             for (int q = 0; q < 2 * pw; q++) acc[r][q] += a * b[q];                            \
         }                                                                                      \
     }                                                                                          \
@@ -114,34 +115,34 @@ CGRU_DEFINE_MICRO(cgru_micro_f64, double, cgru_vd, CGRU_NR_D, cgru_loadd)
  * four rows take two panels at once, so that enough independent sums hide the FMA latency,
  * and so do 6 rows at a time on AVX-512 when rows are short (A read half as often). */
 #define CGRU_DEFINE_GEMM(NAME, MICRO, T, NR)                                                   \
-CGRU_INLINE void NAME##_block(const int MR, int m, int n, int k, const T *A, int lda,           \
+CGRU_INLINE void NAME##_block(const int MR, const int TA, int m, int n, int k, const T *A, int lda, \
                               const T *Bp, int beta1, T *C, int ldc) {                         \
     int panels = (n + NR - 1) / NR, p = 0;                                                     \
     if (m < 4) {                                                                               \
         for (; p + 2 <= panels; p += 2) {                                                      \
             const T *bp = Bp + (size_t)p * NR * k;                                             \
             int ncols = n - p * NR;                                                            \
-            if (m == 3) MICRO(3, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc);    \
-            else if (m == 2) MICRO(2, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc); \
-            else if (m == 1) MICRO(1, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc); \
+            if (m == 3) MICRO(TA, 3, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc); \
+            else if (m == 2) MICRO(TA, 2, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc); \
+            else if (m == 1) MICRO(TA, 1, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc); \
         }                                                                                      \
     } else if (MR == 8 && (size_t)k * sizeof(T) < 1024) {                                      \
-        /* short rows on AVX-512: two panels at a time, 6 rows (24 sums), so that each row of \
-         * A is read half as often                                                         */ \
+        /* short rows on AVX-512: two panels at a time, 6 rows (24 sums), so that each row of  \
+         * A is read half as often                                                         */  \
         for (; p + 2 <= panels; p += 2) {                                                      \
             const T *bp = Bp + (size_t)p * NR * k;                                             \
             int ncols = n - p * NR, i = 0;                                                     \
             T *cp = C + (size_t)p * NR;                                                        \
             for (; i + 6 <= m; i += 6)                                                         \
-                MICRO(6, 2, ncols, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); \
-            const T *a = A + (size_t)i * lda;                                                  \
+                MICRO(TA, 6, 2, ncols, k, A + (TA ? (size_t)i : (size_t)i * lda), lda, bp, beta1, cp + (size_t)i * ldc, ldc); \
+            const T *a = A + (TA ? (size_t)i : (size_t)i * lda);                               \
             T *c = cp + (size_t)i * ldc;                                                       \
             switch (m - i) {                                                                   \
-            case 5: MICRO(5, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
-            case 4: MICRO(4, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
-            case 3: MICRO(3, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
-            case 2: MICRO(2, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
-            case 1: MICRO(1, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+            case 5: MICRO(TA, 5, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;               \
+            case 4: MICRO(TA, 4, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;               \
+            case 3: MICRO(TA, 3, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;               \
+            case 2: MICRO(TA, 2, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;               \
+            case 1: MICRO(TA, 1, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;               \
             default: break;                                                                    \
             }                                                                                  \
         }                                                                                      \
@@ -152,59 +153,89 @@ CGRU_INLINE void NAME##_block(const int MR, int m, int n, int k, const T *A, int
         T *cp = C + (size_t)p * NR;                                                            \
         int i = 0;                                                                             \
         for (; i + MR <= m; i += MR)                                                           \
-            MICRO(MR, 1, ncols, k, A + (size_t)i * lda, lda, bp, beta1, cp + (size_t)i * ldc, ldc); \
-        const T *a = A + (size_t)i * lda;                                                      \
+            MICRO(TA, MR, 1, ncols, k, A + (TA ? (size_t)i : (size_t)i * lda), lda, bp, beta1, cp + (size_t)i * ldc, ldc); \
+        const T *a = A + (TA ? (size_t)i : (size_t)i * lda);                                   \
         T *c = cp + (size_t)i * ldc;                                                           \
         switch (m - i) {                                                                       \
-        case 7: MICRO(7, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
-        case 6: MICRO(6, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
-        case 5: MICRO(5, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
-        case 4: MICRO(4, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
-        case 3: MICRO(3, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
-        case 2: MICRO(2, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
-        case 1: MICRO(1, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                       \
+        case 7: MICRO(TA, 7, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+        case 6: MICRO(TA, 6, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+        case 5: MICRO(TA, 5, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+        case 4: MICRO(TA, 4, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+        case 3: MICRO(TA, 3, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+        case 2: MICRO(TA, 2, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+        case 1: MICRO(TA, 1, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
         default: break;                                                                        \
         }                                                                                      \
     }                                                                                          \
 }                                                                                              \
-/* A long A (a whole sequence's rows) against a B that fits in L2 goes in row blocks of about \
- * CGRU_L2_ROWS_BYTES, each passing over every panel of B, so that A is read from L2 rather   \
- * than from memory once per panel (a larger B would be read again per block instead; rows   \
- * under 1 KiB stream well enough, measured). A row's bits do not depend on its block.        */ \
-CGRU_INLINE void NAME##_body(const int MR, int m, int n, int k, const T *A, int lda,           \
-                             const T *Bp, int beta1, T *C, int ldc) {                          \
-    size_t row_bytes = (size_t)(k > 0 ? k : 1) * sizeof(T);                                   \
-    int mc = (int)(CGRU_L2_ROWS_BYTES / row_bytes) / MR * MR;                                 \
+/* A long A (a whole sequence's rows) against a B that fits in L2 goes in row blocks of about  \
+ * CGRU_L2_ROWS_BYTES, each passing over every panel of B, so that A is read from L2 rather    \
+ * than from memory once per panel (rows under 1 KiB stream well enough, measured). A larger   \
+ * B goes in column blocks of at most CGRU_L2_B_BYTES, each such a product of its own, so that \
+ * A is read once per column block rather than once per panel. A row's bits do not depend on   \
+ * its block: every element is one micro-kernel's sum over all of k.                       */  \
+CGRU_INLINE void NAME##_rows(const int MR, const int TA, int m, int n, int k, const T *A,      \
+                             int lda, const T *Bp, int beta1, T *C, int ldc) {                 \
+    size_t row_bytes = (size_t)(k > 0 ? k : 1) * sizeof(T);                                    \
+    int mc = (int)(CGRU_L2_ROWS_BYTES / row_bytes) / MR * MR;                                  \
     if (mc < 4 * MR) mc = 4 * MR;                                                              \
-    if (m < 2 * mc || row_bytes < 1024                                                         \
-            || cgru_packed_size(n, k, NR) * sizeof(T) > CGRU_L2_B_BYTES) {                     \
-        NAME##_block(MR, m, n, k, A, lda, Bp, beta1, C, ldc);                                  \
+    if (m < 2 * mc || row_bytes < 1024) {                                                      \
+        NAME##_block(MR, TA, m, n, k, A, lda, Bp, beta1, C, ldc);                              \
         return;                                                                                \
     }                                                                                          \
     for (int i = 0; i < m; i += mc)                                                            \
-        NAME##_block(MR, m - i < mc ? m - i : mc, n, k, A + (size_t)i * lda, lda, Bp, beta1,   \
+        NAME##_block(MR, TA, m - i < mc ? m - i : mc, n, k,                                    \
+                     A + (TA ? (size_t)i : (size_t)i * lda), lda, Bp, beta1,                   \
                      C + (size_t)i * ldc, ldc);                                                \
 }                                                                                              \
-CGRU_TARGET_V4 static void NAME##_v4(int m, int n, int k, const T *A, int lda, const T *Bp,    \
-                                     int beta1, T *C, int ldc)                                 \
-{ NAME##_body(8, m, n, k, A, lda, Bp, beta1, C, ldc); }                                        \
-CGRU_TARGET_V3 static void NAME##_v3(int m, int n, int k, const T *A, int lda, const T *Bp,    \
-                                     int beta1, T *C, int ldc)                                 \
-{ NAME##_body(3, m, n, k, A, lda, Bp, beta1, C, ldc); }                                        \
-static void NAME##_base(int m, int n, int k, const T *A, int lda, const T *Bp, int beta1,      \
-                        T *C, int ldc)                                                         \
-{ NAME##_body(2, m, n, k, A, lda, Bp, beta1, C, ldc); }                                        \
-static void NAME##_at(int isa, int m, int n, int k, const T *A, int lda, const T *Bp,         \
-                      int beta1, T *C, int ldc) {                                              \
-    switch (isa) {                                                                             \
-    case 4: NAME##_v4(m, n, k, A, lda, Bp, beta1, C, ldc); break;                              \
-    case 3: NAME##_v3(m, n, k, A, lda, Bp, beta1, C, ldc); break;                              \
-    default: NAME##_base(m, n, k, A, lda, Bp, beta1, C, ldc); break;                           \
+CGRU_INLINE void NAME##_body(const int MR, const int TA, int m, int n, int k, const T *A,      \
+                             int lda, const T *Bp, int beta1, T *C, int ldc) {                 \
+    size_t panel_bytes = (size_t)NR * (size_t)(k > 0 ? k : 1) * sizeof(T);                     \
+    int panels = (n + NR - 1) / NR;                                                            \
+    int per = (int)(CGRU_L2_B_BYTES / panel_bytes);                                            \
+    if (per < 1) per = 1;                                                                      \
+    for (int p0 = 0; p0 < panels; p0 += per) {                                                 \
+        int cols = n - p0 * NR < per * NR ? n - p0 * NR : per * NR;                            \
+        NAME##_rows(MR, TA, m, cols, k, A, lda, Bp + (size_t)p0 * NR * (size_t)k, beta1,       \
+                    C + (size_t)p0 * NR, ldc);                                                 \
     }                                                                                          \
+}                                                                                              \
+/* ta = 1: A is given transposed, A[kk, r] at A[kk·lda + r] (k rows of m): C = Aᵀ·op(B),       \
+ * the weight gradients' dgᵀ·X; the same sums in the same order as for ta = 0.             */  \
+CGRU_TARGET_V4 static void NAME##_v4(int ta, int m, int n, int k, const T *A, int lda,         \
+                                     const T *Bp, int beta1, T *C, int ldc) {                  \
+    if (ta) NAME##_body(8, 1, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
+    else NAME##_body(8, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                \
+}                                                                                              \
+CGRU_TARGET_V3 static void NAME##_v3(int ta, int m, int n, int k, const T *A, int lda,         \
+                                     const T *Bp, int beta1, T *C, int ldc) {                  \
+    if (ta) NAME##_body(3, 1, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
+    else NAME##_body(3, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                \
+}                                                                                              \
+static void NAME##_base(int ta, int m, int n, int k, const T *A, int lda, const T *Bp,         \
+                        int beta1, T *C, int ldc) {                                            \
+    if (ta) NAME##_body(2, 1, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
+    else NAME##_body(2, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                \
+}                                                                                              \
+static void NAME##_t_at(int isa, int ta, int m, int n, int k, const T *A, int lda,             \
+                        const T *Bp, int beta1, T *C, int ldc) {                               \
+    switch (isa) {                                                                             \
+    case 4: NAME##_v4(ta, m, n, k, A, lda, Bp, beta1, C, ldc); break;                          \
+    case 3: NAME##_v3(ta, m, n, k, A, lda, Bp, beta1, C, ldc); break;                          \
+    default: NAME##_base(ta, m, n, k, A, lda, Bp, beta1, C, ldc); break;                       \
+    }                                                                                          \
+}                                                                                              \
+static inline void NAME##_at(int isa, int m, int n, int k, const T *A, int lda, const T *Bp,   \
+                             int beta1, T *C, int ldc) {                                       \
+    NAME##_t_at(isa, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                   \
 }                                                                                              \
 static inline void NAME(int m, int n, int k, const T *A, int lda, const T *Bp, int beta1, T *C, \
                         int ldc) {                                                             \
-    NAME##_at(cgru_isa(), m, n, k, A, lda, Bp, beta1, C, ldc);                                 \
+    NAME##_t_at(cgru_isa(), 0, m, n, k, A, lda, Bp, beta1, C, ldc);                            \
+}                                                                                              \
+static inline void NAME##_ta(int m, int n, int k, const T *A, int lda, const T *Bp, int beta1, \
+                             T *C, int ldc) {                                                  \
+    NAME##_t_at(cgru_isa(), 1, m, n, k, A, lda, Bp, beta1, C, ldc);                            \
 }
 
 /* The machine's vector ISA, asked once: 4 = AVX-512 (x86-64-v4), 3 = AVX2+FMA, 0 = baseline. */

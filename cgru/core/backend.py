@@ -10,7 +10,7 @@ depends on the machine, and for nothing else:
 ``gemm``             ``C = op(A)·op(B) + beta·C`` on row-major views (the weight gradients)
 ``gemm_packed``      ``C (+)= A·op(B)``, ``op(B)`` packed by ``pack`` (the input projections and
                      the input gradients: rows computed alike however they are grouped)
-``with_partials``    this backend for one call: its products' partial sums in the call's workspace
+``with_pack``        this backend for one call: its weight gradients' packs in the call's workspace
 ``pack``             weights packed for the kernels' GEMM (``weights`` keeps them)
 ``kernels(kind)``    a cell kind's compiled time loops: ``forward_layer``, ``backward_layer``,
                      ``Direction``
@@ -40,10 +40,10 @@ class CPU:
     gemm = staticmethod(plan.gemm)
     gemm_packed = staticmethod(plan.gemm_packed)
 
-    def with_partials(self, partial):
-        """This backend for one call whose workspace holds ``partial``: its ``gemm`` keeps the
-        partial sums of a split inner dimension there (``plan.gemm_partial_size``)."""
-        return _CallBackend(self, partial)
+    def with_pack(self, pack):
+        """This backend for one call whose workspace holds ``pack``: its ``gemm`` packs a
+        weight gradient's right operand there (``plan.gemm_pack_size``)."""
+        return _CallBackend(self, pack)
 
     pack = staticmethod(weights.pack_rhs)
 
@@ -57,13 +57,13 @@ class CPU:
 
 
 class _CallBackend:
-    """A backend bound to one call's workspace (``CPU.with_partials``)."""
+    """A backend bound to one call's workspace (``CPU.with_pack``)."""
 
-    def __init__(self, backend, partial):
-        self._backend, self._partial = backend, partial
+    def __init__(self, backend, pack):
+        self._backend, self._pack = backend, pack
 
     def gemm(self, ta, tb, A, B, C, beta=0.0, nt=1):
-        self._backend.gemm(ta, tb, A, B, C, beta, nt, self._partial)
+        self._backend.gemm(ta, tb, A, B, C, beta, nt, pack=self._pack)
 
     def __getattr__(self, name):
         return getattr(self._backend, name)

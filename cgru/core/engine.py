@@ -28,7 +28,6 @@ training forward saves what the backward needs in the reserve (``reserve``).  No
 knows a cell kind by name.
 """
 from collections import defaultdict, namedtuple
-import math
 
 import numpy as np
 
@@ -320,7 +319,7 @@ def backward_workspace(kind, cell, topo, dtype, T, N, need_hm=True):
     """The workspace of a backward (``plan.Workspace``, not yet allocated): the kind's buffers
     per direction (the gate gradients among them), h ⊙ m for dR (``need_hm``: a state mask or
     padded sequences), the inner layers' input gradients, the time loops' scratch and the
-    partial sums of the weight-gradient products.  The gate gradients and their kin hold one
+    pack of a weight-gradient product's right operand.  The gate gradients and their kin hold one
     block of time (``plan.time_block`` steps), not all ``T``.  Shared as
     ``forward_workspace``'s."""
     return plan.shared_layout(_backward_layout, kind, cell, topo, np.dtype(dtype), int(T), int(N),
@@ -341,11 +340,10 @@ def _backward_layout(kind, cell, topo, dtype, T, N, Tb, need_hm):
         ws.add("dX0", (T * N, DS)).add("dX1", (T * N, DS))          # inner layers, ping-pong
     ws.add("scratch", (BACKEND.kernels(kind).scratch_size(False, N, H, S, plan.n_chunks(N, H),
                                                           D),))
-    # every weight-gradient product's C is one of a layer-direction's weight matrices, and
-    # the layers above the first all have layer 1's shapes (closed form: L may be huge)
-    largest = max(math.prod(shape) for i in {0, min(D, topo.num_layer_directions - 1)}
-                  for shape in topo.shapes(i, cell.gates).values())
-    ws.add("partial", (plan.gemm_partial_size(RB, largest),))
+    # the pack of a weight-gradient product's right operand: a block of the layer's input,
+    # of h (h ⊙ m), or of an LSTM's hf ([RB, n] with n at most the widest of them)
+    widest = max(topo.input_size, topo.output_size, topo.state_size, H)
+    ws.add("wpack", (plan.gemm_pack_size(RB, widest, dtype),))
     return ws
 
 
@@ -398,8 +396,8 @@ def run_backward(call, workspace=None, out=None):
     space = backward_workspace(kind, cell, topo, dtype, T, N, need_hm)
     buf = space.allocate(workspace if workspace is not None else plan.recycled(
         _training_block_bytes(kind, cell, topo, dtype, T, N, need_hm)))
-    # the call's backend: the products' partial sums in the workspace
-    backend = BACKEND.with_partials(buf["partial"])
+    # the call's backend: the weight-gradient products' packs in the workspace
+    backend = BACKEND.with_pack(buf["wpack"])
     # the backward's buffers by name, one per direction (None: the kind has none), each
     # holding one block of time
     Tb = plan.time_block(T, N)

@@ -32,6 +32,7 @@ import weakref
 import numpy as np
 
 from cgru._kernels import blas
+from cgru._kernels.loops import pack_rhs, packed_size
 from cgru._kernels.threads import blas_single_threaded
 
 # Batch chunks of the time loop: a function of N only.  Two chunks from N = 16 (so two threads
@@ -195,18 +196,35 @@ def _wgrad_split(k, m):
     return _gemm_blocks(False, m), True
 
 
+def gemm_pack_size(k, n, dtype):
+    """Elements of the pack of a weight gradient's ``B`` ``[k, n]`` (``gemm``'s ``pack``)."""
+    return packed_size(n, k, dtype)
+
+
 def gemm_partial_size(k, c_size):
     """Elements of the partial sums a weight-gradient product ``C = Aᵀ·B`` with inner dimension
     ``k`` and ``c_size`` elements of C needs (``gemm``'s ``partial``)."""
     return (min(_gemm_blocks(True, k), max(k, 1)) - 1) * c_size
 
 
-def gemm(ta, tb, A, B, C, beta=0.0, nt=1, partial=None):
-    """``C = op(A)·op(B) + beta·C`` for row-major 2-D arrays (views with unit inner stride), as
-    blocks of single-threaded BLAS on up to ``nt`` pool threads; ``partial`` (1-D, at least
-    ``gemm_partial_size`` elements, from the call's workspace) holds the partial sums of a split
-    inner dimension.  BLAS is held at one thread for the product only
+def gemm(ta, tb, A, B, C, beta=0.0, nt=1, partial=None, pack=None):
+    """``C = op(A)·op(B) + beta·C`` for row-major 2-D arrays (views with unit inner stride).
+
+    A weight gradient ``C (+)= Aᵀ·B`` (``ta``, not ``tb``, ``beta`` 0 or 1) runs on the
+    kernels' packed GEMM with A read transposed (``blas.gemm_packed_blocks``): B packed into
+    ``pack`` (1-D, at least ``gemm_pack_size`` elements, from the call's workspace; else a new
+    array), blocks of C's rows on up to ``nt`` pool threads, every element of C one sum over
+    all of k in order — bitwise the same for every thread count and split.
+
+    Any other product: blocks of single-threaded BLAS on up to ``nt`` pool threads;
+    ``partial`` (1-D, at least ``gemm_partial_size`` elements) holds the partial sums of a
+    split inner dimension.  BLAS is held at one thread for the product only
     (``blas_single_threaded``), not for the rest of cgru's call."""
+    if ta and not tb and beta in (0.0, 1.0) and C.shape[0] and C.shape[1]:
+        Bp = pack_rhs(np.ascontiguousarray(B), False, pack)
+        blas.gemm_packed_blocks(A, Bp, C, beta == 1.0, _gemm_blocks(False, C.shape[0]), nt,
+                                True)
+        return
     if ta:
         blocks, split_rows = _wgrad_split(A.shape[0], C.shape[0])
     else:
