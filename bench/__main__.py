@@ -22,10 +22,10 @@ import time
 if __package__ in (None, ""):       # ``python bench/__main__.py``: make ``bench`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import problems, report, systems, timing, workers  # noqa: E402
+from bench import gemms, problems, report, systems, timing, workers  # noqa: E402
 
 OPTIONAL = ("torch", "cgru_torch", "stream", "onnxruntime", "openvino", "jax", "numpy",
-            "alone", "memory", "bound")
+            "alone", "memory", "bound", "gemms")
 
 
 # --- one section -------------------------------------------------------------------------------
@@ -105,6 +105,12 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
                 rec["raw_" + key] = raw
                 rec[key] = max(raw - calls * overhead * 1e3, 0.5 * raw)
     set_flop_limit(result, (peaks or {}).get((problem.dtype.name, n)), derive=False)
+    if n == 1 and "gemms" not in skip and not c.streaming:
+        # each GEMM of the step alone, on cgru's route (bench/gemms.py); its fraction of the
+        # peak is taken in the report, against the peak the FLOP limit uses
+        progress("each GEMM alone")
+        result["gemms"] = gemms.rates(problem, None)
+        lap("gemms_s")
 
     if alone is not None:
         result["alone"] = alone.result(samples, other)

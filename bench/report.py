@@ -274,6 +274,23 @@ MEM_HEAD = ("config", "dtype", "cgru peak MiB", "minimum MiB", "peak/minimum",
             "PyTorch RSS growth MiB", "PyTorch/cgru (RSS)")
 
 
+GEMM_HEAD = ("config", "dtype", "product", "m×n×k", "calls", "GFLOP/s", "of peak", "share")
+
+
+def gemm_rows(results):
+    """Rows of the per-GEMM table: each 1-thread section's ``gemms`` (bench/gemms.py), the
+    fraction of peak against the section's ``peak_gflops``."""
+    rows = []
+    for r in results:
+        peak = r.get("peak_gflops")
+        for g in r.get("gemms") or ():
+            rows.append([r["config"], short_dtype(r["dtype"]), g["name"],
+                         f"{g['m']}×{g['n']}×{g['k']}", f"{g['calls']:g}",
+                         f"{g['gflops']:.1f}", _fmt(g["gflops"] / peak if peak else None),
+                         _fmt(g["share"])])
+    return rows
+
+
 def memory_rows(memory):
     rows = []
     mib = 1 / 2 ** 20
@@ -310,6 +327,13 @@ def format_tables(results, memory=(), peaks=(), markdown=False):
         parts.append("\nstreaming (batch 1, per call; overhead = the call alone − its "
                      "GEMM-only bound; Stream = cgru.Stream(net).step(x, state)):")
         parts.append(_table(STREAM_HEAD, srows, markdown))
+    grows = gemm_rows(results)
+    if grows:
+        parts.append("\neach GEMM of a training step alone, at 1 thread, on cgru's route "
+                     "(first layer-direction; bench/gemms.py): m×n×k, calls per step, "
+                     "GFLOP/s, its fraction of the section's peak GEMM rate, its share of the "
+                     "step's GEMM time:")
+        parts.append(_table(GEMM_HEAD, grows, markdown))
     mrows = memory_rows(memory)
     if mrows:
         parts.append("\npeak memory of a training step (fresh process each; cgru peak = "

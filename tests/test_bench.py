@@ -25,7 +25,7 @@ if ROOT not in sys.path:                 # bench/ is a top-level package of the 
     sys.path.insert(0, ROOT)
 
 from bench import __main__ as bench_main  # noqa: E402
-from bench import problems, report, systems, timing, workers  # noqa: E402
+from bench import gemms, problems, report, systems, timing, workers  # noqa: E402
 
 TINY = problems.Config("tiny", T=5, N=3, I=4, H=6, L=2, bidirectional=True)
 TINY_SPEC = "5x3x4x6x2b"
@@ -301,6 +301,12 @@ def test_main_writes_every_figure(tmp_path, capsys, peers):
             for key in PEER_KEYS[peer] & set(report.PEER_OF):
                 assert q[f"{key}/{report.PEER_OF[key]}_alone"] > 0
     assert res["streaming"]["per_call_us"]["cgru_fwd_alone"] > 0
+    # each GEMM of the step alone, at 1 thread
+    assert [g["name"] for g in res["gemms"]] == [
+        name for name, *_ in gemms.products(problems.Problem(problems.parse_config(TINY_SPEC),
+                                                             "float32"))]
+    assert all(g["gflops"] > 0 for g in res["gemms"])
+    assert sum(g["share"] for g in res["gemms"]) == pytest.approx(1.0)
     if "torch" in peers:                  # cgru.torch against nn.GRU, in its own column
         assert q["torch_fb/cgru_torch_fb"] > 0 and q["cgru_torch_fb/cgru_fb_alone"] > 0
     # peak memory: cgru from its own fresh process, PyTorch from another
@@ -321,6 +327,7 @@ def test_main_writes_every_figure(tmp_path, capsys, peers):
     assert res["other_load_cores"] is None or res["other_load_cores"] >= 0
     out = capsys.readouterr().out
     assert "fb/bound" in out and TINY_SPEC in out and "targets met" in out
+    assert "each GEMM of a training step alone" in out and "dW = dgᵀ·X" in out
     assert "PyTorch fb/cgru.torch" in out and "\nGRU\n" in out
     pytest.importorskip("matplotlib")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -429,6 +436,20 @@ def test_flops_match_docs_speed_md():
     assert Fp.layer_width(1) == 128
     assert Fp.flops_fwd() == 2 * 2 * 100 * 32 * (4 * 256 * (256 + 64) + 64 * 256) + \
         2 * 2 * 100 * 32 * (4 * 256 * (128 + 64) + 64 * 256)
+
+
+@pytest.mark.parametrize("spec", ["B", "gru:30x3x5x7x1", "lstm:30x3x5x7x1",
+                                  "lstm:30x3x5x8x1-P3", "rnn_tanh:300x4x9x5x1"])
+def test_each_gemm_alone_covers_the_step(spec):
+    """bench/gemms.py's products: their flops times their calls are the step's GEMM flops
+    (one layer-direction configs), and each is timed."""
+    problem = problems.Problem(problems.parse_config(spec), "float64")
+    c, prods = problem.config, gemms.products(problem)
+    assert sum(2 * m * n * k * calls for _, (m, n, k), calls, _ in prods) == \
+        pytest.approx(c.flops("fb"), rel=1e-12)
+    rows = gemms.rates(problem, peak_gflops=50.0, min_s=0.001)
+    assert [r["name"] for r in rows] == [p[0] for p in prods]
+    assert all(r["gflops"] > 0 and r["of_peak"] == r["gflops"] / 50.0 for r in rows)
 
 
 @pytest.mark.parametrize("kind", ["gru", "lstm", "rnn_tanh"])
