@@ -77,8 +77,11 @@ def worker(rank, world_size, port, args):
         x, target = make_batch(dtype)
         part = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
 
+        reduced = []                           # kept until the process group is gone (below)
+
         def report(step, loss):                # the mean of the ranks' losses: the batch's
             dist.all_reduce(loss)
+            reduced.append(loss)
             if rank == 0:
                 print(f"step {step + 1}: loss {loss.item() / world_size:.6f}", flush=True)
 
@@ -86,6 +89,10 @@ def worker(rank, world_size, port, args):
         if args.save:
             torch.save(history, f"{args.save}.rank{rank}.pt")
     finally:
+        # Gloo's worker threads drop their last reference to a collective's tensors after the
+        # collective returns; if that is the tensor's last reference, they need the GIL to free
+        # it — which destroy_process_group holds while it waits for them (a deadlock: PyTorch
+        # issue 56297). The tensors passed to collectives are therefore still referenced here.
         dist.destroy_process_group()
 
 
