@@ -290,6 +290,14 @@ def _sig(x):
     return _exact("sigmoid", x)
 
 
+def _gru_bwd_of_5(dh, hp, z, n, flip):
+    """``(dn, dz, dh_prev)`` of the GRU's blend ``h' = n + z ⊙ (h − n)`` (flip: ``h + z ⊙
+    (n − h)``)."""
+    if flip:
+        return dh * z, dh * (n - hp), dh * (1 - z)
+    return dh * (1 - z), dh * (hp - n), dh * z
+
+
 def _gate_row_numpy(kernel, o, H, option):
     """What ``K.gate_row`` computes, in float64 from the operands ``o``."""
     o = {k: np.asarray(v, np.float64) for k, v in o.items() if v is not None}
@@ -307,11 +315,7 @@ def _gate_row_numpy(kernel, o, H, option):
         return {"g3": np.concatenate([r, z, n]), "hn": hn, "hnew": h}
     if kernel == "gru_bwd_ra":
         r, z, n = (part(o["g3"], q) for q in range(3))
-        dh, hp = o["dh"], o["hp"]
-        if option:
-            dn, dz, dh_prev = dh * z, dh * (n - hp), dh * (1 - z)
-        else:
-            dn, dz, dh_prev = dh * (1 - z), dh * (hp - n), dh * z
+        dn, dz, dh_prev = _gru_bwd_of_5(o["dh"], o["hp"], z, n, option)
         dpn, dpz = dn * (1 - n * n), dz * z * (1 - z)
         dpr = dpn * o["hn"] * r * (1 - r)
         return {"dh": dh_prev, "dgx": np.concatenate([dpr, dpz, dpn]),
@@ -328,11 +332,8 @@ def _gate_row_numpy(kernel, o, H, option):
         return {"n": n, "hnew": hp + z * (n - hp) if option else n + z * (hp - n)}
     if kernel == "gru_bwd_rb":
         r, z, n = (part(o["g3"], q) for q in range(3))
-        dh, hp = o["dh"], o["hp"]
-        if option:
-            dn, dz, dh_prev = dh * z, dh * (n - hp), dh * (1 - z)
-        else:
-            dn, dz, dh_prev = dh * (1 - z), dh * (hp - n), dh * z
+        hp = o["hp"]
+        dn, dz, dh_prev = _gru_bwd_of_5(o["dh"], hp, z, n, option)
         dgx = o["dgx"].copy()                 # the r columns are the next kernel's
         dgx[H:2 * H], dgx[2 * H:] = dz * z * (1 - z), dn * (1 - n * n)
         return {"dh": dh_prev, "dgx": dgx, "rhm": r * hp * m}

@@ -262,8 +262,7 @@ cdef inline void gemm_block(const floating *sample, GemmJob *J, int blk) noexcep
     cdef floating *pp = <floating *>J.partial
     cdef int i0, i1, s0, s1
     cdef floating beta
-    if J.trans_a and J.packed:
-        # C[s0:s1] (+)= A[:, s0:s1]ᵀ · op(B), each row of C over all of k
+    if J.packed or not J.trans_a:
         i0 = <int>((<long long>blk * J.m) // J.n_blocks)
         i1 = <int>((<long long>(blk + 1) * J.m) // J.n_blocks)
         s0 = i0
@@ -271,20 +270,12 @@ cdef inline void gemm_block(const floating *sample, GemmJob *J, int blk) noexcep
             s1 = min(i1, s0 + J.chunk)
             if not chunk_start(J):
                 return
-            gemm_packed_ta(s1 - s0, J.n, J.k, pa + s0, J.lda, pb, J.beta != 0,
-                           pc + <Py_ssize_t>s0 * J.ldc, J.ldc)
-            s0 = s1
-        return
-    if not J.trans_a:
-        i0 = <int>((<long long>blk * J.m) // J.n_blocks)
-        i1 = <int>((<long long>(blk + 1) * J.m) // J.n_blocks)
-        s0 = i0
-        while s0 < i1:
-            s1 = min(i1, s0 + J.chunk)
-            if not chunk_start(J):
-                return
-            # C[s0:s1] = op(A)[s0:s1] · op(B)  (A's rows s0:s1)
-            if J.packed:
+            # C[s0:s1] = op(A)[s0:s1] · op(B)  (A's rows s0:s1; trans_a: A's columns, each
+            # row of C over all of k)
+            if J.trans_a:
+                gemm_packed_ta(s1 - s0, J.n, J.k, pa + s0, J.lda, pb, J.beta != 0,
+                               pc + <Py_ssize_t>s0 * J.ldc, J.ldc)
+            elif J.packed:
                 gemm_packed(s1 - s0, J.n, J.k, pa + <Py_ssize_t>s0 * J.lda, J.lda, pb,
                             J.beta != 0, pc + <Py_ssize_t>s0 * J.ldc, J.ldc)
             else:

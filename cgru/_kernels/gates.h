@@ -57,6 +57,12 @@ CGRU_INLINE cgru_vd cgru_where_pos_f64(cgru_vd x, cgru_vd v) { return (cgru_vd)(
         ST(hn + j, hnv, w); ST(hnew + j, hv, w);                                               \
     }
 
+/* bwd of 5 of one chunk (both GRU forms): from d = dh, the gates z, n and h, dn and dz, and
+ * dh_prev's share through z stored over dh.                                                  */
+#define CGRU_GRU_BWD5(ST)                                                                      \
+    if (flip) { dn = d * z; dz = d * (n - h); ST(dh + j, d * (one - z), w); }                  \
+    else      { dn = d * (one - z); dz = d * (h - n); ST(dh + j, d * z, w); }
+
 /* GRU, reset-after, one row of bwd of 5, 4, 3: reads g3 = r, z, n, hp [H], hn [H]; turns dh
  * [H] into dh_prev before the recurrent product; writes dgx [3H] and dgh [3H]:
  *   dn = dh ⊙ (1 − z), dz = dh ⊙ (h − n), dh_prev = dh ⊙ z   (flip: dn = dh ⊙ z,
@@ -68,8 +74,7 @@ CGRU_INLINE cgru_vd cgru_where_pos_f64(cgru_vd x, cgru_vd v) { return (cgru_vd)(
         VT r = LD(g3 + j, w), z = LD(g3 + H + j, w), n = LD(g3 + 2 * H + j, w);                \
         VT h = LD(hp + j, w), d = LD(dh + j, w), one = (VT){0} + 1;                            \
         VT dn, dz;                                                                             \
-        if (flip) { dn = d * z; dz = d * (n - h); ST(dh + j, d * (one - z), w); }              \
-        else      { dn = d * (one - z); dz = d * (h - n); ST(dh + j, d * z, w); }              \
+        CGRU_GRU_BWD5(ST);                                                                     \
         VT dpn = dn * (one - n * n);                                                           \
         VT dpz = dz * z * (one - z);                                                           \
         VT dpr = dpn * LD(hn + j, w) * r * (one - r);                                          \
@@ -111,8 +116,7 @@ CGRU_INLINE cgru_vd cgru_where_pos_f64(cgru_vd x, cgru_vd v) { return (cgru_vd)(
         VT r = LD(g3 + j, w), z = LD(g3 + H + j, w), n = LD(g3 + 2 * H + j, w);                \
         VT h = LD(hp + j, w), d = LD(dh + j, w), one = (VT){0} + 1;                            \
         VT dn, dz;                                                                             \
-        if (flip) { dn = d * z; dz = d * (n - h); ST(dh + j, d * (one - z), w); }              \
-        else      { dn = d * (one - z); dz = d * (h - n); ST(dh + j, d * z, w); }              \
+        CGRU_GRU_BWD5(ST);                                                                     \
         ST(dgx + H + j, dz * z * (one - z), w);                                                \
         ST(dgx + 2 * H + j, dn * (one - n * n), w);                                            \
         VT rhv = r * h;                                                                        \
