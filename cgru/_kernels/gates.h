@@ -57,9 +57,12 @@ CGRU_INLINE cgru_vd cgru_where_pos_f64(cgru_vd x, cgru_vd v) { return (cgru_vd)(
         ST(hn + j, hnv, w); ST(hnew + j, hv, w);                                               \
     }
 
-/* bwd of 5 of one chunk (both GRU forms): from d = dh, the gates z, n and h, dn and dz, and
- * dh_prev's share through z stored over dh.                                                  */
-#define CGRU_GRU_BWD5(ST)                                                                      \
+/* The start of a GRU backward row's chunk (both forms): loads r, z, n (g3), h (hp) and d = dh,
+ * then bwd of 5 — dn and dz, and dh_prev's share through z stored over dh.                 */
+#define CGRU_GRU_BWD5(VT, LD, ST)                                                              \
+    VT r = LD(g3 + j, w), z = LD(g3 + H + j, w), n = LD(g3 + 2 * H + j, w);                    \
+    VT h = LD(hp + j, w), d = LD(dh + j, w), one = (VT){0} + 1;                                \
+    VT dn, dz;                                                                                 \
     if (flip) { dn = d * z; dz = d * (n - h); ST(dh + j, d * (one - z), w); }                  \
     else      { dn = d * (one - z); dz = d * (h - n); ST(dh + j, d * z, w); }
 
@@ -71,10 +74,7 @@ CGRU_INLINE cgru_vd cgru_where_pos_f64(cgru_vd x, cgru_vd v) { return (cgru_vd)(
 #define CGRU_GRU_BWD_RA_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                                 \
     for (int j = 0; j < H; j += V) {                                                           \
         int w = H - j;                                                                         \
-        VT r = LD(g3 + j, w), z = LD(g3 + H + j, w), n = LD(g3 + 2 * H + j, w);                \
-        VT h = LD(hp + j, w), d = LD(dh + j, w), one = (VT){0} + 1;                            \
-        VT dn, dz;                                                                             \
-        CGRU_GRU_BWD5(ST);                                                                     \
+        CGRU_GRU_BWD5(VT, LD, ST);                                                             \
         VT dpn = dn * (one - n * n);                                                           \
         VT dpz = dz * z * (one - z);                                                           \
         VT dpr = dpn * LD(hn + j, w) * r * (one - r);                                          \
@@ -113,10 +113,7 @@ CGRU_INLINE cgru_vd cgru_where_pos_f64(cgru_vd x, cgru_vd v) { return (cgru_vd)(
 #define CGRU_GRU_BWD_RB_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                                 \
     for (int j = 0; j < H; j += V) {                                                           \
         int w = H - j;                                                                         \
-        VT r = LD(g3 + j, w), z = LD(g3 + H + j, w), n = LD(g3 + 2 * H + j, w);                \
-        VT h = LD(hp + j, w), d = LD(dh + j, w), one = (VT){0} + 1;                            \
-        VT dn, dz;                                                                             \
-        CGRU_GRU_BWD5(ST);                                                                     \
+        CGRU_GRU_BWD5(VT, LD, ST);                                                             \
         ST(dgx + H + j, dz * z * (one - z), w);                                                \
         ST(dgx + 2 * H + j, dn * (one - n * n), w);                                            \
         VT rhv = r * h;                                                                        \
