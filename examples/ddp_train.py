@@ -13,6 +13,7 @@ import datetime
 import os
 import socket
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -89,11 +90,16 @@ def worker(rank, world_size, port, args):
         if args.save:
             torch.save(history, f"{args.save}.rank{rank}.pt")
     finally:
-        # Gloo's worker threads drop their last reference to a collective's tensors after the
-        # collective returns; if that is the tensor's last reference, they need the GIL to free
-        # it — which destroy_process_group holds while it waits for them (a deadlock: PyTorch
-        # issue 56297). The tensors passed to collectives are therefore still referenced here.
-        dist.destroy_process_group()
+        # Gloo's worker threads finish a collective after it returns (dropping its tensors,
+        # which may need the GIL); destroy_process_group holds the GIL while it waits for them
+        # (a deadlock: PyTorch issue 56297). So the tensors passed to collectives are still
+        # referenced here, and a barrier, then a moment without the GIL, let the workers go
+        # idle before the group is destroyed.
+        try:
+            dist.barrier()
+            time.sleep(0.05)
+        finally:
+            dist.destroy_process_group()
 
 
 def free_port():
