@@ -407,10 +407,10 @@ def test_weight_gradients_are_split_over_rows(monkeypatch, cell):
     dy = rng.standard_normal((20, 12, topo.output_size))
     splits, real = [], blas.gemm_packed_blocks
 
-    def spy(A, Bp, C, beta1, n_blocks, nt, trans_a=False):
+    def spy(A, Bp, C, beta1, n_blocks, nt, trans_a=False, col_blocks=1):
         if trans_a:
             splits.append(min(n_blocks, C.shape[0]))
-        return real(A, Bp, C, beta1, n_blocks, nt, trans_a)
+        return real(A, Bp, C, beta1, n_blocks, nt, trans_a, col_blocks)
     monkeypatch.setattr(blas, "gemm_packed_blocks", spy)
     grads = []
     for nt in (1, 2):
@@ -420,6 +420,40 @@ def test_weight_gradients_are_split_over_rows(monkeypatch, cell):
     np.testing.assert_array_equal(grads[0], grads[1])
     want = reference.backward(net, x, dy)[-1].flat()
     np.testing.assert_allclose(grads[0], want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_batch_one_sequence_shares_its_products_by_columns(monkeypatch, dtype):
+    """A batch-1 sequence has too few rows of T·N to split its input projection and input
+    gradient by rows, so they are split into blocks of columns (both cores share them): the
+    split happens, and the results are bitwise the same at 1 and 2 threads and agree with the
+    NumPy reference."""
+    from cgru._kernels import blas
+    from cgru.core import reference
+    topo = cgru.Topology(96, 128, 1)
+    net = cgru.Network.random(topo, dtype, seed=3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((40, 1, 96)).astype(dtype)
+    dy = rng.standard_normal((40, 1, 128)).astype(dtype)
+    splits, real = [], blas.gemm_packed_blocks
+
+    def spy(A, Bp, C, beta1, n_blocks, nt, trans_a=False, col_blocks=1):
+        if not trans_a:
+            splits.append((n_blocks, col_blocks))
+        return real(A, Bp, C, beta1, n_blocks, nt, trans_a, col_blocks)
+    monkeypatch.setattr(blas, "gemm_packed_blocks", spy)
+    runs = []
+    for nt in (1, 2):
+        f = cgru.forward(net, x, training=True, num_threads=nt)
+        g = cgru.backward(net, x, f.reserve, dy, num_threads=nt)
+        runs.append((f.y, g.dx, g.dparams.flat()))
+    assert (1, 4) in splits, splits
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    want = reference.backward(net, x, dy)
+    tol = 1e-10 if dtype == np.float64 else 1e-3
+    np.testing.assert_allclose(runs[0][1], want[0], rtol=tol, atol=tol)
+    np.testing.assert_allclose(runs[0][2], want[-1].flat(), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("cell,masked", [(cgru.GRUCell(), False), (cgru.LSTMCell(), True),

@@ -99,10 +99,11 @@ def test_transposed_a_rows_do_not_depend_on_the_split(dtype):
         part = np.empty((hi - lo, n), dtype)
         K.gemm_packed_rm(A[:, lo:hi], Bp, n, part, False, trans_a=True)
         assert np.array_equal(part, whole[lo:hi]), (lo, hi)
-    for blocks, threads in ((1, 1), (2, 2), (4, 2), (3, 1)):
+    for blocks, threads, cols in ((1, 1, 1), (2, 2, 1), (4, 2, 1), (3, 1, 1), (1, 2, 2),
+                                  (2, 2, 3), (1, 1, 99)):
         C = np.full((m, n), np.nan, dtype)
-        blas.gemm_packed_blocks(A, Bp, C, False, blocks, threads, True)
-        assert np.array_equal(C, whole), (blocks, threads)
+        blas.gemm_packed_blocks(A, Bp, C, False, blocks, threads, True, cols)
+        assert np.array_equal(C, whole), (blocks, threads, cols)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -143,14 +144,19 @@ def test_whole_sequence_packed_products_do_not_depend_on_the_split(dtype, transB
         np.testing.assert_allclose(want, blas_c, rtol=TOL[dtype], atol=TOL[dtype] * k)
         old = blas.gemm_chunk_flops()
         try:
-            for blocks, threads, chunk_rows in ((1, 1, 512), (3, 2, 40), (4, 1, 7), (4, 2, 1)):
+            # column blocks: whole panels each (a short sequence's products), as many as
+            # there are panels at most
+            for blocks, threads, chunk_rows, cols in ((1, 1, 512, 1), (3, 2, 40, 1),
+                                                      (4, 1, 7, 1), (4, 2, 1, 1),
+                                                      (1, 2, 512, 4), (2, 2, 40, 2),
+                                                      (1, 1, 7, 3), (1, 2, 512, 99)):
                 blas.gemm_chunk_flops(1.0, chunk_rows)
                 bigC = np.full((m, n + 4), np.nan, dtype)
                 C = bigC[:, 1:1 + n]
                 if beta1:
                     C[...] = C0
-                blas.gemm_packed_blocks(A, Bp, C, beta1, blocks, threads)
-                assert np.array_equal(C, want), (blocks, threads, chunk_rows)
+                blas.gemm_packed_blocks(A, Bp, C, beta1, blocks, threads, False, cols)
+                assert np.array_equal(C, want), (blocks, threads, chunk_rows, cols)
                 assert np.isnan(bigC[:, 0]).all() and np.isnan(bigC[:, -3:]).all()
         finally:
             blas.gemm_chunk_flops(*old)

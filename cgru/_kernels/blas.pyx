@@ -182,6 +182,8 @@ cdef struct GemmJob:
     bint trans_a
     bint trans_b
     int m, n, k, lda, ldb, ldc, n_blocks, chunk
+    int col_blocks          # packed: C split into n_blocks / col_blocks row blocks, each into
+                            #   col_blocks blocks of whole panels of columns (else 1)
     double alpha, beta
     const void *A
     const void *B           # B, or op(B) packed (loops.pack_rhs) when `packed`
@@ -260,11 +262,22 @@ cdef inline void gemm_block(const floating *sample, GemmJob *J, int blk) noexcep
     cdef const floating *pb = <const floating *>J.B
     cdef floating *pc = <floating *>J.C
     cdef floating *pp = <floating *>J.partial
-    cdef int i0, i1, s0, s1
+    cdef int i0, i1, s0, s1, nr, panels, rb, cb, n = J.n
     cdef floating beta
+    if J.packed:
+        # row block rb, column block cb: whole panels p0 … p1 − 1 of the pack
+        nr = CGRU_NR_F if floating is float else CGRU_NR_D
+        rb, cb = blk // J.col_blocks, blk % J.col_blocks
+        panels = (J.n + nr - 1) // nr
+        s0 = <int>((<long long>cb * panels) // J.col_blocks)
+        s1 = <int>((<long long>(cb + 1) * panels) // J.col_blocks)
+        n = min(J.n, s1 * nr) - s0 * nr
+        pb += <Py_ssize_t>s0 * nr * J.k
+        pc += s0 * nr
+        blk = rb
     if J.packed or not J.trans_a:
-        i0 = <int>((<long long>blk * J.m) // J.n_blocks)
-        i1 = <int>((<long long>(blk + 1) * J.m) // J.n_blocks)
+        i0 = <int>((<long long>blk * J.m) // (J.n_blocks // J.col_blocks))
+        i1 = <int>((<long long>(blk + 1) * J.m) // (J.n_blocks // J.col_blocks))
         s0 = i0
         while s0 < i1:
             s1 = min(i1, s0 + J.chunk)
@@ -273,10 +286,10 @@ cdef inline void gemm_block(const floating *sample, GemmJob *J, int blk) noexcep
             # C[s0:s1] = op(A)[s0:s1] · op(B)  (A's rows s0:s1; trans_a: A's columns, each
             # row of C over all of k)
             if J.trans_a:
-                gemm_packed_ta(s1 - s0, J.n, J.k, pa + s0, J.lda, pb, J.beta != 0,
+                gemm_packed_ta(s1 - s0, n, J.k, pa + s0, J.lda, pb, J.beta != 0,
                                pc + <Py_ssize_t>s0 * J.ldc, J.ldc)
             elif J.packed:
-                gemm_packed(s1 - s0, J.n, J.k, pa + <Py_ssize_t>s0 * J.lda, J.lda, pb,
+                gemm_packed(s1 - s0, n, J.k, pa + <Py_ssize_t>s0 * J.lda, J.lda, pb,
                             J.beta != 0, pc + <Py_ssize_t>s0 * J.ldc, J.ldc)
             else:
                 gemm(False, J.trans_b, s1 - s0, J.n, J.k, <floating>J.alpha,
@@ -381,6 +394,7 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
     J.A = &A[0, 0] if A.shape[0] * A.shape[1] > 0 else NULL
     J.B = &B[0, 0] if B.shape[0] * B.shape[1] > 0 else NULL
     J.packed = False
+    J.col_blocks = 1
     J.split_rows = trans_a and split_rows
     J.C = &C[0, 0]
     J.partial = NULL
@@ -422,7 +436,8 @@ cdef int start_job(GemmJob *J, list errors, int num_threads):
 
 
 def gemm_packed_blocks(const floating[:, :] A, const floating[::1] Bp, floating[:, :] C,
-                       bint beta1, int n_blocks, int num_threads, bint trans_a=False):
+                       bint beta1, int n_blocks, int num_threads, bint trans_a=False,
+                       int col_blocks=1):
     """``C[m, n] = op(A)[m, k] · op(B)`` (``+ C`` with ``beta1``), ``op(B)`` packed by
     ``loops.pack_rhs`` (the caller's: a pack is made from the very array it stands for), as
     ``gemm_blocks`` runs a product without ``trans_a`` — blocks of C's rows on an OpenMP team,
@@ -432,7 +447,9 @@ def gemm_packed_blocks(const floating[:, :] A, const floating[::1] Bp, floating[
     count or which rows share a call (a time loop's one step computes its rows bit for bit as
     a whole sequence does).  A and C: row-strided views with unit inner stride; with
     ``trans_a`` A is ``[k, m]`` (``C = Aᵀ·op(B)``: a weight gradient, split the same way, over
-    C's rows, each over all of k)."""
+    C's rows, each over all of k).  ``col_blocks`` splits each block of rows further into that
+    many blocks of whole panels of columns (a product with few rows, which row blocks alone
+    would leave to one thread); that too leaves every element's sum as it is."""
     cdef GemmJob J
     cdef int nr = CGRU_NR_F if floating is float else CGRU_NR_D
     cdef Py_ssize_t itemsize = sizeof(floating)
@@ -458,9 +475,10 @@ def gemm_packed_blocks(const floating[:, :] A, const floating[::1] Bp, floating[
     J.B = &Bp[0]
     J.packed = True
     J.split_rows = False
+    J.col_blocks = max(1, min(col_blocks, (J.n + nr - 1) // nr))
     J.C = &C[0, 0]
     J.partial = NULL
-    J.n_blocks = max(1, min(n_blocks, J.m))
+    J.n_blocks = max(1, min(n_blocks, J.m)) * J.col_blocks
     errors = []
     num_threads = start_job(&J, errors, num_threads)
     cdef item_fn item = gemm_item_f if floating is float else gemm_item_d

@@ -49,6 +49,10 @@ _MIN_PARALLEL_WORK = 1 << 21
 # fight the time loops' threads for the cores.
 _MAX_GEMM_BLOCKS = 4
 _MIN_GEMM_ROWS = 128
+# A packed product with too few rows for two blocks (a batch-1 sequence's input projection)
+# is split into blocks of columns instead, from this many multiply-adds (below it, waking a
+# second thread costs about what it saves).
+_MIN_COLUMN_SPLIT_WORK = 1 << 20
 _ALIGN = 64
 
 
@@ -222,8 +226,9 @@ def gemm(ta, tb, A, B, C, beta=0.0, nt=1, partial=None, pack=None):
     (``blas_single_threaded``), not for the rest of cgru's call."""
     if ta and not tb and beta in (0.0, 1.0) and C.shape[0] and C.shape[1]:
         Bp = pack_rhs(np.ascontiguousarray(B), False, pack)
-        blas.gemm_packed_blocks(A, Bp, C, beta == 1.0, _gemm_blocks(False, C.shape[0]), nt,
-                                True)
+        rows = _gemm_blocks(False, C.shape[0])
+        blas.gemm_packed_blocks(A, Bp, C, beta == 1.0, rows, nt, True,
+                                _column_blocks(rows, C.shape[0], C.shape[1], A.shape[0]))
         return
     if ta:
         blocks, split_rows = _wgrad_split(A.shape[0], C.shape[0])
@@ -233,12 +238,25 @@ def gemm(ta, tb, A, B, C, beta=0.0, nt=1, partial=None, pack=None):
         blas.gemm_blocks(ta, tb, 1.0, A, B, beta, C, blocks, nt, partial, split_rows)
 
 
+def _column_blocks(rows, m, n, k):
+    """Blocks of columns per block of rows of a packed product ``[m, n]`` over k with
+    ``rows`` row blocks: enough for _MAX_GEMM_BLOCKS blocks in all when there are fewer row
+    blocks and the product is big enough to share."""
+    if rows >= _MAX_GEMM_BLOCKS or m * n * k < _MIN_COLUMN_SPLIT_WORK:
+        return 1
+    return _MAX_GEMM_BLOCKS // rows
+
+
 def gemm_packed(A, Bp, C, beta1=False, nt=1):
     """``C = A·op(B)`` (``+ C`` with ``beta1``) for row-major 2-D views, ``op(B)`` packed
-    (``weights``' packs), as blocks of C's rows of the kernels' packed GEMM on up to ``nt``
-    pool threads (``blas.gemm_packed_blocks``): the input projections and the input gradients.
-    Split as ``gemm`` splits a product, and bitwise independent of the split anyway."""
-    blas.gemm_packed_blocks(A, Bp, C, beta1, _gemm_blocks(False, C.shape[0]), nt)
+    (``weights``' packs), as blocks of the kernels' packed GEMM on up to ``nt`` pool threads
+    (``blas.gemm_packed_blocks``): the input projections and the input gradients.  Split into
+    blocks of C's rows as ``gemm`` splits a product, and those into blocks of columns where
+    there are fewer than _MAX_GEMM_BLOCKS; bitwise independent of the split anyway."""
+    m, n = C.shape
+    rows = _gemm_blocks(False, m)
+    blas.gemm_packed_blocks(A, Bp, C, beta1, rows, nt, False,
+                            _column_blocks(rows, m, n, A.shape[1]))
 
 
 class Workspace:
