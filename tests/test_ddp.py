@@ -35,16 +35,28 @@ def example_module():
 
 
 def run_example(*args):
-    """``python examples/ddp_train.py *args`` → its stdout; killed after ``TIMEOUT`` s."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    """``python examples/ddp_train.py *args`` → its stdout; killed after ``TIMEOUT`` s, first
+    with SIGABRT, on which every process of the run (``PYTHONFAULTHANDLER``) prints the Python
+    stack of each of its threads: the failure then says where the run hung."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     proc = subprocess.Popen([sys.executable, str(EXAMPLE), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)    # the example and the ranks it spawned
-        out, err = proc.communicate()
-        pytest.fail(f"examples/ddp_train.py did not finish within {TIMEOUT} s:\n{err[-3000:]}")
+        os.killpg(proc.pid, signal.SIGABRT)    # the example and the ranks it spawned
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        else:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)     # any rank left
+            except ProcessLookupError:
+                pass
+        pytest.fail(f"examples/ddp_train.py did not finish within {TIMEOUT} s; the stacks of "
+                    f"its processes:\n{err[-12000:]}")
     assert proc.returncode == 0, f"examples/ddp_train.py failed:\n{err[-3000:]}"
     return out
 
