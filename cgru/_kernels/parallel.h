@@ -21,6 +21,19 @@
  * changes only who computes what, never a result.  Nested regions are never made: a call
  * from inside an OpenMP region (cgru's own or the host's) runs serially.
  *
+ * Other processes.  A team waits at the end of its region for its slowest thread, and a
+ * thread that shares its core with a busy process is held up a scheduler time slice at a
+ * time: on 2 cores with 2 busy processes, a 2-thread training step took twice as long as a
+ * 1-thread one, and a 0.3 ms batch-1 forward up to 16 ms.  So every team watches for that:
+ * a member that starts more than CGRU_LATE_NS after the region began, and later than a
+ * quarter of the region's time, marks the team held up (a long region still gains from a
+ * member that missed its start; being preempted during a region happens on a quiet machine
+ * too — kernel threads — and is not counted).  The next teams, for CGRU_BACKOFF_NS, are then
+ * at most half as large (on 2 cores: one thread); a team held up again right after doubles
+ * the time (up to CGRU_BACKOFF_MAX_NS), one that runs clean resets it.  CGRU_TEAMS_ALWAYS=1
+ * in the environment (read at import) turns this off: every team has the size its call asks
+ * for.
+ *
  * fork().  GNU libgomp keeps a pool of threads for every thread that started a team; a fork
  * copies the forking thread with its pool's bookkeeping but none of the pool's threads, so a
  * child whose forking thread had started a team waits forever for them in its next team.
@@ -61,6 +74,9 @@
 #define CGRU_POLL_WAIT_NS 10000000L    /* 10 ms between the waiting caller's polls */
 #define CGRU_WAIT_SPIN_NS 50000L       /* the waiting caller spins this long, then sleeps */
 #define CGRU_LLVM_BLOCKTIME_MS 1
+#define CGRU_LATE_NS 1000000LL           /* a member starting this late was held up */
+#define CGRU_BACKOFF_NS 50000000LL       /* smaller teams for this long after a held-up one, */
+#define CGRU_BACKOFF_MAX_NS 1600000000LL /*   doubling while it happens again, up to this */
 
 typedef void (*cgru_item_fn)(void *ctx, int item);
 typedef void (*cgru_poll_fn)(void *ctx);
@@ -84,6 +100,12 @@ static int cgru_serial;              /* 1: every region runs on its caller alone
 static int cgru_fork_unsafe;         /* the fork under way could not be made safe */
 static int cgru_fork_pause_enabled = 1;  /* 0 (tests): act as if the pause had failed */
 static int cgru_pauses;              /* successful pauses before a fork (tests)     (atomic) */
+static int cgru_teams_always;        /* 1: no backoff (CGRU_TEAMS_ALWAYS; tests)     (atomic) */
+static int cgru_held_ups;            /* teams held up so far (tests)                (atomic) */
+static int cgru_force_held_up;       /* tests: count the next team as held up       (atomic) */
+static long long cgru_backoff_until; /* teams are capped at cgru_backoff_cap until  (atomic) */
+static long long cgru_backoff_len = CGRU_BACKOFF_NS;   /* the next backoff's length (atomic) */
+static int cgru_backoff_cap;         /*                                              (atomic) */
 static _Thread_local int cgru_worker;        /* 1 on a team's threads other than the caller */
 static _Thread_local int cgru_blocktime_set;
 
@@ -129,6 +151,8 @@ static void cgru_fork_child(void)
         cgru_serial = 1;
     cgru_fork_unsafe = 0;
     cgru_busy = 0;
+    cgru_backoff_until = 0;            /* the child's teams start afresh */
+    cgru_backoff_len = CGRU_BACKOFF_NS;
 }
 
 /* Once, at import (under the GIL, before any cgru call): which runtime, its optional entry
@@ -137,6 +161,8 @@ static void cgru_fork_child(void)
 static int cgru_parallel_init(int cores)
 {
     cgru_cores = cores > 0 ? cores : 1;
+    const char *always = getenv("CGRU_TEAMS_ALWAYS");
+    cgru_teams_always = always != NULL && always[0] != '\0' && strcmp(always, "0") != 0;
 #ifdef _OPENMP
     Dl_info info;
     const char *name = "";
@@ -166,11 +192,52 @@ static int cgru_parallel_init(int cores)
     return 0;
 }
 
+/* ---- held-up teams (see the header) -------------------------------------------------- */
+static long long cgru_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* At most this many threads for a team starting now. */
+static int cgru_team_cap(int want)
+{
+    if (want <= 1 || __atomic_load_n(&cgru_teams_always, __ATOMIC_RELAXED))
+        return want;
+    if (cgru_mono_ns() < __atomic_load_n(&cgru_backoff_until, __ATOMIC_RELAXED)) {
+        int cap = __atomic_load_n(&cgru_backoff_cap, __ATOMIC_RELAXED);
+        return want < cap ? want : cap;
+    }
+    return want;
+}
+
+/* A team of `size` threads has ended, held up or not. */
+static void cgru_team_ended(int size, int held_up)
+{
+    if (__atomic_exchange_n(&cgru_force_held_up, 0, __ATOMIC_RELAXED))
+        held_up = 1;
+    if (!held_up) {
+        if (cgru_mono_ns() >= __atomic_load_n(&cgru_backoff_until, __ATOMIC_RELAXED))
+            __atomic_store_n(&cgru_backoff_len, CGRU_BACKOFF_NS, __ATOMIC_RELAXED);
+        return;
+    }
+    __atomic_add_fetch(&cgru_held_ups, 1, __ATOMIC_RELAXED);
+    long long len = __atomic_load_n(&cgru_backoff_len, __ATOMIC_RELAXED);
+    int cap = size / 2 > 1 ? size / 2 : 1;
+    __atomic_store_n(&cgru_backoff_cap, cap, __ATOMIC_RELAXED);
+    __atomic_store_n(&cgru_backoff_until, cgru_mono_ns() + len, __ATOMIC_RELAXED);
+    __atomic_store_n(&cgru_backoff_len, len * 2 < CGRU_BACKOFF_MAX_NS ? len * 2
+                     : CGRU_BACKOFF_MAX_NS, __ATOMIC_RELAXED);
+}
+
 /* ---- the budget ----------------------------------------------------------------------- */
 /* Threads for a caller that asks for `want` (≥ 1): itself, plus as many others as the budget
- * has room for.  Counted in cgru_busy until cgru_release. */
+ * has room for, while teams back off at most the backoff's cap.  Counted in cgru_busy until
+ * cgru_release. */
 static int cgru_claim(int want)
 {
+    want = cgru_team_cap(want);
     int cur = __atomic_load_n(&cgru_busy, __ATOMIC_RELAXED);
     for (;;) {
         int extra = want - 1;
@@ -209,16 +276,27 @@ static void cgru_region(int n_threads, cgru_member_fn fn, void *ctx)
             cgru_blocktime_set = 1;
         }
         __atomic_add_fetch(&cgru_teams, 1, __ATOMIC_RELAXED);
+        long long late = 0;                    /* the latest member's start, after `start` */
+        long long start = cgru_mono_ns();
         #pragma omp parallel num_threads(n)
         {
             int tid = omp_get_thread_num();
-            if (tid != 0)
+            if (tid != 0) {
                 cgru_worker = 1;
+                long long l = cgru_mono_ns() - start, seen = 0;
+                while (l > seen && !__atomic_compare_exchange_n(&late, &seen, l, 1,
+                                                                 __ATOMIC_RELAXED,
+                                                                 __ATOMIC_RELAXED))
+                    ;
+            }
             fn(ctx, tid, omp_get_num_threads());
             if (tid != 0)
                 cgru_worker = 0;
         }
         cgru_release(n);
+        /* held up: a member started late, and late enough to matter (a quarter of the
+         * region: a long region still gains from a member that missed its start) */
+        cgru_team_ended(n, late > CGRU_LATE_NS && 4 * late > cgru_mono_ns() - start);
         return;
     }
 #endif

@@ -51,6 +51,13 @@ cdef extern from "parallel.h" nogil:
     int cgru_serial
     int cgru_pauses
     int cgru_fork_pause_enabled
+    int cgru_teams_always
+    int cgru_held_ups
+    int cgru_force_held_up
+    long long cgru_backoff_until
+    long long cgru_backoff_len
+    long long CGRU_BACKOFF_NS
+    long long cgru_mono_ns()
 
 cdef extern from *:
     """
@@ -230,6 +237,29 @@ def _counters():
     before a fork."""
     return {"teams": cgru_teams, "busy": cgru_busy, "busy_peak": cgru_busy_peak,
             "pauses": cgru_pauses}
+
+
+def _backoff():
+    """For tests: ``{"held_ups", "backing_off", "teams_always"}`` — teams held up by other
+    processes so far, whether teams are capped now, whether that is turned off."""
+    return {"held_ups": cgru_held_ups, "backing_off": cgru_mono_ns() < cgru_backoff_until,
+            "teams_always": bool(cgru_teams_always)}
+
+
+def _set_backoff(teams_always=None, held_up=False, reset=False):
+    """For tests: ``teams_always`` turns the backoff off (True) or on (False); ``held_up``
+    counts the next team as held up; ``reset`` ends a backoff.  Returns the previous
+    ``teams_always``."""
+    global cgru_teams_always, cgru_force_held_up, cgru_backoff_until, cgru_backoff_len
+    old = bool(cgru_teams_always)
+    if teams_always is not None:
+        cgru_teams_always = bool(teams_always)
+    if held_up:
+        cgru_force_held_up = 1
+    if reset:
+        cgru_backoff_until = 0
+        cgru_backoff_len = CGRU_BACKOFF_NS
+    return old
 
 
 def _reset_busy_peak():
