@@ -26,9 +26,12 @@
  * time: on 2 cores with 2 busy processes, a 2-thread training step took twice as long as a
  * 1-thread one, and a 0.3 ms batch-1 forward up to 16 ms.  So every team watches for that:
  * a member that starts more than CGRU_LATE_NS after the region began, and later than a
- * quarter of the region's time, marks the team held up (a long region still gains from a
- * member that missed its start; being preempted during a region happens on a quiet machine
- * too — kernel threads — and is not counted).  The next teams, for CGRU_BACKOFF_NS, are then
+ * quarter of the region's time, while more threads are runnable on the machine than it has
+ * cores (/proc/loadavg), marks the team held up (a long region still gains from a member that
+ * missed its start; a helper waking from sleep on an idle virtual CPU can be as late, which
+ * the runnable count tells apart; being preempted during a region happens on a quiet machine
+ * too — kernel threads — and is not counted) when the team before it looked held up too.
+ * The next teams, for CGRU_BACKOFF_NS, are then
  * at most half as large (on 2 cores: one thread); a team held up again right after doubles
  * the time (up to CGRU_BACKOFF_MAX_NS), one that runs clean resets it.  CGRU_TEAMS_ALWAYS=1
  * in the environment (read at import) turns this off: every team has the size its call asks
@@ -106,6 +109,7 @@ static int cgru_force_held_up;       /* tests: count the next team as held up   
 static long long cgru_backoff_until; /* teams are capped at cgru_backoff_cap until  (atomic) */
 static long long cgru_backoff_len = CGRU_BACKOFF_NS;   /* the next backoff's length (atomic) */
 static int cgru_backoff_cap;         /*                                              (atomic) */
+static int cgru_strikes;             /* teams in a row that looked held up           (atomic) */
 static _Thread_local int cgru_worker;        /* 1 on a team's threads other than the caller */
 static _Thread_local int cgru_blocktime_set;
 
@@ -152,6 +156,7 @@ static void cgru_fork_child(void)
     cgru_fork_unsafe = 0;
     cgru_busy = 0;
     cgru_backoff_until = 0;            /* the child's teams start afresh */
+    cgru_strikes = 0;
     cgru_backoff_len = CGRU_BACKOFF_NS;
 }
 
@@ -200,6 +205,29 @@ static long long cgru_mono_ns(void)
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* More threads are runnable on the machine now than it has cores (/proc/loadavg's running
+ * count; 0 where it cannot be read): what tells a helper held up by other processes from one
+ * that was asleep and took a while to wake (an idle virtual CPU can take milliseconds). */
+static int cgru_machine_oversubscribed(void)
+{
+    /* the least of a few readings: a kernel thread's moment of work is not a busy process */
+    for (int i = 0; i < 4; i++) {
+        char buf[128];
+        FILE *f = fopen("/proc/loadavg", "re");
+        if (f == NULL)
+            return 0;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        double a, b, c;
+        int running = 0, total = 0;
+        if (sscanf(buf, "%lf %lf %lf %d/%d", &a, &b, &c, &running, &total) != 5
+                || running <= cgru_cores)
+            return 0;
+    }
+    return 1;
+}
+
 /* At most this many threads for a team starting now. */
 static int cgru_team_cap(int want)
 {
@@ -212,9 +240,18 @@ static int cgru_team_cap(int want)
     return want;
 }
 
-/* A team of `size` threads has ended, held up or not. */
-static void cgru_team_ended(int size, int held_up)
+/* A team of `size` threads has ended; `late`: a member started late. */
+static void cgru_team_ended(int size, int late)
 {
+    /* held up: late while the machine is oversubscribed, twice in a row (once happens on a
+     * quiet machine too, a few times in a hundred calls made after a pause) */
+    int held_up = 0;
+    if (late && cgru_machine_oversubscribed())
+        held_up = __atomic_add_fetch(&cgru_strikes, 1, __ATOMIC_RELAXED) >= 2;
+    else
+        __atomic_store_n(&cgru_strikes, 0, __ATOMIC_RELAXED);
+    if (held_up)
+        __atomic_store_n(&cgru_strikes, 0, __ATOMIC_RELAXED);
     if (__atomic_exchange_n(&cgru_force_held_up, 0, __ATOMIC_RELAXED))
         held_up = 1;
     if (!held_up) {
