@@ -15,11 +15,11 @@
 import glob
 import os
 
-# Teams of the size a call asks for, even on a loaded machine (cgru shrinks them after a team
-# held up by other processes: parallel.h), so that the tests that count teams hold while the
-# suite shares the machine; tests/test_backoff.py turns the backoff on where it tests it.
-# Set before cgru is imported (it reads it once), and inherited by the tests' subprocesses.
-os.environ.setdefault("CGRU_TEAMS_ALWAYS", "1")
+# Teams of the size a call asks for, even on a loaded machine (cgru's opt-in backoff shrinks
+# them after teams held up by other processes: parallel.h), so that the tests that count teams
+# hold while the suite shares the machine; tests/test_backoff.py turns the backoff on where it
+# tests it.  Set before cgru is imported (it reads it once), and inherited by subprocesses.
+os.environ["CGRU_TEAMS_BACKOFF"] = "0"
 
 import numpy as np
 import pytest

@@ -1,8 +1,8 @@
 """Teams held up by other processes (``cgru/_kernels/parallel.h``): a team whose helper starts
 late — it shared its core with a busy process — makes the next teams smaller for a while, so
 that a loaded machine does not make a 2-thread call wait a scheduler time slice at every
-region; the results stay bitwise those of any other team size.  The test suite runs with the
-backoff off (``CGRU_TEAMS_ALWAYS=1``, tests/conftest.py); these tests turn it on."""
+region; the results stay bitwise those of any other team size.  The backoff is opt-in
+(``CGRU_TEAMS_BACKOFF=1``); these tests turn it on."""
 import os
 import subprocess
 import sys
@@ -56,7 +56,7 @@ def test_a_held_up_team_makes_the_next_teams_smaller(backoff):
         np.testing.assert_array_equal(got.hy, want.hy)
 
 
-def test_teams_always_turns_the_backoff_off(backoff):
+def test_the_backoff_is_opt_in(backoff):
     net, x = _problem()
     threads._set_backoff(teams_always=True)
     threads._set_backoff(held_up=True)
@@ -66,10 +66,10 @@ def test_teams_always_turns_the_backoff_off(backoff):
     assert _teams() > before
     code = ("from cgru._kernels import threads; "
             "print(threads._backoff()['teams_always'])")
-    for value, want in (("1", "True"), ("0", "False"), (None, "False")):
-        env = {k: v for k, v in os.environ.items() if k != "CGRU_TEAMS_ALWAYS"}
+    for value, want in (("1", "False"), ("0", "True"), (None, "True")):
+        env = {k: v for k, v in os.environ.items() if k != "CGRU_TEAMS_BACKOFF"}
         if value is not None:
-            env["CGRU_TEAMS_ALWAYS"] = value
+            env["CGRU_TEAMS_BACKOFF"] = value
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env=env, timeout=120)
         assert out.returncode == 0, out.stderr

@@ -33,9 +33,10 @@
  * too — kernel threads — and is not counted) when the team before it looked held up too.
  * The next teams, for CGRU_BACKOFF_NS, are then
  * at most half as large (on 2 cores: one thread); a team held up again right after doubles
- * the time (up to CGRU_BACKOFF_MAX_NS), one that runs clean resets it.  CGRU_TEAMS_ALWAYS=1
- * in the environment (read at import) turns this off: every team has the size its call asks
- * for.
+ * the time (up to CGRU_BACKOFF_MAX_NS), one that runs clean resets it.  This is opt-in:
+ * CGRU_TEAMS_BACKOFF=1 in the environment (read at import) turns it on.  Off, every team has
+ * the size its call asks for: in the bench, with other processes' thread pools spinning
+ * between blocks, the backoff fired where teams still paid (batch-1 rows 20-40 % slower).
  *
  * fork().  GNU libgomp keeps a pool of threads for every thread that started a team; a fork
  * copies the forking thread with its pool's bookkeeping but none of the pool's threads, so a
@@ -103,7 +104,7 @@ static int cgru_serial;              /* 1: every region runs on its caller alone
 static int cgru_fork_unsafe;         /* the fork under way could not be made safe */
 static int cgru_fork_pause_enabled = 1;  /* 0 (tests): act as if the pause had failed */
 static int cgru_pauses;              /* successful pauses before a fork (tests)     (atomic) */
-static int cgru_teams_always;        /* 1: no backoff (CGRU_TEAMS_ALWAYS; tests)     (atomic) */
+static int cgru_teams_always = 1;    /* 1: no backoff (unless CGRU_TEAMS_BACKOFF)    (atomic) */
 static int cgru_held_ups;            /* teams held up so far (tests)                (atomic) */
 static int cgru_force_held_up;       /* tests: count the next team as held up       (atomic) */
 static long long cgru_backoff_until; /* teams are capped at cgru_backoff_cap until  (atomic) */
@@ -166,8 +167,8 @@ static void cgru_fork_child(void)
 static int cgru_parallel_init(int cores)
 {
     cgru_cores = cores > 0 ? cores : 1;
-    const char *always = getenv("CGRU_TEAMS_ALWAYS");
-    cgru_teams_always = always != NULL && always[0] != '\0' && strcmp(always, "0") != 0;
+    const char *backoff = getenv("CGRU_TEAMS_BACKOFF");
+    cgru_teams_always = !(backoff != NULL && backoff[0] != '\0' && strcmp(backoff, "0") != 0);
 #ifdef _OPENMP
     Dl_info info;
     const char *name = "";
