@@ -314,14 +314,16 @@ static void cgru_region(int n_threads, cgru_member_fn fn, void *ctx)
             cgru_blocktime_set = 1;
         }
         __atomic_add_fetch(&cgru_teams, 1, __ATOMIC_RELAXED);
-        long long late = 0;                    /* the latest member's start, after `start` */
-        long long start = cgru_mono_ns();
+        /* the backoff's measure (none when it is off): the latest member's start */
+        int watch = !__atomic_load_n(&cgru_teams_always, __ATOMIC_RELAXED);
+        long long late = 0;
+        long long start = watch ? cgru_mono_ns() : 0;
         #pragma omp parallel num_threads(n)
         {
             int tid = omp_get_thread_num();
             if (tid != 0) {
                 cgru_worker = 1;
-                long long l = cgru_mono_ns() - start, seen = 0;
+                long long l = watch ? cgru_mono_ns() - start : 0, seen = 0;
                 while (l > seen && !__atomic_compare_exchange_n(&late, &seen, l, 1,
                                                                  __ATOMIC_RELAXED,
                                                                  __ATOMIC_RELAXED))
@@ -334,7 +336,8 @@ static void cgru_region(int n_threads, cgru_member_fn fn, void *ctx)
         cgru_release(n);
         /* held up: a member started late, and late enough to matter (a quarter of the
          * region: a long region still gains from a member that missed its start) */
-        cgru_team_ended(n, late > CGRU_LATE_NS && 4 * late > cgru_mono_ns() - start);
+        if (watch)
+            cgru_team_ended(n, late > CGRU_LATE_NS && 4 * late > cgru_mono_ns() - start);
         return;
     }
 #endif
@@ -365,12 +368,7 @@ static void cgru_deadline(struct timespec *ts, long ns)
     }
 }
 
-static double cgru_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double cgru_now(void) { return 1e-9 * (double)cgru_mono_ns(); }
 
 /* The caller, its own items done: wait for the others' last items, polling. */
 static void cgru_for_wait(cgru_for *F)

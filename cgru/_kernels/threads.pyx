@@ -248,7 +248,7 @@ def _backoff():
 
 def _set_backoff(teams_always=None, held_up=False, reset=False):
     """For tests: ``teams_always`` turns the backoff off (True) or on (False); ``held_up``
-    counts the next team as held up; ``reset`` ends a backoff.  Returns the previous
+    counts the next team as held up; ``reset`` ends a backoff (and that count).  Returns the previous
     ``teams_always``."""
     global cgru_teams_always, cgru_force_held_up, cgru_backoff_until, cgru_backoff_len
     old = bool(cgru_teams_always)
@@ -259,6 +259,7 @@ def _set_backoff(teams_always=None, held_up=False, reset=False):
     if reset:
         cgru_backoff_until = 0
         cgru_backoff_len = CGRU_BACKOFF_NS
+        cgru_force_held_up = 0
     return old
 
 
