@@ -32,6 +32,7 @@
 #define CGRU_CLONES
 #endif
 #define CGRU_INLINE static inline __attribute__((always_inline))
+#define CGRU_UNROLL _Pragma("GCC unroll 16")   /* loops over registers: constant indices */
 
 typedef float cgru_vf __attribute__((vector_size(64)));   /* 16 floats */
 typedef double cgru_vd __attribute__((vector_size(64)));  /* 8 doubles */
@@ -84,24 +85,40 @@ CGRU_INLINE void NAME(const int ta, const int mr, const int pw, int ncols, int k
     enum { V = NR / 2 };                                                                       \
     VT acc[8][4];                                                                              \
     size_t ps = (size_t)NR * k;                                                                \
-    for (int r = 0; r < mr; r++)                                                               \
-        for (int q = 0; q < 2 * pw; q++) acc[r][q] = (VT){0};                                  \
+    CGRU_UNROLL for (int r = 0; r < mr; r++)                                                   \
+        CGRU_UNROLL for (int q = 0; q < 2 * pw; q++) acc[r][q] = (VT){0};                      \
     for (int kk = 0; kk < k; kk++) {                                                           \
         VT b[4];                                                                               \
-        for (int q = 0; q < 2 * pw; q++) b[q] = LOAD(Bp + (q / 2) * ps + (size_t)kk * NR + (q % 2) * V); \
-        for (int r = 0; r < mr; r++) {                                                         \
+        CGRU_UNROLL for (int q = 0; q < 2 * pw; q++)                                           \
+            b[q] = LOAD(Bp + (q / 2) * ps + (size_t)kk * NR + (q % 2) * V);                    \
+        CGRU_UNROLL for (int r = 0; r < mr; r++) {                                             \
             T a = ta ? A[(size_t)kk * lda + r] : A[(size_t)r * lda + kk];                      \
-            for (int q = 0; q < 2 * pw; q++) acc[r][q] += a * b[q];                            \
+            CGRU_UNROLL for (int q = 0; q < 2 * pw; q++) acc[r][q] += a * b[q];                \
         }                                                                                      \
     }                                                                                          \
+    /* whole vectors (C + sum, when beta1, is the same add as element by element), with every \
+     * index a constant once unrolled, so that the sums stay in registers                  */  \
+    if (ncols >= pw * NR) {                                                                    \
+        CGRU_UNROLL for (int r = 0; r < mr; r++)                                               \
+            CGRU_UNROLL for (int q = 0; q < 2 * pw; q++) {                                     \
+                T *c = C + (size_t)r * ldc + (q / 2) * NR + (q % 2) * V;                       \
+                VT v = acc[r][q];                                                              \
+                if (beta1) v += LOAD(c);                                                       \
+                memcpy(c, &v, sizeof(VT));                                                     \
+            }                                                                                  \
+        return;                                                                                \
+    }                                                                                          \
+    /* the last panel's columns: through memory */                                             \
+    T part[8][4][V];                                                                           \
+    CGRU_UNROLL for (int r = 0; r < mr; r++)                                                   \
+        CGRU_UNROLL for (int q = 0; q < 2 * pw; q++) memcpy(part[r][q], &acc[r][q], sizeof(VT)); \
     for (int r = 0; r < mr; r++) {                                                             \
         T *c = C + (size_t)r * ldc;                                                            \
         for (int q = 0; q < 2 * pw; q++) {                                                     \
             int j0 = (q / 2) * NR + (q % 2) * V;                                               \
             int w = ncols - j0 < V ? ncols - j0 : V;                                           \
-            if (w <= 0) break;                                                                 \
-            if (w == V && !beta1) { memcpy(c + j0, &acc[r][q], sizeof(VT)); continue; }        \
-            for (int j = 0; j < w; j++) c[j0 + j] = beta1 ? c[j0 + j] + acc[r][q][j] : acc[r][q][j]; \
+            for (int j = 0; j < w; j++)                                                        \
+                c[j0 + j] = beta1 ? c[j0 + j] + part[r][q][j] : part[r][q][j];                 \
         }                                                                                      \
     }                                                                                          \
 }
