@@ -189,6 +189,46 @@ def test_a_long_training_loop_keeps_one_entry_per_array():
     assert seen[0] == seen[1] and seen[0][0] == arrays
 
 
+def test_unchanged_weights_reuse_the_setup_made_from_their_copies():
+    """Calls whose every weight is proven (by its bytes) to be the copy the last call kept take
+    that call's ``Frozen`` — its plans and the kernels' fixed arguments — as it is; a changed
+    array, another cell over the same arrays or an emptied cache makes a new one."""
+    net = cgru.Network.random(cgru.Topology(4, 6, 2), np.float64, seed=15)
+    x = np.random.default_rng(16).standard_normal((5, 3, 4))
+    first = weights.freeze(net)
+    assert weights.freeze(net) is first
+    alias = cgru.Network(net.topology, net.layers)                    # the same arrays
+    assert weights.freeze(alias) is first
+    other = net.with_cell(cgru.GRUCell(reset_after=False))            # another cell
+    assert weights.freeze(other) is not first
+    np.testing.assert_allclose(cgru.forward(other, x).y, reference.forward(other, x)[0],
+                               rtol=1e-12, atol=1e-13)
+    net[1].b_R[0] += 0.5                                               # one array changed
+    changed = weights.freeze(net)
+    assert changed is not first and weights.freeze(net) is changed
+    assert changed.kept[0]["W"] is first.kept[0]["W"]                  # the others kept
+    np.testing.assert_allclose(cgru.forward(net, x).y, reference.forward(net, x)[0],
+                               rtol=1e-12, atol=1e-13)
+    cgru.release_memory()
+    assert all(k.frozen is None for ks in changed.kept for k in ks.values())
+    assert weights.freeze(net) is not changed
+
+
+def test_an_evicted_copy_is_held_by_no_setup(monkeypatch):
+    """A copy that leaves the cache leaves its ``Frozen`` too, so nothing holds the copies of a
+    network beyond the cache's bound."""
+    monkeypatch.setattr(weights, "CACHE_BYTES", 1 << 20)
+    x = np.ones((3, 2, 16))
+    nets = [cgru.Network.random(cgru.Topology(16, 64, 1), np.float64, seed=s) for s in range(12)]
+    frozen = []
+    for net in nets:
+        cgru.forward(net, x)
+        frozen.append(weights.freeze(net))
+    evicted = [k for f in frozen for ks in f.kept for k in ks.values() if not k.cached]
+    assert evicted and all(k.frozen is None for k in evicted)
+    assert all(k.frozen is not None for ks in frozen[-1].kept for k in ks.values())
+
+
 def test_the_cache_is_bounded_in_bytes(monkeypatch):
     monkeypatch.setattr(weights, "CACHE_BYTES", 1 << 20)
     x = np.ones((3, 2, 16))

@@ -59,13 +59,14 @@ _frozen_sealed = weakref.WeakKeyDictionary()   # a sealed network -> (layers, ke
 class Kept:
     """A read-only copy of one weight array and what cgru derived from exactly its bytes."""
 
-    __slots__ = ("array", "nbytes", "cached", "watch", "_derived", "_fingerprint")
+    __slots__ = ("array", "nbytes", "cached", "watch", "frozen", "_derived", "_fingerprint")
 
     def __init__(self, array):
         self.array = array
         self.nbytes = array.nbytes
         self.cached = False
         self.watch = None             # a weak reference to the owner of the source's memory
+        self.frozen = None            # (topology, cell, cell given, kept, Frozen): see _memo
         self._derived = {}
         self._fingerprint = None
 
@@ -105,8 +106,19 @@ def _evict():
     global _cached_bytes
     while _cached_bytes > CACHE_BYTES and _cache:
         _, old = _cache.popitem(last=False)
-        old.cached = False
+        _uncache(old)
         _cached_bytes -= old.nbytes
+
+
+def _uncache(kept):
+    """``kept`` leaves the cache (under ``_lock``): so does the ``Frozen`` made over it, which
+    would otherwise hold it (and the other copies of its network) beyond the cache's bound."""
+    kept.cached = False
+    memo = kept.frozen
+    if memo is not None:
+        for ks in memo[3]:
+            for k in ks.values():
+                k.frozen = None
 
 
 def _drop(key, kept, _ref=None):
@@ -115,7 +127,7 @@ def _drop(key, kept, _ref=None):
     with _lock:
         if _cache.get(key) is kept:
             del _cache[key]
-            kept.cached = False
+            _uncache(kept)
             _cached_bytes -= kept.nbytes
 
 
@@ -145,7 +157,7 @@ def keep(a):
     with _lock:
         old = _cache.pop(key, None)
         if old is not None:
-            old.cached = False
+            _uncache(old)
             _cached_bytes -= old.nbytes
         _cache[key] = kept
         kept.cached = True
@@ -253,12 +265,20 @@ def freeze(net):
     memo = _frozen_sealed.get(net) if _reuse else None
     if memo is not None and memo[0] is net.layers and memo[1] == _array_keys(net):
         return memo[2]
-    kept, layers = [], []
-    for lp in net.layers:
-        ks = {name: keep(a) for name, a in lp.arrays().items()}
-        kept.append(ks)
-        layers.append(LayerParams(**{name: k.array for name, k in ks.items()}))
-    frozen = Frozen(net.with_layers(layers), kept)
+    kept = [{name: keep(a) for name, a in lp.arrays().items()} for lp in net.layers]
+    frozen = _memo(net, kept)
+    if frozen is not None:
+        return frozen
+    frozen = Frozen(net.with_layers([LayerParams(**{name: k.array for name, k in ks.items()})
+                                     for ks in kept]), kept)
+    if _reuse:
+        # hung on each copy while every one is in the cache, until one of them leaves it
+        memo = (net.topology, net.cell, net._cell_given, kept, frozen)
+        with _lock:
+            if all(k.cached for ks in kept for k in ks.values()):
+                for ks in kept:
+                    for k in ks.values():
+                        k.frozen = memo
     if _reuse and all(k.array is a for lp, ks in zip(net.layers, kept)
                       for a, k in zip(lp.arrays().values(), ks.values())):
         # every array serves as its own copy: sealed memory, which nothing writes. The same
@@ -267,6 +287,23 @@ def freeze(net):
         # takes this Frozen as it is.
         _frozen_sealed[net] = (net.layers, _array_keys(net), frozen)
     return frozen
+
+
+def _memo(net, kept):
+    """The ``Frozen`` made for the very copies ``kept`` (each ``Kept`` is an immutable copy,
+    just proven equal to the caller's array), of a network of the same topology and cell: it
+    is a function of these alone, so the call takes it as it is — with its packs, its plans
+    and the kernels' fixed arguments — instead of making them again.  ``None`` when there is
+    none."""
+    first = next(iter(kept[0].values()), None) if kept else None
+    memo = first.frozen if first is not None else None
+    if memo is None or memo[0] is not net.topology or memo[1] is not net.cell or \
+            memo[2] != net._cell_given or len(memo[3]) != len(kept):
+        return None
+    for ks, ms in zip(kept, memo[3]):
+        if ks.keys() != ms.keys() or any(k is not ms[name] for name, k in ks.items()):
+            return None
+    return memo[4]
 
 
 def _array_keys(net):
@@ -278,7 +315,7 @@ def release():
     global _cached_bytes
     with _lock:
         for kept in _cache.values():
-            kept.cached = False
+            _uncache(kept)
         _cache.clear()
         _cached_bytes = 0
 
