@@ -284,7 +284,29 @@ def _fork_pause(bint enabled):
 MAX_THREADS = 256
 
 
+cdef extern from *:
+    """
+    #ifdef __linux__
+    #include <sched.h>
+    /* the CPUs of the calling thread's affinity (what os.sched_getaffinity(0) counts, without
+       building a set: every call resolves its thread count), or -1 when the set does not fit
+       a cpu_set_t */
+    static int cgru_affinity_cores(void) {
+        cpu_set_t set;
+        if (sched_getaffinity(0, sizeof set, &set) != 0) return -1;
+        return CPU_COUNT(&set);
+    }
+    #else
+    static int cgru_affinity_cores(void) { return -1; }
+    #endif
+    """
+    int cgru_affinity_cores() nogil
+
+
 def _usable_cores():
+    cdef int n = cgru_affinity_cores()
+    if n > 0:
+        return n
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

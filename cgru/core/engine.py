@@ -27,6 +27,7 @@ sums.  A
 training forward saves what the backward needs in the reserve (``reserve``).  Nothing here
 knows a cell kind by name.
 """
+import functools
 from collections import defaultdict, namedtuple
 
 import numpy as np
@@ -347,6 +348,7 @@ def _backward_layout(kind, cell, topo, dtype, T, N, Tb, need_hm):
     return ws
 
 
+@functools.lru_cache(maxsize=256)
 def _training_block_bytes(kind, cell, topo, dtype, T, N, need_hm):
     """The size of the pool's block a training forward and its backward both take their
     workspaces from: back in the pool when the forward returns, the block is the one the

@@ -26,6 +26,7 @@ computes with the new values; a gradient ``Network`` that ``backward`` fills is 
 place too.  Arrays of any memory layout are accepted.  ``net.sealed()`` is the same network in
 memory nothing can write (``Sealed``), which cgru recognises without reading its bytes.
 """
+import functools
 from dataclasses import dataclass
 import math
 import warnings
@@ -194,6 +195,18 @@ def _flat_size(topology, cell):
         topology.num_layer_directions
 
 
+@functools.lru_cache(maxsize=64)
+def _allocated_template(cls, topology, dtype, cell):
+    """A checked network of this model (read-only zeros that take no memory), whose
+    ``with_layers`` gives networks of new arrays of the same shapes and dtype without checking
+    them again."""
+    c = cell or _DEFAULT_CELL
+    zero = np.zeros((), dtype)
+    return cls(topology, [LayerParams(**{k: np.broadcast_to(zero, s) for k, s in
+                                         _shapes(topology, c, i).items()})
+                          for i in range(topology.num_layer_directions)], cell)
+
+
 class Network:
     """A recurrent stack: its cell, its topology and its weights, ``net[l, d]`` or
     ``net[l·D + d]`` (a ``LayerParams``).
@@ -348,9 +361,10 @@ class Network:
         backward's gradients: ``plan.empty``, every element of which it writes)."""
         dt = as_dtype(dtype)
         c = cell or _DEFAULT_CELL
-        return cls(topology, [LayerParams(**{k: allocate(s, dt) for k, s in
-                                             _shapes(topology, c, i).items()})
-                              for i in range(topology.num_layer_directions)], cell)
+        template = _allocated_template(cls, topology, dt, cell)    # checked once per model
+        return template.with_layers([LayerParams(**{k: allocate(s, dt) for k, s in
+                                                    _shapes(topology, c, i).items()})
+                                     for i in range(topology.num_layer_directions)])
 
     @classmethod
     def random(cls, topology, dtype=np.float32, seed=0, scale=None, *, cell=None):

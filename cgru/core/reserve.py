@@ -66,6 +66,7 @@ _SLOTS = {"x": 9, "params": 10, "h0": 11, "state_mask": 12}
 _SEAL = 14
 # The MAC key: random, once per process (a forked child inherits it).
 _KEY = os.urandom(32)
+_KEYED = hashlib.blake2b(key=_KEY, digest_size=8, person=b"cgru-reserve")   # copied per MAC
 
 
 def _up(nbytes):
@@ -99,6 +100,7 @@ class Layout:
         self.ld_offset = self.lengths_offset + _up(8 * N)
         self.xin_offset = self.ld_offset + L * D * self.ld_bytes
         self.nbytes = self.xin_offset + (L - 1) * self.xin_bytes
+        self._gaps = None             # made by the first zero_gaps (a size query makes none)
 
     def carve(self, reserve):
         """Views of ``reserve``: ``(header, lengths, [per layer-direction {name: view}],
@@ -124,6 +126,14 @@ class Layout:
 
     def zero_gaps(self, reserve):
         """Zero the alignment padding between regions, so that equal calls give equal bytes."""
+        gaps = self._gaps
+        if gaps is None:
+            gaps = self._gaps = self._find_gaps()
+        for start, end in gaps:
+            reserve[start:end] = 0
+
+    def _find_gaps(self):
+        """``[(start, end)]`` of the alignment padding between the regions."""
         item = self.dtype.itemsize
         spans = [(0, HEADER * 8), (self.lengths_offset, self.lengths_offset + 8 * self.N)]
         for i in range(self.topology.num_layer_directions):
@@ -135,9 +145,7 @@ class Layout:
             spans.append((base, base + math.prod(self.xin_shape) * item))
         ends = [end for _, end in spans]
         starts = [start for start, _ in spans[1:]] + [self.nbytes]
-        for end, nxt in zip(ends, starts):
-            if nxt > end:
-                reserve[end:nxt] = 0
+        return [(end, nxt) for end, nxt in zip(ends, starts) if nxt > end]
 
 
 def reserve_nbytes(topology, T, N, *, cell=None, dtype=np.float32):
@@ -181,7 +189,7 @@ def model_digest(topology, cell, T, N, dtype, batch_major):
 
 def mac(label, *parts):
     """The keyed MAC (BLAKE2b, 8 bytes, as a signed int64) of ``label`` and ``parts`` (bytes)."""
-    h = hashlib.blake2b(key=_KEY, digest_size=8, person=b"cgru-reserve")
+    h = _KEYED.copy()
     h.update(label)
     for part in parts:
         h.update(len(part).to_bytes(8, "little"))
@@ -196,7 +204,14 @@ def describe(a):
 
 def data_mac(label, *arrays):
     """The MAC of the arrays given, in order (``None`` entries recorded as absent)."""
+    if all(a is None for a in arrays):
+        return _absent_mac(label, len(arrays))
     return mac(label, *(b"-" if a is None else describe(a) for a in arrays))
+
+
+@functools.lru_cache(maxsize=16)
+def _absent_mac(label, n):
+    return mac(label, *([b"-"] * n))
 
 
 def weights_mac(frozen):
@@ -205,7 +220,10 @@ def weights_mac(frozen):
 
 
 def _seal(header, lengths):
-    return mac(b"header", header[:_SEAL].tobytes(), np.ascontiguousarray(lengths).tobytes())
+    """The MAC of a header's slots before the seal (an int64 array or Python ints) and the
+    lengths."""
+    return mac(b"header", np.asarray(header[:_SEAL], np.int64).tobytes(),
+               np.ascontiguousarray(lengths).tobytes())
 
 
 def create(layout, *, lengths, dropout, seed, seed2, batch_major, x, weights, h0, state_mask,
@@ -223,14 +241,11 @@ def create(layout, *, lengths, dropout, seed, seed2, batch_major, x, weights, h0
         reserve = block
     layout.zero_gaps(reserve)
     header, lens, lds, xin = layout.carve(reserve)
-    header[:] = 0
-    header[:6] = [MAGIC, VERSION, layout.T, layout.N, layout.dtype.itemsize,
-                  model_digest(layout.topology, layout.cell, layout.T, layout.N, layout.dtype,
-                               batch_major)]
-    header[6] = np.float64(dropout).view(np.int64)
-    header[7], header[8] = seed, seed2
-    header[9], header[10], header[11], header[12] = x, weights, h0, state_mask
-    header[13] = _FLAG_BATCH_MAJOR if batch_major else 0
+    header[:] = [MAGIC, VERSION, layout.T, layout.N, layout.dtype.itemsize,
+                 model_digest(layout.topology, layout.cell, layout.T, layout.N, layout.dtype,
+                              batch_major),
+                 int(np.float64(dropout).view(np.int64)), seed, seed2, x, weights, h0,
+                 state_mask, _FLAG_BATCH_MAJOR if batch_major else 0] + [0] * (HEADER - 14)
     lens[:] = lengths
     header[_SEAL] = _seal(header, lens)
     return reserve, (header, lens, lds, xin)
@@ -249,9 +264,10 @@ def is_reserve(buf):
 class Opened:
     """A checked reserve: its views and what its header records."""
 
-    def __init__(self, views, header, what="reserve"):
+    def __init__(self, views, what="reserve"):
         self.what = what
         self.header, self.lengths, self.lds, self.xin = views
+        header = self.header
         self.dropout = float(np.int64(header[6]).view(np.float64))
         self.seed, self.seed2 = int(header[7]), int(header[8])
         self.batch_major = bool(header[13] & _FLAG_BATCH_MAJOR)
@@ -287,11 +303,14 @@ def read(reserve, layout, *, batch_major, what="reserve", inference_hint=None):
     if reserve.ctypes.data % 8 or not reserve.flags.c_contiguous:
         reserve = reserve.copy()  # read-only use: a C-contiguous aligned copy
     views = layout.carve(reserve)
-    head = views[0]
+    # what is checked is what is used: a snapshot of the header (Python ints) and a copy of the
+    # lengths, which a thread writing the reserve meanwhile cannot change after their checks
+    head = views[0].tolist()
+    lengths = views[1].copy()
     if head[0] != MAGIC or head[1] != VERSION:
         raise ValueError(f"{what}: not a cgru reserve (bad header); pass the reserve of the "
                          f"matching training forward")
-    if head[_SEAL] != _seal(head, views[1]):
+    if head[_SEAL] != _seal(head, lengths):
         raise ValueError(_UNSEALED.format(what=what))
     if head[5] != model_digest(layout.topology, layout.cell, layout.T, layout.N, layout.dtype,
                                batch_major):
@@ -301,10 +320,9 @@ def read(reserve, layout, *, batch_major, what="reserve", inference_hint=None):
                              f"batch_major={bool(batch_major)}")
         raise ValueError(f"{what}: written by a forward with a different topology, cell, "
                          f"sizes or dtype than this backward")
-    lengths = views[1]
     if ((lengths < 0) | (lengths > layout.T)).any():
         raise ValueError(f"{what}: corrupt sequence lengths")
-    opened = Opened(views, head, what)
+    opened = Opened((head, lengths) + views[2:], what)
     if not (0.0 <= opened.dropout < 1.0):
         raise ValueError(f"{what}: corrupt header (dropout field); pass the reserve of the "
                          f"matching training forward")

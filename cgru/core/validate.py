@@ -106,6 +106,8 @@ def as_dtype(dtype, what="dtype"):
 def plain_array(a, what, layout=""):
     """``a`` if it is a plain NumPy array: not another type, and not a masked array (whose
     mask cgru would silently ignore)."""
+    if type(a) is np.ndarray:
+        return a
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{what}: expected a numpy array{' ' + layout if layout else ''}, got "
                         f"{type(a).__name__}")
@@ -187,21 +189,30 @@ def nbytes_limit(nbytes, what, buffer="the buffer"):
 
 
 _CELLS_THAT_FIT = {}          # (cell, dtype) -> True: cells (frozen values) already checked
+_LAST_FIT = (None, None)      # the last (cell, dtype) that passed, by identity
 
 
 def cell_for_dtype(cell, dtype, what="cell"):
     """Refuse activation parameters and a clip that overflow ``dtype`` (a float32 run of
     ``scaled_tanh(alpha=1e300)`` would compute inf·0 = NaN).  A cell that passed once is
-    remembered (cells are frozen values: an equal cell passes alike)."""
+    remembered (cells are frozen values: an equal cell passes alike), the last one by identity
+    too (hashing a cell walks every field)."""
+    global _LAST_FIT
+    last = _LAST_FIT
+    if last[0] is cell and last[1] is dtype:
+        return
     try:
         key = (cell, np.dtype(dtype))
         if key in _CELLS_THAT_FIT:
+            _LAST_FIT = (cell, dtype)
             return
     except TypeError:                     # not hashable: checked every time
         key = None
     _check_cell_for_dtype(cell, dtype, what)
-    if key is not None and len(_CELLS_THAT_FIT) < 256:
-        _CELLS_THAT_FIT[key] = True
+    if key is not None:
+        if len(_CELLS_THAT_FIT) < 256:
+            _CELLS_THAT_FIT[key] = True
+        _LAST_FIT = (cell, dtype)
 
 
 def _check_cell_for_dtype(cell, dtype, what):

@@ -53,7 +53,7 @@ _reuse = True                 # False: nothing is kept between calls (the tests'
 _cache = collections.OrderedDict()   # key -> Kept, least recently used first
 _cached_bytes = 0
 _lock = threading.RLock()     # re-entrant: an owner's finalisation may drop an entry anywhere
-_frozen_sealed = weakref.WeakKeyDictionary()   # a sealed network -> (layers, keys, its Frozen)
+_frozen_sealed = weakref.WeakKeyDictionary()   # a sealed network -> (layers, arrays, keys, Frozen)
 
 
 class Kept:
@@ -263,8 +263,9 @@ class Frozen:
 def freeze(net):
     """The ``Frozen`` weights of ``net`` for one call (see the module docstring)."""
     memo = _frozen_sealed.get(net) if _reuse else None
-    if memo is not None and memo[0] is net.layers and memo[1] == _array_keys(net):
-        return memo[2]
+    if memo is not None and memo[0] is net.layers and \
+            memo[2] == tuple(map(array_key, memo[1])):
+        return memo[3]
     kept = [{name: keep(a) for name, a in lp.arrays().items()} for lp in net.layers]
     frozen = _memo(net, kept)
     if frozen is not None:
@@ -285,7 +286,9 @@ def freeze(net):
         # layers (an immutable tuple of frozen LayerParams) over arrays of the same address,
         # shape, strides and dtype are then these weights, so the next call of this network
         # takes this Frozen as it is.
-        _frozen_sealed[net] = (net.layers, _array_keys(net), frozen)
+        # (The same layers hold the same array objects: ``arrays`` are those.)
+        arrays = tuple(a for lp in net.layers for a in lp.arrays().values())
+        _frozen_sealed[net] = (net.layers, arrays, tuple(map(array_key, arrays)), frozen)
     return frozen
 
 
@@ -304,10 +307,6 @@ def _memo(net, kept):
         if ks.keys() != ms.keys() or any(k is not ms[name] for name, k in ks.items()):
             return None
     return memo[4]
-
-
-def _array_keys(net):
-    return tuple(array_key(a) for lp in net.layers for a in lp.arrays().values())
 
 
 def release():
