@@ -91,16 +91,45 @@ def test_size_classes_are_at_most_a_quarter_larger():
 
 
 def _counting_fresh_blocks(monkeypatch):
-    """The shapes of the fresh blocks (uint8 arrays from ``plan.empty``) made from now on."""
+    """The sizes of the fresh blocks the pool makes from now on."""
     fresh = []
-    real = plan.empty
+    real = plan._fresh_block
 
-    def counting(shape, dtype):
-        if np.dtype(dtype) == np.uint8:
-            fresh.append(shape)
-        return real(shape, dtype)
-    monkeypatch.setattr(plan, "empty", counting)
+    def counting(nbytes):
+        fresh.append(nbytes)
+        return real(nbytes)
+    monkeypatch.setattr(plan, "_fresh_block", counting)
     return fresh
+
+
+def test_large_outputs_come_from_the_pool_and_go_back(monkeypatch):
+    """Outputs from ``POOLED_OUTPUT_BYTES`` on are pooled blocks of their size (whole pages), so
+    a training loop's gradients, freed and made again every step, reuse the same memory instead
+    of having the C library return it to the system and fault it in again; the results are
+    those of fresh arrays, bit for bit."""
+    net, x = _net_and_x()
+    dy = np.random.default_rng(4).standard_normal(cgru.forward(net, x).y.shape)
+
+    def step():
+        f = cgru.forward(net, x, training=True)
+        g = cgru.backward(net, x, f.reserve, dy)
+        return [f.y, f.hy, g.dx, g.dh0] + [a for lp in g.dparams for a in lp.arrays().values()]
+    monkeypatch.setattr(plan, "_reuse", False)
+    want = step()
+    monkeypatch.setattr(plan, "_reuse", True)
+    monkeypatch.setattr(plan, "POOLED_OUTPUT_BYTES", 64)
+    got = step()
+    big = [a for a in got if a.nbytes >= 64]
+    assert big and all(a.base is not None for a in big)         # over pooled blocks
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    addresses = sorted(a.ctypes.data for a in big)
+    del got, big
+    fresh = _counting_fresh_blocks(monkeypatch)
+    again = step()
+    assert fresh == []                                          # every block reused
+    assert sorted(a.ctypes.data for a in again if a.nbytes >= 64) == addresses
+    assert all(np.array_equal(a, b) for a, b in zip(again, want))
+    assert plan.recycled(5000, exact=True).base.obj.size == 8192  # whole pages, no size class
 
 
 def test_blocks_of_nearby_sizes_are_shared(monkeypatch):
@@ -564,7 +593,8 @@ def test_a_sealed_network_keeps_its_weights_proof_and_plans_only_for_what_they_b
     plain = cgru.Network.random(topo, np.float64, seed=3)          # built without a cell
     sealed = plain.sealed()
     assert weights.freeze(sealed) is weights.freeze(sealed)
-    assert weights.freeze(plain) is not weights.freeze(plain)       # unsealed: proven per call
+    # unsealed: proven by its bytes every call, then the Frozen of those copies taken again
+    assert weights.freeze(plain) is weights.freeze(plain)
     rng = np.random.default_rng(4)
     xs = {(T, N): rng.standard_normal((T, N, 5)) for T, N in ((3, 2), (1, 1), (4, 3))}
     cells = [cgru.GRUCell(), cgru.GRUCell(reset_after=False),
