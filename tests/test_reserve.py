@@ -133,6 +133,25 @@ def test_a_changed_header_field_is_refused(field):
         cgru.backward(net, x, f.reserve, np.ones_like(f.y))
 
 
+def test_what_an_opened_reserve_checked_is_what_it_uses():
+    """The header and the lengths are checked and used as one snapshot: a thread writing the
+    reserve after ``read`` verified it (here, the test itself, between the check and the use)
+    cannot change the lengths the loops run to, or the values the MACs are compared with."""
+    rng = np.random.default_rng(6)
+    net = Network.random(Topology(I, H, 1), np.float64, seed=1)
+    x = rng.standard_normal((T, N, I))
+    f = cgru.forward(net, x, training=True, lengths=np.array([4, 2, 3, 1]))
+    layout = rv.layout_of(net.topology, net.cell, T, N, net.dtype)
+    opened = rv.read(f.reserve, layout, batch_major=False)
+    recorded = opened.header[rv._SLOTS["x"]]
+    f.reserve[128:128 + 8 * N].view(np.int64)[:] = 10 ** 9      # lengths far beyond T
+    f.reserve[:128].view(np.int64)[rv._SLOTS["x"]] ^= 1          # and another x's MAC
+    assert opened.lengths.tolist() == [4, 2, 3, 1]
+    assert not np.shares_memory(opened.lengths, f.reserve)
+    assert opened.header[rv._SLOTS["x"]] == recorded
+    opened.check("x", rv.data_mac(b"x", x))                      # the checked value holds
+
+
 def test_layout_is_closed_form_and_matches_the_carved_regions():
     topo = Topology(7, 5, 3, "bidirectional")
     for cell in (Cell(), Cell(reset_after=False), Cell(g="relu")):
