@@ -215,8 +215,9 @@ def _absent_mac(label, n):
 
 
 def weights_mac(frozen):
-    """The MAC of a call's weights (``weights.Frozen``: the fingerprints of its kept copies)."""
-    return mac(b"weights", *frozen.fingerprints())
+    """The MAC of a call's weights (``weights.Frozen``: the fingerprints of its kept copies),
+    made once per ``Frozen`` (a function of those immutable copies alone)."""
+    return frozen.memo(("weights mac",), lambda: mac(b"weights", *frozen.fingerprints()))
 
 
 def _seal(header, lengths):
