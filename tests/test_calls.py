@@ -138,3 +138,72 @@ def test_a_torch_training_step_takes_each_weight_once(counts, monkeypatch):
     ref = torch.nn.LSTM(3, 4, num_layers=2, dtype=torch.float64)
     ref.load_state_dict(m.state_dict())
     torch.testing.assert_close(y2, ref(x)[0], rtol=1e-12, atol=1e-12)
+
+
+def _call_value(call):
+    return {name: getattr(call, name) for name in calls.ForwardCall.__slots__}
+
+
+def _same_call(a, b):
+    va, vb = _call_value(a), _call_value(b)
+    for name in va:
+        x, y = va[name], vb[name]
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            assert type(x) is type(y) and np.array_equal(x, y) and x.dtype == y.dtype, name
+        else:
+            assert x is y or x == y, name
+
+
+def _variants():
+    """(x, h0) pairs of the common call: plain ones, and every way of being not quite plain."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((5, 3, 4))
+    h0 = rng.standard_normal((2, 3, 6))
+    yield "plain", x, h0
+    yield "no h0", x, None
+    yield "x Fortran-ordered", np.asfortranarray(x), h0
+    yield "x a strided view", rng.standard_normal((5, 3, 8))[:, :, ::2], h0
+    yield "h0 Fortran-ordered", x, np.asfortranarray(h0)
+    yield "x float32", x.astype(np.float32), h0
+    yield "h0 float32", x, h0.astype(np.float32)
+    yield "x 2-D", x[0], h0
+    yield "x of another width", rng.standard_normal((5, 3, 5)), h0
+    yield "x empty", x[:0], h0
+    yield "h0 of another batch", x, h0[:, :2]
+    yield "x a masked array", np.ma.masked_array(x), h0
+    yield "x a list", x.tolist(), h0
+    yield "h0 a masked array", x, np.ma.masked_array(h0)
+    yield "h0 a subclass", x, h0.view(_Sub)
+
+
+class _Sub(np.ndarray):
+    pass
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_the_common_call_is_checked_as_every_call_is(training, monkeypatch):
+    """``ForwardCall.check``'s fast path (x and h0 only) gives the very value the whole way
+    gives (here forced by an equivalent ``seed=(0, 0)``), or leaves the call to the whole way,
+    which refuses it with the same error."""
+    net = cgru.Network.random(cgru.Topology(4, 6, 2), np.float64, seed=12)
+    fast = []
+    for name, x, h0 in _variants():
+        try:
+            want = calls.ForwardCall.check(net, x, h0, training=training, seed=(0, 0))
+        except (TypeError, ValueError) as exc:
+            with pytest.raises(type(exc)) as got:
+                calls.ForwardCall.check(net, x, h0, training=training)
+            assert str(got.value) == str(exc), name
+            continue
+        got = None
+        with monkeypatch.context() as m:           # the whole way refused: the fast path only
+            m.setattr(calls, "_check_common", lambda *a: pytest.fail("the whole way"))
+            try:
+                got = calls.ForwardCall.check(net, x, h0, training=training)
+                fast.append(name)
+            except pytest.fail.Exception:
+                pass
+        if got is None:
+            got = calls.ForwardCall.check(net, x, h0, training=training)
+        _same_call(got, want)
+    assert fast == ["plain", "no h0"]

@@ -136,6 +136,14 @@ class ForwardCall:
               state_mask=None, training=False, dropout=0.0, seed=0, num_threads=None,
               stacklevel=4):
         """Every argument checked (in the core's words), then ``of``."""
+        if cell is None and lengths is None and state_mask is None and c0 is None and \
+                batch_major is False and (training is False or training is True) and \
+                type(dropout) is float and dropout == 0.0 and type(seed) is int and seed == 0:
+            # the common call (x and h0 only, C-contiguous and as the network wants them),
+            # checked at once; anything else — an error included — goes the whole way
+            call = cls._check_common_call(net, x, h0, training, num_threads)
+            if call is not None:
+                return call
         topo, dtype, cell, batch_major, T, N, mask = _check_common(
             net, x, cell, state_mask, batch_major, stacklevel + 1)
         training = validate.flag(training, "training")
@@ -148,6 +156,29 @@ class ForwardCall:
         return cls.of(net, cell, time_major(x, batch_major), h0, c0, lengths, mask,
                       p if training else 0.0, s1, s2, training, batch_major,
                       resolve_num_threads(num_threads))
+
+    @classmethod
+    def _check_common_call(cls, net, x, h0, training, num_threads):
+        """The call of ``check``'s common case, or None when anything about ``net``, ``x`` or
+        ``h0`` is not plainly right (``check``'s whole way then decides, and words the
+        error): the same checks, the same value."""
+        if type(net) is not Network or type(x) is not np.ndarray:
+            return None
+        topo, dtype = net.topology, net.dtype
+        if x.dtype != dtype or x.ndim != 3 or x.shape[2] != topo.input_size or \
+                not x.flags.c_contiguous:
+            return None
+        T, N = x.shape[0], x.shape[1]
+        if T == 0 or N == 0:
+            return None
+        cell = net.cell
+        validate.call_sizes(topo, cell.gates, T, N, "x")
+        if h0 is not None and (type(h0) is not np.ndarray or h0.dtype != dtype or
+                               h0.shape != (topo.num_layer_directions, N, topo.state_size) or
+                               not h0.flags.c_contiguous):
+            return None
+        return cls.of(net, cell, x, h0, None, validate.full_lengths(T, N), None, 0.0, 0, 0,
+                      training, False, resolve_num_threads(num_threads))
 
     @classmethod
     def of(cls, net, cell, x, h0, c0, lengths, mask, dropout, seed, seed2, training,

@@ -15,6 +15,11 @@ reads only the copies, never the caller's arrays again.  So:
   new, or, for the array being written at that very moment, partly old and partly new, as any
   reader of memory that another thread is writing sees it — and never touches a later call:
   what is kept is a copy of what was read, checked again on every use.
+* **What is made from the copies** — the call's ``Frozen`` (its network over the copies), the
+  kernels' fixed arguments, the plans, the weights' MAC — is a function of the copies alone:
+  a ``Frozen`` hangs on its copies (``Kept.frozen``), and a call whose every array was just
+  proven to be one of those very copies takes it as it is.  It leaves with the first of its
+  copies to leave the cache.
 * **Cost.** A hit costs one comparison of each weight array (memory-bound, two reads); a miss
   (weights that changed, as in every training step) one copy, and the packs again.  Insertion
   and lookup are O(1); the cache holds at most ``CACHE_BYTES`` (copies and packs counted),
