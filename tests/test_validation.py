@@ -954,3 +954,14 @@ def test_dparams_of_any_layout_receive_the_gradients_in_place():
         for name in ("W", "R", "b_W", "b_R"):
             np.testing.assert_allclose(getattr(g, name), getattr(w, name) + 1, rtol=1e-13)
     assert all(a is b for a, b in zip([a for lp in got for a in lp.arrays().values()], held))
+
+
+def test_padded_lengths_are_told_apart_from_full_ones():
+    """``validate.padded``: the shared lengths of a call without any are known by identity;
+    any other array is read (an equal copy of full lengths too)."""
+    from cgru.core import validate
+    assert not validate.padded(validate.full_lengths(5, 3), 5)
+    assert not validate.padded(np.array([5, 5, 5], np.int64), 5)
+    assert validate.padded(np.array([5, 4, 5], np.int64), 5)
+    assert validate.padded(np.array([0], np.int64), 1)
+    assert not validate.padded(np.zeros(0, np.int64), 5)

@@ -624,6 +624,12 @@ def fingerprint(a, isa=None):
     return (<bytes>(<char *>out)[:16])
 
 
+def address(cnp.ndarray a):
+    """The address of an array's first element (``a.ctypes.data`` without the ctypes object:
+    a call's workspace and reserve are aligned by it)."""
+    return <size_t>cnp.PyArray_DATA(a)
+
+
 def array_key(cnp.ndarray a):
     """``(address, shape, strides, type number)`` of an array: what identifies the memory an
     array views (for a lookup only — a hit is proven by ``same_bytes``)."""

@@ -32,7 +32,7 @@ from collections import defaultdict, namedtuple
 
 import numpy as np
 
-from cgru.core import dropout as dropout_mod, kinds, plan, reserve as reserve_mod
+from cgru.core import dropout as dropout_mod, kinds, plan, reserve as reserve_mod, validate
 from cgru.core.backend import BACKEND
 from cgru.core.calls import BackwardCall, ForwardCall
 from cgru.core.network import Network
@@ -195,7 +195,7 @@ def run_forward(call, workspace=None, out=None):
         # the training step's one block (``_training_block_bytes``)
         buf = space.allocate(plan.recycled(_training_block_bytes(
             kind, cell, topo, dtype, T, N,
-            call.mask is not None or bool((call.lengths < T).any()))))
+            call.mask is not None or validate.padded(call.lengths, T))))
     else:
         buf = space.borrow()
     h0, c0 = initial_states(buf, h0, c0)
@@ -387,7 +387,7 @@ def run_backward(call, workspace=None, out=None):
     # --- plan
     chunks = plan.n_chunks(N, H)
     threads = plan.loop_threads(nt, T, N, H, D, G)
-    padded = bool((lengths < T).any())
+    padded = validate.padded(lengths, T)
     # [T·N, 1] active rows (t < len[b]), for the gradients the GEMMs do not give (peepholes)
     active = (np.arange(T)[:, None] < lengths[None, :]).reshape(T * N, 1) if padded else None
     x_tm = _finite_padding(call.x, lengths) if padded else call.x

@@ -32,7 +32,7 @@ import weakref
 import numpy as np
 
 from cgru._kernels import blas
-from cgru._kernels.loops import pack_rhs, packed_size
+from cgru._kernels.loops import address, pack_rhs, packed_size
 from cgru._kernels.threads import blas_single_threaded
 
 # Batch chunks of the time loop: a function of N only.  Two chunks from N = 16 (so two threads
@@ -310,7 +310,7 @@ class Workspace:
         elif block.size < self.block_bytes:
             raise ValueError(f"workspace: {block.size} bytes is too small; this call needs "
                              f"{self.block_bytes}")
-        start = -block.ctypes.data % _ALIGN if block.size else 0
+        start = -address(block) % _ALIGN if block.size else 0
         item = self.dtype.itemsize
         return {name: block[start + off:start + off + math.prod(shape) * item]
                 .view(self.dtype).reshape(shape)

@@ -55,7 +55,7 @@ import os
 import numpy as np
 
 from cgru.core import kinds, plan, validate
-from cgru._kernels.loops import fingerprint
+from cgru._kernels.loops import address, fingerprint
 
 MAGIC = 0x63677275  # "cgru"
 VERSION = 4         # 4: keyed MACs, and a MAC of the header itself
@@ -301,7 +301,7 @@ def read(reserve, layout, *, batch_major, what="reserve", inference_hint=None):
         raise ValueError(f"{what}: expected {layout.nbytes} bytes for this topology, cell, "
                          f"T={layout.T}, N={layout.N} and dtype {layout.dtype}, got "
                          f"{reserve.size} (from a different call?)")
-    if reserve.ctypes.data % 8 or not reserve.flags.c_contiguous:
+    if address(reserve) % 8 or not reserve.flags.c_contiguous:
         reserve = reserve.copy()  # read-only use: a C-contiguous aligned copy
     views = layout.carve(reserve)
     # what is checked is what is used: a snapshot of the header (Python ints) and a copy of the

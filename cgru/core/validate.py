@@ -241,6 +241,14 @@ def full_lengths(T, N):
     return out
 
 
+def padded(lengths, T):
+    """True when a sequence is shorter than ``T`` (``lengths``: checked int64 ``[N]``); the
+    lengths of a call without any, ``full_lengths``, are known at once."""
+    if lengths is full_lengths(T, lengths.shape[0]) or not lengths.shape[0]:
+        return False
+    return bool(lengths.min() < T)
+
+
 def lengths(value, T, N, what="lengths", T_name="T"):
     """Sequence lengths: ``None`` → all ``T`` (``full_lengths``, read-only); else integers
     ``[N]`` in ``[0, T]`` (any order) as int64."""
