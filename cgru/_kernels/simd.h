@@ -173,14 +173,15 @@ CGRU_INLINE void NAME##_block(const int MR, const int TA, int m, int n, int k, c
             MICRO(TA, MR, 1, ncols, k, A + (TA ? (size_t)i : (size_t)i * lda), lda, bp, beta1, cp + (size_t)i * ldc, ldc); \
         const T *a = A + (TA ? (size_t)i : (size_t)i * lda);                                   \
         T *c = cp + (size_t)i * ldc;                                                           \
+        /* m − i < MR: the cases MR cannot reach are not compiled (MR is a constant)     */  \
         switch (m - i) {                                                                       \
-        case 7: MICRO(TA, 7, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
-        case 6: MICRO(TA, 6, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
-        case 5: MICRO(TA, 5, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
-        case 4: MICRO(TA, 4, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
-        case 3: MICRO(TA, 3, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
-        case 2: MICRO(TA, 2, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
-        case 1: MICRO(TA, 1, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;                   \
+        case 7: if (7 < MR) MICRO(TA, 7, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
+        case 6: if (6 < MR) MICRO(TA, 6, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
+        case 5: if (5 < MR) MICRO(TA, 5, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
+        case 4: if (4 < MR) MICRO(TA, 4, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
+        case 3: if (3 < MR) MICRO(TA, 3, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
+        case 2: if (2 < MR) MICRO(TA, 2, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
+        case 1: if (1 < MR) MICRO(TA, 1, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
         default: break;                                                                        \
         }                                                                                      \
     }                                                                                          \
