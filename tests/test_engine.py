@@ -52,6 +52,38 @@ def test_poison_fixture_is_active():
     assert np.isnan(plan.empty(4, np.float64)).all()
     assert (plan.empty(16, np.uint8) == 0xFF).all()
     assert np.isnan(plan.empty(16, np.uint8).view(np.float64)).all()
+    from cgru.core.backend import BACKEND
+    assert np.isnan(BACKEND.empty((3, 2), np.float32)).all()     # the hook the engine calls
+
+
+def test_poison_reaches_every_result_of_a_call(monkeypatch):
+    """Every array a forward and a backward return was made by the poisoned hook (the backend
+    looks ``plan.empty`` up at each call), so an element the engine forgets is a NaN."""
+    made = []
+
+    def recording(shape, dtype):
+        a = poisoned(shape, dtype)
+        made.append(a)
+        return a
+
+    poisoned = plan.empty
+    monkeypatch.setattr(plan, "empty", recording)
+    topo = Topology(3, 4, 2, "bidirectional")
+    net = Network.random(topo, np.float64, seed=0)
+    rng = _rng(0)
+    x, h0 = _std(rng, (5, 2, 3), np.float64), _std(rng, (4, 2, 4), np.float64)
+    f = cgru.forward(net, x, h0, training=True)
+    g = cgru.backward(net, x, f.reserve, _std(rng, f.y.shape, np.float64),
+                      _std(rng, f.hy.shape, np.float64))
+
+    def ours(a):
+        return any(np.shares_memory(a, m) for m in made)
+
+    for name, a in (("y", f.y), ("hy", f.hy), ("reserve", f.reserve), ("dx", g.dx),
+                    ("dh0", g.dh0)):
+        assert ours(a), f"{name} was not made by plan.empty"
+    for lp in g.dparams:
+        assert all(ours(getattr(lp, n)) for n in ("W", "R", "b_W", "b_R"))
 
 
 # --- 1. against torch.nn.GRU ---------------------------------------------------------------------
