@@ -507,6 +507,33 @@ def test_a_training_step_holds_one_workspace_block(monkeypatch, cell, masked):
     np.testing.assert_allclose(g.dx, want[0], rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("L", [1, 2, 3, 4])
+def test_inner_layers_hold_only_the_whole_sequence_buffers_they_use(L):
+    """A layer's input gradient (backward) and an inner layer's output (inference forward) are
+    whole sequences, written by one layer while the next reads the other's: two layers need one
+    such buffer, three and more two, taking turns.  Every call of each depth still computes
+    what the reference does (and the poisoned-buffer tests run these depths too)."""
+    from cgru.core import engine, kinds, reference
+    T, N, I, H = 7, 3, 4, 5
+    topo = cgru.Topology(I, H, L, "bidirectional")
+    cell = cgru.GRUCell()
+    kind = kinds.of(cell)
+    bwd = engine.backward_workspace(kind, cell, topo, np.float64, T, N)._shapes
+    fwd = engine.forward_workspace(kind, cell, topo, np.float64, T, N, False)._shapes
+    want = {1: set(), 2: {1}, 3: {0, 1}, 4: {0, 1}}[L]
+    assert {n for n in bwd if n.startswith("dX")} == {f"dX{i}" for i in want}
+    assert {n for n in fwd if n.startswith("out")} == {f"out{i ^ 1}" for i in want}
+    net = cgru.Network.random(topo, np.float64, seed=L)
+    rng = np.random.default_rng(L)
+    x = rng.standard_normal((T, N, I))
+    dy = rng.standard_normal((T, N, topo.output_size))
+    f = cgru.forward(net, x, training=True)
+    np.testing.assert_allclose(cgru.forward(net, x).y, f.y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(f.y, reference.forward(net, x)[0], rtol=1e-10, atol=1e-10)
+    g = cgru.backward(net, x, f.reserve, dy)
+    np.testing.assert_allclose(g.dx, reference.backward(net, x, dy)[0], rtol=1e-10, atol=1e-10)
+
+
 # --- blocks of time -----------------------------------------------------------------------------
 _BLOCK_CASES = {
     # (cell, topology kwargs, T, N, padded, masked)

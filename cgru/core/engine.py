@@ -147,8 +147,11 @@ def _forward_layout(kind, cell, topo, dtype, T, N, Tb, training, zero_h0, zero_c
         ws.add("h0", (L * D, N, S))
     if kind.has_cell_state and zero_c0:
         ws.add("c0", (L * D, N, H))
-    if not training and L > 1:
-        ws.add("out0", (T, N, DS)).add("out1", (T, N, DS))   # inner layers, ping-pong
+    if not training:
+        # the inner layers' outputs: layer l writes out{l % 2} while it reads the one of layer
+        # l − 1, so three layers and more take turns with two, two layers use one
+        for i in sorted({layer % 2 for layer in range(min(L - 1, 2))}):
+            ws.add(f"out{i}", (T, N, DS))
     ws.add("scratch", (BACKEND.kernels(kind).scratch_size(True, N, H, S, plan.n_chunks(N, H), D),))
     return ws
 
@@ -336,9 +339,11 @@ def _backward_layout(kind, cell, topo, dtype, T, N, Tb, need_hm):
             ws.add(f"{name}{d}", shape)
         if need_hm:
             ws.add(f"hm{d}", (RB, S))
-    if L > 1:
-        DS = topo.output_size
-        ws.add("dX0", (T * N, DS)).add("dX1", (T * N, DS))          # inner layers, ping-pong
+    # the input gradient of every layer above the first, a whole sequence (the layer below
+    # needs it all): layer l writes dX{l % 2} while it reads the one of layer l + 1, so two
+    # layers and more above the first take turns with two, one layer uses one
+    for i in sorted({layer % 2 for layer in range(1, min(L, 3))}):      # (L may be huge)
+        ws.add(f"dX{i}", (T * N, topo.output_size))
     ws.add("scratch", (BACKEND.kernels(kind).scratch_size(False, N, H, S, plan.n_chunks(N, H),
                                                           D),))
     # the pack of a weight-gradient product's right operand: a block of the layer's input,
