@@ -4,12 +4,18 @@ Compared with ``cgru.forward`` on the whole sequence, bit for bit (every kind, s
 one step or chunks per call, shapes whose products ``forward`` splits into blocks and row
 blocks, other thread counts), the snapshot semantics (``refresh``), and bad input.  Nothing here times
 anything: the per-call overhead is the benchmark's business.
+
+Every test runs with the ``poison`` fixture: the outputs and the workspace of both the stream and
+``cgru.forward`` start as NaN, so an element either leaves unwritten fails a comparison (the
+results are checked finite too, so that both leaving the same element cannot pass).
 """
 import numpy as np
 import pytest
 
 import cgru
 from cgru import GRUCell, LSTMCell, Network, RNNCell, Stream, Topology
+
+pytestmark = pytest.mark.usefixtures("poison")
 
 CELLS = {"gru": GRUCell(), "gru_rb": GRUCell(reset_after=False, g="softsign"),
          "lstm": LSTMCell(), "lstm_peep": LSTMCell(peepholes=True),
@@ -47,6 +53,7 @@ def test_steps_equal_the_whole_sequence(kind, proj, chunk, dtype):
     np.testing.assert_array_equal(h, want.hy)
     if c0 is not None:
         np.testing.assert_array_equal(state[1], want.cy)
+    assert all(np.isfinite(a).all() for a in (*ys, *(state if c0 is not None else (state,))))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -75,6 +82,7 @@ def test_a_long_sequence_bitwise_in_any_cut(kind, dtype):
         np.testing.assert_array_equal(np.concatenate(ys), want.y, err_msg=f"cut {cut}")
         h = state[0] if net.cell.has_cell_state else state
         np.testing.assert_array_equal(h, want.hy)
+        assert np.isfinite(want.y).all() and np.isfinite(h).all()
 
 
 def test_state_none_means_zeros_and_results_are_reproducible():
