@@ -534,6 +534,62 @@ def test_inner_layers_hold_only_the_whole_sequence_buffers_they_use(L):
     np.testing.assert_allclose(g.dx, reference.backward(net, x, dy)[0], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("flip_z", [False, True])
+def test_a_reset_after_gru_keeps_apart_only_the_n_columns_of_its_recurrent_gradient(flip_z):
+    """The recurrent side's gate gradient of a reset-after GRU differs from the input side's in
+    its n columns only (``r ⊙ da_n`` against ``da_n``): the backward keeps those apart,
+    ``[rows, H]`` per direction, and takes the r and z columns from the input side's buffer —
+    in the per-step product (both its forms: with a state mask and without), in ``dR`` and in
+    ``db_R``.  The gradients agree with the NumPy reference and are bitwise the same at 1 and
+    2 threads."""
+    from cgru.core import engine, kinds, reference
+    T, N, I, H = 9, 5, 4, 7
+    topo = cgru.Topology(I, H, 2, "bidirectional")
+    cell = cgru.GRUCell(flip_z=flip_z)
+    layout = engine.backward_workspace(kinds.of(cell), cell, topo, np.float64, T, N)._shapes
+    RB = plan.time_block(T, N) * N
+    assert layout["dgh0"][1] == layout["dgh1"][1] == (RB, H)
+    assert layout["dgx0"][1] == (RB, 3 * H)
+    net = cgru.Network.random(topo, np.float64, seed=5, cell=cell)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((T, N, I))
+    dy = rng.standard_normal((T, N, topo.output_size))
+    lengths = np.array([9, 4, 0, 7, 9])
+    for mask in (None, rng.uniform(0.5, 1.5, (T, N, topo.output_size))):
+        grads = []
+        for nt in (1, 2):
+            f = cgru.forward(net, x, lengths=lengths, state_mask=mask, training=True,
+                             num_threads=nt)
+            g = cgru.backward(net, x, f.reserve, dy, state_mask=mask, num_threads=nt)
+            grads.append(np.concatenate([g.dx.ravel(), g.dh0.ravel(), g.dparams.flat()]))
+        np.testing.assert_array_equal(grads[0], grads[1])
+        want = reference.backward(net, x, dy, lengths=lengths, state_mask=mask)
+        np.testing.assert_allclose(grads[0], np.concatenate(
+            [want[0].ravel(), want[1].ravel(), want[-1].flat()]), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gemm_t_takes_a_left_operand_in_blocks_of_columns(dtype):
+    """``plan.gemm_t``: ``C (+)= Aᵀ·B`` with ``A`` given as blocks of columns (strided views
+    included) equals BLAS on the whole ``A``, for ``beta`` 0 and 1 (the packed path) and any
+    other ``beta`` (block by block through ``gemm``); blocks that do not cover C are an
+    error."""
+    rng = np.random.default_rng(3)
+    k, n = 37, 11
+    whole = rng.standard_normal((k, 3 * 13)).astype(dtype)
+    n_part = rng.standard_normal((k, 5)).astype(dtype)
+    B = rng.standard_normal((k, n)).astype(dtype)
+    A = np.concatenate([whole[:, :26], n_part], axis=1)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    for beta in (0.0, 1.0, 0.5):
+        C0 = rng.standard_normal((31, n)).astype(dtype)
+        C = C0.copy()
+        plan.gemm_t((whole[:, :26], n_part), B, C, beta)
+        np.testing.assert_allclose(C, A.T.astype(np.float64) @ B + beta * C0, **tol)
+    with pytest.raises(ValueError, match="31 columns in all, C 32 rows"):
+        plan.gemm_t((whole[:, :26], n_part), B, np.zeros((32, n), dtype))
+
+
 # --- blocks of time -----------------------------------------------------------------------------
 _BLOCK_CASES = {
     # (cell, topology kwargs, T, N, padded, masked)

@@ -324,8 +324,7 @@ def _gate_row_numpy(kernel, o, H, option):
         dn, dz, dh_prev = _gru_bwd_of_5(o["dh"], o["hp"], z, n, option)
         dpn, dpz = dn * (1 - n * n), dz * z * (1 - z)
         dpr = dpn * o["hn"] * r * (1 - r)
-        return {"dh": dh_prev, "dgx": np.concatenate([dpr, dpz, dpn]),
-                "dgh": np.concatenate([dpr, dpz, dpn * r])}
+        return {"dh": dh_prev, "dgx": np.concatenate([dpr, dpz, dpn]), "dgh": dpn * r}
     m = o.get("m")
     m = 1.0 if m is None else m
     if kernel == "gru_fwd_rb_rz":

@@ -154,7 +154,9 @@ cdef void backward_item(const floating *sample, const Layer *L, const CellSpec *
     cdef floating *hm = <floating *>St.hm
     cdef const floating *dG = <const floating *>St.dG
     cdef const floating *Rb = <const floating *>St.Rb
-    cdef Py_ssize_t DS = <Py_ssize_t>Lp.D * S, ldG = St.ldG
+    cdef const floating *dG2 = <const floating *>St.dG2
+    cdef const floating *Rb2 = <const floating *>St.Rb2
+    cdef Py_ssize_t DS = <Py_ssize_t>Lp.D * S, ldG = St.ldG, ldG2 = St.ldG2
     cdef int s, t, i, j, k, b, k_prev, k_next
     cdef Py_ssize_t row
     cdef const floating *hp
@@ -220,13 +222,19 @@ cdef void backward_item(const floating *sample, const Layer *L, const CellSpec *
                 for j in range(S):
                     dhr[j] += dyr[j]
         bwd_step(L, C, P, d, t, b0, rows, hp, hn, cp, cn, dh, dc, tmp, work)
-        # dh_prev += m ⊙ (dG[rows, KG] · R[KG, S])
+        # dh_prev += m ⊙ (dG[rows, KG] · R[KG, S]  (+ dG2[rows, KG2] · R2[KG2, S]))
         if mask == NULL:
             loop_gemm(Lp, rows, S, St.KG, dG + (<Py_ssize_t>t * N + b0 - r0) * ldG, ldG, Rb, True,
                       dh, S)
+            if dG2 != NULL:
+                loop_gemm(Lp, rows, S, St.KG2, dG2 + (<Py_ssize_t>t * N + b0 - r0) * ldG2, ldG2,
+                          Rb2, True, dh, S)
         else:
             loop_gemm(Lp, rows, S, St.KG, dG + (<Py_ssize_t>t * N + b0 - r0) * ldG, ldG, Rb, False,
                       tmp, S)
+            if dG2 != NULL:
+                loop_gemm(Lp, rows, S, St.KG2, dG2 + (<Py_ssize_t>t * N + b0 - r0) * ldG2, ldG2,
+                          Rb2, True, tmp, S)
             for i in range(rows):
                 if t >= Lp.lengths[b0 + i]:
                     continue            # the mask of a padded step is never read

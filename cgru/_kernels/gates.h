@@ -67,10 +67,11 @@ CGRU_INLINE cgru_vd cgru_where_pos_f64(cgru_vd x, cgru_vd v) { return (cgru_vd)(
     else      { dn = d * (one - z); dz = d * (h - n); ST(dh + j, d * z, w); }
 
 /* GRU, reset-after, one row of bwd of 5, 4, 3: reads g3 = r, z, n, hp [H], hn [H]; turns dh
- * [H] into dh_prev before the recurrent product; writes dgx [3H] and dgh [3H]:
+ * [H] into dh_prev before the recurrent product; writes dgx [3H] and dgh_n [H]:
  *   dn = dh ⊙ (1 − z), dz = dh ⊙ (h − n), dh_prev = dh ⊙ z   (flip: dn = dh ⊙ z,
  *   dz = dh ⊙ (n − h), dh_prev = dh ⊙ (1 − z));  dpn = dn ⊙ (1 − n²), dpz = dz ⊙ z(1 − z),
- *   dpr = dpn ⊙ hn ⊙ r(1 − r);  dgx = dpr, dpz, dpn;  dgh = dpr, dpz, dpn ⊙ r.              */
+ *   dpr = dpn ⊙ hn ⊙ r(1 − r);  dgx = dpr, dpz, dpn;  dgh_n = dpn ⊙ r (the recurrent side's
+ *   r and z columns are dgx's own).                                                          */
 #define CGRU_GRU_BWD_RA_BODY(T, VT, V, LD, ST, SIG, TANH, POS)                                 \
     for (int j = 0; j < H; j += V) {                                                           \
         int w = H - j;                                                                         \
@@ -79,7 +80,7 @@ CGRU_INLINE cgru_vd cgru_where_pos_f64(cgru_vd x, cgru_vd v) { return (cgru_vd)(
         VT dpz = dz * z * (one - z);                                                           \
         VT dpr = dpn * LD(hn + j, w) * r * (one - r);                                          \
         ST(dgx + j, dpr, w); ST(dgx + H + j, dpz, w); ST(dgx + 2 * H + j, dpn, w);             \
-        ST(dgh + j, dpr, w); ST(dgh + H + j, dpz, w); ST(dgh + 2 * H + j, dpn * r, w);         \
+        ST(dgh + j, dpn * r, w);                                                               \
     }
 
 /* GRU, reset-before, one row of step 3 and the candidate product's operand:

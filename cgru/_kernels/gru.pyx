@@ -27,10 +27,12 @@ Backward (steps in reverse processing order; "bwd of k" undoes forward step k)::
               reset-before: dgx_n = dgh_n = dpn, drh = dpn·R_n, dr = drh ⊙ h ⊙ m,
                             dh_prev += drh ⊙ r ⊙ m
     bwd of 3: dgx_r = dgh_r = dr ⊙ f_r'(…),  dgx_z = dgh_z = dz ⊙ f_z'(…)
-    bwd of 2: dh_prev += m ⊙ (dgh·R)          (reset-before: r, z columns only)
+    bwd of 2: dh_prev += m ⊙ (dgx_rz·R_rz + dgh_n·R_n)   (reset-before: r, z columns only)
     After the loop (engine.py): dW = dgxᵀ·X, dR = dghᵀ·(h ⊙ m) (reset-before n rows:
     dgh_nᵀ·(r ⊙ h ⊙ m), which the backward writes into ws_rhm), db_W = Σ dgx, db_R = Σ dgh,
     dX = dgx·W.
+    The recurrent side's gradient dgh shares its r and z columns with dgx, so only its n
+    columns are kept apart (reset-after: the buffer dgh [T·N, H] holds dgh_n).
 
 This file holds the kind's own part: the fused gate math of one step (fwd_step, bwd_step);
 the time loop around it is driver.pxi's, the same for every kind.
@@ -65,13 +67,14 @@ cdef struct CellSpec:
 # --- the arguments of one layer --------------------------------------------------------------
 cdef struct Dir:
     # per direction; every pointer is to the dtype's elements, rows as documented
-    States st                # h0, hy, states, dhy, dh0, hm (loops.pxd); dG = dgh (reset-after)
-                             # or dgx's r, z columns; Rb = R (reset-after) or R_rz, packed
+    States st                # h0, hy, states, dhy, dh0, hm (loops.pxd); dG = dgx's r, z
+                             # columns, Rb = R_rz packed; reset-after also dG2 = dgh_n,
+                             # Rb2 = R_n packed
     const void *gx           # [T·N, 3H], row stride ldgx       (IN)
     Py_ssize_t ldgx
     const void *Rp           # forward: R_rzn (reset-after) or R_rz, packed for h·Rᵀ (IN)
     const void *Rp_n         # forward, reset-before: R_n packed for (r⊙h⊙m)·R_nᵀ      (IN)
-    const void *Rb_n         # backward, reset-before: R_n [H, H], packed              (IN)
+    const void *Rb_n         # backward: R_n [H, H], packed                            (IN)
     const void *b_rzn        # [3H] b_r, b_z, b_n (see step 3/4) (IN)
     const void *b_hn         # [H]  b_Rn (reset-after)           (IN)
     void *gates              # [T·N, 3H] or NULL (inference)    (OUT)
@@ -79,7 +82,7 @@ cdef struct Dir:
     void *hn                 # [T·N, H] or NULL                 (OUT)
     # backward
     void *dgx                # [T·N, 3H]                        (OUT)
-    void *dgh                # [T·N, 3H] (reset-after)          (OUT)
+    void *dgh                # [T·N, H]  (reset-after: dgh_n)   (OUT)
     void *rhm                # [T·N, H]  (reset-before: r⊙h⊙m)  (OUT)
 
 
@@ -250,7 +253,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
     cdef const floating *ws_pre = <const floating *>P.pre
     cdef const floating *ws_hn = <const floating *>P.hn
     cdef floating *dgx = <floating *>P.dgx
-    cdef floating *dgh = <floating *>P.dgh if C.reset_after else <floating *>P.dgx
+    cdef floating *dgh = <floating *>P.dgh       # dgh_n [rows, H] (reset-after)
     cdef floating *rhm = <floating *>P.rhm
     cdef Py_ssize_t H3 = 3 * H, r0 = P.st.row0       # the operands' first row (driver.pxi)
     cdef floating clipv = <floating>C.clip
@@ -276,7 +279,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
         pre3 = ws_pre + row * H3 if ws_pre != NULL else NULL
         if fast and C.reset_after:
             # the common cell: one pass (gates.h)
-            gru_bwd_ra_row(H, g3, hp + i * H, ws_hn + row * H, dhr, dxr, dgh + (row - r0) * H3,
+            gru_bwd_ra_row(H, g3, hp + i * H, ws_hn + row * H, dhr, dxr, dgh + (row - r0) * H,
                            flip)
             continue
         if fast:
@@ -311,9 +314,7 @@ cdef inline void bwd_step(const Layer *L, const CellSpec *C, const Dir *P, int d
                 dpr = dr * activate_grad(&C.f_r, clamp(pre3[j], has_clip, clipv), r) \
                     * clip_grad(pre3[j], has_clip, clipv)
                 dxr[j] = dpr
-                dgh[(row - r0) * H3 + j] = dpr
-                dgh[(row - r0) * H3 + H + j] = dpz
-                dgh[(row - r0) * H3 + 2 * H + j] = dpn * r
+                dgh[(row - r0) * H + j] = dpn * r
             else:
                 m = mrow[j] if mrow != NULL else 1
                 rhm[(row - r0) * H + j] = r * hv * m
@@ -415,10 +416,11 @@ cdef Layer make_layer(const CellSpec *C, int T, int N, int H, int S, int n_chunk
         set_rows(&P.st.saved[1], a.pre, 3 * H)
         set_rows(&P.st.saved[2], a.hn, H)
         set_rows(&P.st.zeroed[0], a.dgx, 3 * H)
-        # the backward's recurrent product: dgh·R (reset-after) or dgx_rz·R_rz
-        set_rows(&P.st.zeroed[1], a.dgh if reset_after else a.rhm, 3 * H if reset_after else H)
-        P.st.dG = ptr(a.dgh) if reset_after else ptr(a.dgx)
-        P.st.ldG, P.st.KG, P.st.Rb = 3 * H, 3 * H if reset_after else 2 * H, ptr(a.Rb)
+        # the backward's recurrent product: dgx_rz·R_rz (+ dgh_n·R_n, reset-after)
+        set_rows(&P.st.zeroed[1], a.dgh if reset_after else a.rhm, H)
+        P.st.dG, P.st.ldG, P.st.KG, P.st.Rb = ptr(a.dgx), 3 * H, 2 * H, ptr(a.Rb)
+        if reset_after:
+            P.st.dG2, P.st.ldG2, P.st.KG2, P.st.Rb2 = ptr(a.dgh), H, H, ptr(a.Rb_n)
         P.gx, P.ldgx = ptr(a.gx), a.ldgx if a.ldgx else 3 * H
         P.Rp, P.Rp_n, P.Rb_n = ptr(a.Rp), ptr(a.Rp_n), ptr(a.Rb_n)
         P.b_rzn, P.b_hn = ptr(a.b_rzn), ptr(a.b_hn)

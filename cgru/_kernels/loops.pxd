@@ -152,6 +152,10 @@ cdef struct States:
     Py_ssize_t ldG             #   rows of stride ldG (IN: the kind's step writes it)
     int KG
     const void *Rb             #   R [KG, S], packed for dG·R                  (IN)
+    const void *dG2            # a second operand of it, or NULL: dh_prev += m ⊙ (dG·R +
+    Py_ssize_t ldG2            #   dG2·R2), dG2 [T·N, KG2] of row stride ldG2 (a kind whose
+    int KG2                    #   gradient is in two buffers: the GRU's r, z columns and
+    const void *Rb2            #   its n ones), R2 [KG2, S] packed             (IN)
 
 
 # --- activations -----------------------------------------------------------------------------

@@ -426,7 +426,7 @@ GATE_ROWS = {
     "gru_fwd_ra": (("gx", 3, "in"), ("gh", 3, "in"), ("b", 3, "in"), ("bhn", 1, "in"),
                    ("hp", 1, "in"), ("g3", 3, "out"), ("hn", 1, "out"), ("hnew", 1, "out")),
     "gru_bwd_ra": (("g3", 3, "in"), ("hp", 1, "in"), ("hn", 1, "in"), ("dh", 1, "inout"),
-                   ("dgx", 3, "out"), ("dgh", 3, "out")),
+                   ("dgx", 3, "out"), ("dgh", 1, "out")),
     "gru_fwd_rb_rz": (("gx", 2, "in"), ("gh", 2, "in"), ("b", 2, "in"), ("hp", 1, "in"),
                       ("m", 1, "mask"), ("g3", 2, "out"), ("rh", 1, "out")),
     "gru_fwd_rb_n": (("gxn", 1, "in"), ("ghn", 1, "in"), ("bn", 1, "in"), ("z", 1, "in"),

@@ -8,6 +8,8 @@ depends on the machine, and for nothing else:
 ``empty``            the buffers of a call (outputs; ``plan.empty``, which the tests poison)
 ``workspace``        a call's temporaries, sized by one function and carved in one place
 ``gemm``             ``C = op(A)·op(B) + beta·C`` on row-major views (the weight gradients)
+``gemm_t``           ``C (+)= Aᵀ·B``, ``A`` given as blocks of columns (a weight gradient whose
+                     operand lies in two buffers)
 ``gemm_packed``      ``C (+)= A·op(B)``, ``op(B)`` packed by ``pack`` (the input projections and
                      the input gradients: rows computed alike however they are grouped)
 ``with_pack``        this backend for one call: its weight gradients' packs in the call's workspace
@@ -43,6 +45,7 @@ class CPU:
 
     workspace = staticmethod(plan.Workspace)
     gemm = staticmethod(plan.gemm)
+    gemm_t = staticmethod(plan.gemm_t)
     gemm_packed = staticmethod(plan.gemm_packed)
 
     def with_pack(self, pack):
@@ -69,6 +72,9 @@ class _CallBackend:
 
     def gemm(self, ta, tb, A, B, C, beta=0.0, nt=1):
         self._backend.gemm(ta, tb, A, B, C, beta, nt, pack=self._pack)
+
+    def gemm_t(self, As, B, C, beta=0.0, nt=1):
+        self._backend.gemm_t(As, B, C, beta, nt, pack=self._pack)
 
     def __getattr__(self, name):
         return getattr(self._backend, name)

@@ -477,6 +477,14 @@ def run_backward(call, workspace=None, out=None):
     return Gradients(dx, dh0, grads, dc0)
 
 
+def _add_column_sums(out, a, first):
+    """``out`` = (``first``) or += the sums of ``a``'s columns."""
+    if first:
+        np.sum(a, axis=0, out=out)
+    else:
+        out += np.sum(a, axis=0)
+
+
 def _block_gradients(backend, topo, cell, kind, frozen, grads, layer, X, opened, bl, spans,
                      dX, nt, active=None, first=True):
     """After one block of a layer's backward loops: its weight gradients (added into
@@ -497,12 +505,13 @@ def _block_gradients(backend, topo, cell, kind, frozen, grads, layer, X, opened,
         # h_prev of every step, in gate-row order: slots 0…T−1 (forward) or 1…T (reversed)
         h_in = bl["hm"][d] if bl["hm"][d] is not None else states[-TN:][r0:r1] \
             if topo.reversed_direction(d) else states[:TN][r0:r1]
-        # db_W = Σ_rows dgx,  db_R = Σ_rows dgh (the recurrent side's)
-        for out, side in ((g.b_W, dgx[d]), (g.b_R, kind.recurrent_side(cell, bl, d))):
-            if first:
-                np.sum(side, axis=0, out=out)
-            else:
-                out += np.sum(side, axis=0)
+        # db_W = Σ_rows dgx,  db_R = Σ_rows dgh (the recurrent side's): the columns it shares
+        # with dgx are db_W's, summed alike (block by block), the others its own
+        k, own = kind.recurrent_side(cell, bl, d)
+        _add_column_sums(g.b_W, dgx[d], first)
+        g.b_R[:k] = g.b_W[:k]
+        if own is not None:
+            _add_column_sums(g.b_R[k:], own, first)
         kind.weight_gradients(backend, g, cell, topo, d, saved, bl, h_in, nt,
                               None if active is None else active[r0:r1], (r0, r1), beta)
         if g.W.shape[1]:

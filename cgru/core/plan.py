@@ -243,10 +243,7 @@ def gemm(ta, tb, A, B, C, beta=0.0, nt=1, partial=None, pack=None):
     split inner dimension.  BLAS is held at one thread for the product only
     (``blas_single_threaded``), not for the rest of cgru's call."""
     if ta and not tb and beta in (0.0, 1.0) and C.shape[0] and C.shape[1]:
-        Bp = pack_rhs(np.ascontiguousarray(B), False, pack)
-        rows = _gemm_blocks(False, C.shape[0])
-        blas.gemm_packed_blocks(A, Bp, C, beta == 1.0, rows, nt, True,
-                                _column_blocks(rows, C.shape[0], C.shape[1], A.shape[0]))
+        gemm_t((A,), B, C, beta, nt, pack)
         return
     if ta:
         blocks, split_rows = _wgrad_split(A.shape[0], C.shape[0])
@@ -254,6 +251,32 @@ def gemm(ta, tb, A, B, C, beta=0.0, nt=1, partial=None, pack=None):
         blocks, split_rows = _gemm_blocks(False, C.shape[0]), False
     with blas_single_threaded():
         blas.gemm_blocks(ta, tb, 1.0, A, B, beta, C, blocks, nt, partial, split_rows)
+
+
+def gemm_t(As, B, C, beta=0.0, nt=1, pack=None):
+    """``C (+)= Aᵀ·B`` (``beta`` 0 or 1) where ``A`` ``[k, m]`` is given as its blocks of
+    columns ``As`` (row-major views with unit inner stride, in order): C's rows in the same
+    blocks, each ``Aᵢᵀ·B``, with ``B`` packed once (into ``pack``, as ``gemm`` does) for all of
+    them — a weight gradient whose left operand lies in two buffers (the GRU's recurrent side).
+    Each element of C is the same sum over all of k as ``gemm`` computes it."""
+    if beta not in (0.0, 1.0) or not C.shape[1]:
+        c0 = 0
+        for A in As:
+            gemm(True, False, A, B, C[c0:c0 + A.shape[1]], beta, nt, pack=pack)
+            c0 += A.shape[1]
+        return
+    Bp = pack_rhs(np.ascontiguousarray(B), False, pack)
+    c0 = 0
+    for A in As:
+        Ci = C[c0:c0 + A.shape[1]]
+        c0 += A.shape[1]
+        if not Ci.shape[0]:
+            continue
+        rows = _gemm_blocks(False, Ci.shape[0])
+        blas.gemm_packed_blocks(A, Bp, Ci, beta == 1.0, rows, nt, True,
+                                _column_blocks(rows, Ci.shape[0], Ci.shape[1], A.shape[0]))
+    if c0 != C.shape[0]:
+        raise ValueError(f"gemm_t: the blocks of A have {c0} columns in all, C {C.shape[0]} rows")
 
 
 def _column_blocks(rows, m, n, k):

@@ -89,7 +89,7 @@ class Kind:
         """``[(name, shape)]`` of direction ``d``'s backward buffers (one of each name per
         direction): ``dgx`` ``[T·N, G·H]``,
         the gradient of the gate pre-activations (the input side and the recurrent side see
-        the same, unless the kind adds ``dgh``)."""
+        the same, unless the kind adds a buffer for the columns where they differ)."""
         return [("dgx", (TN, cell.gates * topology.hidden_size))]
 
     def backward_direction(self, kernels, common, cell, lp, saved, ld, d, dcy, dc0):
@@ -99,9 +99,17 @@ class Kind:
         return kernels.Direction(**common)
 
     def recurrent_side(self, cell, ld, d):
-        """The gradient of the recurrent pre-activations (the input side's ``dgx`` unless the
-        kind keeps a second one)."""
-        return ld["dgx"][d]
+        """The gradient of the recurrent pre-activations ``[rows, G·H]``: ``(k, own)``, its
+        first ``k`` columns the input side's (``dgx``'s), the rest ``own`` (None when all of
+        them are: the kinds but the reset-after GRU)."""
+        return ld["dgx"][d].shape[1], None
+
+    def recurrent_blocks(self, cell, ld, d):
+        """``recurrent_side`` as blocks of columns, in order (views)."""
+        k, own = self.recurrent_side(cell, ld, d)
+        dgx = ld["dgx"][d]
+        first = dgx if k == dgx.shape[1] else dgx[:, :k]
+        return (first,) if own is None else (first, own)
 
     def weight_gradients(self, backend, g, cell, topology, d, saved, ld, h_in, nt, active,
                          rows, beta):
@@ -111,8 +119,7 @@ class Kind:
         ``ld``: the block's operands; ``h_in`` ``[r1 − r0, S]`` the state entering each of its
         steps (masked, zero on padded steps); ``active`` its rows' activity, or None."""
         # dR[G·H, S] (+)= dghᵀ · (h ⊙ m)
-        backend.gemm(True, False, self.recurrent_side(cell, ld, d), h_in, g.R, beta=beta,
-                     nt=nt)
+        backend.gemm_t(self.recurrent_blocks(cell, ld, d), h_in, g.R, beta=beta, nt=nt)
 
     # --- rebuilding a reserve from another system's saved training state ----------------
     saved_for_rebuild = None   # {name: width as a function of H} of what rebuild_from_saved

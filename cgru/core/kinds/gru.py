@@ -14,8 +14,10 @@ Saved per layer-direction: the activated gates ``[T, N, 3H]``, the states ``[T+1
 kernels take ``b_rzn = b_W + b_R`` for r and z (reset-after: ``b_Wn`` for n) and ``b_hn =
 b_Rn`` inside the reset product; reset-before packs the r/z and n blocks of ``R`` apart (the
 candidate's product needs ``r ⊙ h`` first), and its backward keeps ``r ⊙ h ⊙ m`` for ``dR_n``;
-reset-after keeps the recurrent side's gradient ``dgh`` apart (``dR``, ``db_R`` see
-``r ⊙ da_n`` where the input side sees ``da_n``).
+reset-after keeps the n columns of the recurrent side's gradient apart (``dgh`` ``[T·N, H]``:
+``dR_n``, ``db_Rn`` and the recurrent product see ``r ⊙ da_n`` where the input side sees
+``da_n``; its r and z columns are the input side's), so both forms' backward packs ``R``'s
+r/z and n blocks apart.
 """
 import numpy as np
 
@@ -136,9 +138,10 @@ class GRU(Kind):
         return {"b_rzn": b, "b_hn": np.ascontiguousarray(lp.b_R[2 * H:])}
 
     def packs(self, frozen, i, cell, H, forward):
-        """Reset-before: the r/z and the n blocks of ``R`` apart (``h·R_rzᵀ`` and
-        ``(r ⊙ h)·R_nᵀ``; backward ``da_rz·R_rz``, ``da_n·R_n``)."""
-        if cell.reset_after:
+        """The r/z and the n blocks of ``R`` apart: reset-before's forward (``h·R_rzᵀ`` and
+        ``(r ⊙ h)·R_nᵀ``) and both forms' backward (``da_rz·R_rz`` and ``da_n·R_n``, or
+        reset-after's ``(r ⊙ da_n)·R_n``); reset-after's forward packs ``R`` whole."""
+        if cell.reset_after and forward:
             return super().packs(frozen, i, cell, H, forward)
         tag = "Rp" if forward else "Rb"
         return {tag: frozen.packed(i, "R", forward, (0, 2 * H)),
@@ -149,7 +152,7 @@ class GRU(Kind):
 
     def backward_buffers(self, cell, topology, d, TN):
         H = topology.hidden_size
-        extra = [("dgh", (TN, 3 * H))] if cell.reset_after else [("rhm", (TN, H))]
+        extra = [("dgh", (TN, H))] if cell.reset_after else [("rhm", (TN, H))]
         return super().backward_buffers(cell, topology, d, TN) + extra
 
     def backward_direction(self, kernels, common, cell, lp, saved, ld, d, dcy, dc0):
@@ -159,7 +162,9 @@ class GRU(Kind):
                                       **common)
 
     def recurrent_side(self, cell, ld, d):
-        return ld["dgh"][d] if cell.reset_after else ld["dgx"][d]
+        if not cell.reset_after:
+            return super().recurrent_side(cell, ld, d)
+        return 2 * ld["dgh"][d].shape[1], ld["dgh"][d]
 
     def weight_gradients(self, backend, g, cell, topology, d, saved, ld, h_in, nt, active,
                          rows, beta):
