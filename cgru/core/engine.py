@@ -192,15 +192,17 @@ def run_forward(call, workspace=None, out=None):
                  forward_workspace(kind, cell, topo, dtype, T, N, training, h0 is None,
                                    c0 is None), plan.time_block(T, N)))
     X = call.x.reshape(T * N, topo.input_size)
+    # the workspace: the caller's; else the training step's one block, which the backward's
+    # fits in too (``_training_block_bytes``); else — an inference, or a training step whose
+    # block is small — borrowed from the last call of this layout (``Workspace.borrow``)
+    borrowed = False
     if workspace is not None:
         buf = space.allocate(workspace)
-    elif training:
-        # the training step's one block (``_training_block_bytes``)
-        buf = space.allocate(plan.recycled(_training_block_bytes(
-            kind, cell, topo, dtype, T, N,
-            call.mask is not None or validate.padded(call.lengths, T))))
     else:
-        buf = space.borrow()
+        block = _training_block_bytes(kind, cell, topo, dtype, T, N, call.mask is not None or
+                                      validate.padded(call.lengths, T)) if training else 0
+        borrowed = block <= plan.SPARE_BLOCK_BYTES
+        buf = space.borrow() if borrowed else space.allocate(plan.recycled(block))
     h0, c0 = initial_states(buf, h0, c0)
     hy = _output(given, "hy", (L * D, N, S), dtype)
     cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
@@ -256,7 +258,7 @@ def run_forward(call, workspace=None, out=None):
             if masks is not None:
                 np.multiply(out, masks[layer], out=out)
             X = out.reshape(T * N, DS)
-    if workspace is None and not training:
+    if borrowed:
         space.give_back(buf)        # (a call that raised leaves its workspace to the pool)
     if call.batch_major:
         y = _batch_major(y, given, "y")
@@ -401,8 +403,15 @@ def run_backward(call, workspace=None, out=None):
     # states there may hold h0 of an empty sequence, NaN included)
     need_hm = mask is not None or padded
     space = backward_workspace(kind, cell, topo, dtype, T, N, need_hm)
-    buf = space.allocate(workspace if workspace is not None else plan.recycled(
-        _training_block_bytes(kind, cell, topo, dtype, T, N, need_hm)))
+    # the caller's workspace; else the training step's one block (the forward's, back in the
+    # pool), or, when that is small, borrowed from the last backward of this layout
+    borrowed = False
+    if workspace is not None:
+        buf = space.allocate(workspace)
+    else:
+        block = _training_block_bytes(kind, cell, topo, dtype, T, N, need_hm)
+        borrowed = block <= plan.SPARE_BLOCK_BYTES
+        buf = space.borrow() if borrowed else space.allocate(plan.recycled(block))
     # the call's backend: the weight-gradient products' packs in the workspace
     backend = BACKEND.with_pack(buf["wpack"])
     # the backward's buffers by name, one per direction (None: the kind has none), each
@@ -462,6 +471,8 @@ def run_backward(call, workspace=None, out=None):
             d_out = dX.reshape(T, N, DS)
             if masks is not None:
                 d_out *= masks[layer - 1]
+    if borrowed:
+        space.give_back(buf)        # (a call that raised leaves its workspace to the pool)
     dx = dx.reshape(T, N, topo.input_size)
     if call.batch_major:
         dx = _batch_major(dx, given, "dx")
@@ -480,9 +491,9 @@ def run_backward(call, workspace=None, out=None):
 def _add_column_sums(out, a, first):
     """``out`` = (``first``) or += the sums of ``a``'s columns."""
     if first:
-        np.sum(a, axis=0, out=out)
+        np.add.reduce(a, axis=0, out=out)
     else:
-        out += np.sum(a, axis=0)
+        out += np.add.reduce(a, axis=0)
 
 
 def _block_gradients(backend, topo, cell, kind, frozen, grads, layer, X, opened, bl, spans,
