@@ -380,10 +380,10 @@ def test_poisoned_calls_never_borrow(monkeypatch, poison):
 
 
 def test_concurrent_calls_never_share_a_workspace(monkeypatch):
-    """Calls of one shape from several threads at once — inference forwards, and training
-    forwards with their backwards (small: they borrow too) — each borrow an allocation no
-    other call holds (recorded at every borrow and give-back), and every result is bitwise the
-    serial one."""
+    """Calls of one shape from several threads at once — inference forwards (which borrow
+    their layout's last allocation), and training forwards with their backwards (small: lent
+    the step's block) — each hold an allocation no other call holds (recorded at every borrow
+    and give-back), and every result is bitwise the serial one."""
     import threading
     net, _ = _small_problem()
     rng = np.random.default_rng(6)
@@ -394,7 +394,7 @@ def test_concurrent_calls_never_share_a_workspace(monkeypatch):
         g = cgru.backward(net, x, f.reserve, np.ones_like(f.y), num_threads=1)
         return [cgru.forward(net, x, num_threads=1).y, f.y, g.dx, g.dparams.flat()]
     want = [results(x) for x in xs]
-    borrowed = []
+    borrowed, lent_names = [], []
     held, overlaps, lock = set(), [], threading.Lock()
     real_borrow, real_give_back = plan.Workspace.borrow, plan.Workspace.give_back
 
@@ -414,6 +414,24 @@ def test_concurrent_calls_never_share_a_workspace(monkeypatch):
         real_give_back(self, views)
     monkeypatch.setattr(plan.Workspace, "borrow", borrow)
     monkeypatch.setattr(plan.Workspace, "give_back", give_back)
+    real_lend, real_return = plan.BlockLender.borrow, plan.BlockLender.give_back
+
+    def lend(self, layout):
+        lent, views = real_lend(self, layout)
+        with lock:
+            lent_names.append(tuple(views))
+            key = ("lent", lent[0].ctypes.data)
+            if key in held:
+                overlaps.append(key)
+            held.add(key)
+        return lent, views
+
+    def give_back_lent(self, lent):
+        with lock:
+            held.discard(("lent", lent[0].ctypes.data))
+        real_return(self, lent)
+    monkeypatch.setattr(plan.BlockLender, "borrow", lend)
+    monkeypatch.setattr(plan.BlockLender, "give_back", give_back_lent)
     start, bad = threading.Barrier(4), []
 
     def work(k):
@@ -428,7 +446,11 @@ def test_concurrent_calls_never_share_a_workspace(monkeypatch):
     for t in threads:
         t.join()
     assert overlaps == [] and bad == []
-    assert any("dgx0" in names for names in borrowed)           # the backward's borrowed too
+    # the inference's (the inner layer's output among them) borrowed, the training forward's
+    # and the backward's lent
+    assert borrowed and all("out0" in names for names in borrowed)
+    assert any("gx0" in names for names in lent_names)
+    assert any("dgx0" in names for names in lent_names)
 
 
 @pytest.mark.parametrize("cell", [cgru.GRUCell(), cgru.LSTMCell()], ids=["gru", "lstm"])
@@ -494,29 +516,43 @@ def test_a_batch_one_sequence_shares_its_products_by_columns(monkeypatch, dtype)
     np.testing.assert_allclose(runs[0][2], want[-1].flat(), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("small", [False, True], ids=["pooled", "lent"])
 @pytest.mark.parametrize("cell,masked", [(cgru.GRUCell(), False), (cgru.LSTMCell(), True),
                                           (cgru.RNNCell(), False)], ids=["gru", "lstm", "rnn"])
-def test_a_training_step_holds_one_workspace_block(monkeypatch, cell, masked):
+def test_a_training_step_holds_one_workspace_block(monkeypatch, cell, masked, small):
     """A training forward takes its workspace from a block the backward's fits in too, so
     when the forward returns it the backward gets that same block: a training step makes two
     blocks in a fresh process — the reserve and one workspace — not the forward's workspace
-    idle beside the backward's (the step's peak memory)."""
+    idle beside the backward's (the step's peak memory).  A small step's block (at most
+    ``SPARE_BLOCK_BYTES``) is lent in turn to its forward and its backward
+    (``plan.block_lender``), each one's views carved once: the same two blocks, and a next
+    step makes none (nor carves any views)."""
     fresh = _counting_fresh_blocks(monkeypatch)
-    topo = cgru.Topology(16, 64, 2, "bidirectional")
+    T, N, H, L = (3, 2, 8, 1) if small else (40, 8, 64, 2)
+    topo = cgru.Topology(16, H, L, "bidirectional")
     net = cgru.Network.random(topo, np.float32, seed=9, cell=cell)
     rng = np.random.default_rng(10)
-    x = rng.standard_normal((40, 8, 16)).astype(np.float32)
-    mask = rng.uniform(0.5, 1.5, (40, 8, topo.output_size)).astype(np.float32) \
+    x = rng.standard_normal((T, N, 16)).astype(np.float32)
+    mask = rng.uniform(0.5, 1.5, (T, N, topo.output_size)).astype(np.float32) \
         if masked else None
-    f = cgru.forward(net, x, training=True, state_mask=mask)
-    g = cgru.backward(net, x, f.reserve, np.ones_like(f.y), state_mask=mask)
+
+    dy = np.ones((T, N, topo.output_size), np.float32)
+
+    def step():
+        f = cgru.forward(net, x, training=True, state_mask=mask)
+        return cgru.backward(net, x, f.reserve, dy, state_mask=mask)
+    g = step()
     assert len(fresh) == 2, fresh
     from cgru.core import engine, kinds
-    block = engine._training_block_bytes(kinds.of(cell), cell, topo, np.dtype(np.float32), 40,
-                                         8, masked)
-    assert block > plan.SPARE_BLOCK_BYTES and plan.size_class(block) in fresh   # (else borrowed)
+    block = engine._training_block_bytes(kinds.of(cell), cell, topo, np.dtype(np.float32), T,
+                                         N, masked)
+    assert (block <= plan.SPARE_BLOCK_BYTES) == small and plan.size_class(block) in fresh
+    if small:
+        made = _counting_allocations(monkeypatch)
+        np.testing.assert_array_equal(step().dx, g.dx)
+        assert len(fresh) == 2 and made == []
     from cgru.core import reference
-    want = reference.backward(net, x, np.ones_like(f.y), state_mask=mask)
+    want = reference.backward(net, x, dy, state_mask=mask)
     np.testing.assert_allclose(g.dx, want[0], rtol=2e-4, atol=2e-4)
 
 

@@ -192,17 +192,17 @@ def run_forward(call, workspace=None, out=None):
                  forward_workspace(kind, cell, topo, dtype, T, N, training, h0 is None,
                                    c0 is None), plan.time_block(T, N)))
     X = call.x.reshape(T * N, topo.input_size)
-    # the workspace: the caller's; else the training step's one block, which the backward's
-    # fits in too (``_training_block_bytes``); else — an inference, or a training step whose
-    # block is small — borrowed from the last call of this layout (``Workspace.borrow``)
-    borrowed = False
+    # the workspace: the caller's; a training step's one block (``_training_workspace``); an
+    # inference's borrowed from the last call of this layout (``Workspace.borrow``)
+    lent = None
     if workspace is not None:
         buf = space.allocate(workspace)
+    elif training:
+        buf, lent = _training_workspace(space, _training_block_bytes(
+            kind, cell, topo, dtype, T, N,
+            call.mask is not None or validate.padded(call.lengths, T)))
     else:
-        block = _training_block_bytes(kind, cell, topo, dtype, T, N, call.mask is not None or
-                                      validate.padded(call.lengths, T)) if training else 0
-        borrowed = block <= plan.SPARE_BLOCK_BYTES
-        buf = space.borrow() if borrowed else space.allocate(plan.recycled(block))
+        buf = space.borrow()
     h0, c0 = initial_states(buf, h0, c0)
     hy = _output(given, "hy", (L * D, N, S), dtype)
     cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
@@ -258,8 +258,11 @@ def run_forward(call, workspace=None, out=None):
             if masks is not None:
                 np.multiply(out, masks[layer], out=out)
             X = out.reshape(T * N, DS)
-    if borrowed:
-        space.give_back(buf)        # (a call that raised leaves its workspace to the pool)
+    # (a call that raised leaves its workspace to the pool)
+    if lent is not None:
+        lent[0].give_back(lent[1])
+    elif workspace is None and not training:
+        space.give_back(buf)
     if call.batch_major:
         y = _batch_major(y, given, "y")
     return Forward(y, hy, rv, cy)
@@ -355,6 +358,19 @@ def _backward_layout(kind, cell, topo, dtype, T, N, Tb, need_hm):
     return ws
 
 
+def _training_workspace(space, block_bytes):
+    """``(views, lent)``: the workspace of layout ``space`` for a training forward or backward,
+    carved from the training step's one block of ``block_bytes`` (``_training_block_bytes``):
+    a small one lent by ``plan.block_lender`` (the step's forward and backward take turns with
+    it, their views carved once; ``lent`` = ``(lender, what it lent)`` for its ``give_back``),
+    a larger one from the pool (``lent`` None: back in the pool when the views are gone)."""
+    if block_bytes <= plan.SPARE_BLOCK_BYTES:
+        lender = plan.block_lender(block_bytes)
+        what, views = lender.borrow(space)
+        return views, (lender, what)
+    return space.allocate(plan.recycled(block_bytes)), None
+
+
 @functools.lru_cache(maxsize=256)
 def _training_block_bytes(kind, cell, topo, dtype, T, N, need_hm):
     """The size of the pool's block a training forward and its backward both take their
@@ -403,15 +419,13 @@ def run_backward(call, workspace=None, out=None):
     # states there may hold h0 of an empty sequence, NaN included)
     need_hm = mask is not None or padded
     space = backward_workspace(kind, cell, topo, dtype, T, N, need_hm)
-    # the caller's workspace; else the training step's one block (the forward's, back in the
-    # pool), or, when that is small, borrowed from the last backward of this layout
-    borrowed = False
+    # the caller's workspace, else the training step's one block (the forward's, handed on)
+    lent = None
     if workspace is not None:
         buf = space.allocate(workspace)
     else:
-        block = _training_block_bytes(kind, cell, topo, dtype, T, N, need_hm)
-        borrowed = block <= plan.SPARE_BLOCK_BYTES
-        buf = space.borrow() if borrowed else space.allocate(plan.recycled(block))
+        buf, lent = _training_workspace(space, _training_block_bytes(
+            kind, cell, topo, dtype, T, N, need_hm))
     # the call's backend: the weight-gradient products' packs in the workspace
     backend = BACKEND.with_pack(buf["wpack"])
     # the backward's buffers by name, one per direction (None: the kind has none), each
@@ -471,8 +485,8 @@ def run_backward(call, workspace=None, out=None):
             d_out = dX.reshape(T, N, DS)
             if masks is not None:
                 d_out *= masks[layer - 1]
-    if borrowed:
-        space.give_back(buf)        # (a call that raised leaves its workspace to the pool)
+    if lent is not None:
+        lent[0].give_back(lent[1])  # (a call that raised leaves its workspace to the pool)
     dx = dx.reshape(T, N, topo.input_size)
     if call.batch_major:
         dx = _batch_major(dx, given, "dx")

@@ -161,6 +161,7 @@ def release_pool():
     returns to the allocator)."""
     global _idle_bytes
     shared_layout.cache_clear()
+    block_lender.cache_clear()
     release_spares()
     with _pool_lock:
         _idle.clear()
@@ -363,17 +364,46 @@ class Workspace:
         other shapes can have them), else they go at once."""
         if self._spare is None or self.block_bytes > SPARE_BLOCK_BYTES or not _reuse:
             return
-        global _spare_bytes
-        with _pool_lock:
-            if len(self._spare) >= 2:
-                return
-            self._spare.append(views)
-            _spare_bytes += self.block_bytes
-            _spare_order[id(self)] = self
-            _spare_order.move_to_end(id(self))
-            while _spare_bytes > SPARE_BYTES:
-                oldest = next(iter(_spare_order.values()))
-                _take_spare(oldest)
+        _keep_spare(self, views)
+
+
+class BlockLender:
+    """Blocks of ``block_bytes`` (at most ``SPARE_BLOCK_BYTES``), each lent whole to one call at
+    a time and carved for several layouts — a small training step's forward and backward — each
+    layout's views carved once per block and kept with it.  A step then holds one block, its
+    forward handing it to its backward as a larger step's do through the pool
+    (``engine._training_block_bytes``), and neither carves its views again.  Idle blocks are
+    kept as a shared layout's idle allocations are (``Workspace.give_back``)."""
+
+    def __init__(self, block_bytes):
+        self.block_bytes = block_bytes
+        self._spare = []            # idle (block, {layout: views})
+
+    def borrow(self, layout):
+        """``(lent, views)``: a block no other call holds and ``layout``'s views over it (the
+        layout's ``block_bytes`` at most this lender's); ``lent`` goes to ``give_back``."""
+        lent = None
+        if self._spare and _reuse:
+            with _pool_lock:
+                if self._spare:
+                    lent = _take_spare(self)
+        if lent is None:
+            lent = (recycled(self.block_bytes), {})
+        views = lent[1].get(layout)
+        if views is None:
+            views = lent[1][layout] = layout.allocate(lent[0])
+        return lent, views
+
+    def give_back(self, lent):
+        """The call that borrowed ``lent`` is done with it."""
+        if _reuse:
+            _keep_spare(self, lent)
+
+
+@functools.lru_cache(maxsize=64)
+def block_lender(block_bytes):
+    """The ``BlockLender`` of blocks of ``block_bytes`` (one per size, shared)."""
+    return BlockLender(block_bytes)
 
 
 @functools.lru_cache(maxsize=128)
@@ -393,14 +423,32 @@ _spare_bytes = 0
 _spare_order = collections.OrderedDict()     # id(layout) -> layout with idle allocations
 
 
-def _take_spare(layout):
-    """One idle allocation of ``layout`` (under ``_pool_lock``; it has one)."""
+def _take_spare(owner):
+    """One idle allocation of ``owner`` (a shared layout or a ``BlockLender``; under
+    ``_pool_lock``; it has one)."""
     global _spare_bytes
-    views = layout._spare.pop()
-    _spare_bytes -= layout.block_bytes
-    if not layout._spare:
-        del _spare_order[id(layout)]
+    views = owner._spare.pop()
+    _spare_bytes -= owner.block_bytes
+    if not owner._spare:
+        del _spare_order[id(owner)]
     return views
+
+
+def _keep_spare(owner, item):
+    """Keep ``item``, an idle allocation of ``owner`` (a shared layout or a ``BlockLender``),
+    for its next call: two at most per owner, ``SPARE_BYTES`` in all (the least recently
+    returned leave first, their blocks back to the pool, where calls of other shapes can have
+    them)."""
+    global _spare_bytes
+    with _pool_lock:
+        if len(owner._spare) >= 2:
+            return
+        owner._spare.append(item)
+        _spare_bytes += owner.block_bytes
+        _spare_order[id(owner)] = owner
+        _spare_order.move_to_end(id(owner))
+        while _spare_bytes > SPARE_BYTES:
+            _take_spare(next(iter(_spare_order.values())))
 
 
 def release_spares():
