@@ -635,8 +635,10 @@ def test_gemm_t_takes_a_left_operand_in_blocks_of_columns(dtype):
         C = C0.copy()
         plan.gemm_t((whole[:, :26], n_part), B, C, beta)
         np.testing.assert_allclose(C, A.T.astype(np.float64) @ B + beta * C0, **tol)
+    C = np.full((32, n), 7, dtype)
     with pytest.raises(ValueError, match="31 columns in all, C 32 rows"):
-        plan.gemm_t((whole[:, :26], n_part), B, np.zeros((32, n), dtype))
+        plan.gemm_t((whole[:, :26], n_part), B, C)
+    assert (C == 7).all()                             # refused before anything is written
 
 
 # --- blocks of time -----------------------------------------------------------------------------
@@ -753,3 +755,18 @@ def test_a_sealed_network_keeps_its_weights_proof_and_plans_only_for_what_they_b
     ref = reference.forward(plain.with_cell(cells[1]), xs[3, 2])
     np.testing.assert_allclose(cgru.forward(sealed.with_cell(cells[1]), xs[3, 2]).y, ref[0],
                                rtol=1e-12, atol=1e-12)
+
+
+def test_a_lent_block_keeps_the_views_of_a_few_layouts_only():
+    """A lent block keeps each layout's views once carved, for at most four layouts (more
+    shapes of the same size carve theirs again), and always hands a layout its own views."""
+    lender = plan.BlockLender(8192)
+    layouts = [plan.Workspace(np.float32).add("a", (k + 1, 3)).add("b", (5,)).shared()
+               for k in range(6)]
+    for _ in range(2):
+        for ws in layouts:
+            lent, views = lender.borrow(ws)
+            assert views["a"].shape == ws._shapes["a"][1] and len(lent[1]) <= 4
+            assert lent[1][ws] is views
+            lender.give_back(lent)
+    plan.release_spares()

@@ -260,6 +260,9 @@ def gemm_t(As, B, C, beta=0.0, nt=1, pack=None):
     blocks, each ``Aᵢᵀ·B``, with ``B`` packed once (into ``pack``, as ``gemm`` does) for all of
     them — a weight gradient whose left operand lies in two buffers (the GRU's recurrent side).
     Each element of C is the same sum over all of k as ``gemm`` computes it."""
+    if sum(A.shape[1] for A in As) != C.shape[0]:
+        raise ValueError(f"gemm_t: the blocks of A have {sum(A.shape[1] for A in As)} "
+                         f"columns in all, C {C.shape[0]} rows")
     if beta not in (0.0, 1.0) or not C.shape[1]:
         c0 = 0
         for A in As:
@@ -276,8 +279,6 @@ def gemm_t(As, B, C, beta=0.0, nt=1, pack=None):
         rows = _gemm_blocks(False, Ci.shape[0])
         blas.gemm_packed_blocks(A, Bp, Ci, beta == 1.0, rows, nt, True,
                                 _column_blocks(rows, Ci.shape[0], Ci.shape[1], A.shape[0]))
-    if c0 != C.shape[0]:
-        raise ValueError(f"gemm_t: the blocks of A have {c0} columns in all, C {C.shape[0]} rows")
 
 
 def _column_blocks(rows, m, n, k):
@@ -391,6 +392,8 @@ class BlockLender:
             lent = (recycled(self.block_bytes), {})
         views = lent[1].get(layout)
         if views is None:
+            if len(lent[1]) >= 4:       # layouts of other shapes of this size: carved anew
+                lent[1].clear()
             views = lent[1][layout] = layout.allocate(lent[0])
         return lent, views
 
