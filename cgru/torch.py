@@ -74,6 +74,7 @@ except ImportError as exc:                                   # pragma: no cover
     raise ImportError("cgru.torch needs PyTorch (torch >= 2.1): pip install torch, or "
                       "pip install 'cgru[torch]'") from exc
 
+import functools
 import warnings
 import weakref
 from typing import Optional
@@ -161,7 +162,10 @@ def _weight_numpy(t):
             return view
     view = t.detach().numpy()
     key = id(t)
-    _WEIGHT_VIEWS[key] = (weakref.ref(t, lambda _, k=key: _WEIGHT_VIEWS.pop(k, None)), view)
+    # the dict is bound to the callback: at the interpreter's exit the tensor may outlive
+    # this module's globals
+    forget = functools.partial(_WEIGHT_VIEWS.pop, key, None)
+    _WEIGHT_VIEWS[key] = (weakref.ref(t, lambda _, forget=forget: forget()), view)
     return view
 
 

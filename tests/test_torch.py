@@ -665,3 +665,20 @@ def test_clear_import_error_without_torch():
     out = subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
                          capture_output=True, text=True).stdout
     assert "cgru.torch needs PyTorch" in out
+
+
+def test_a_process_exits_quietly_when_its_weights_outlive_cgru():
+    # A timing wrapper put in cgru's namespace holds the script's globals — the module and
+    # its parameters — until the interpreter tears cgru down at exit: the kept copy's watch
+    # on a parameter (and a pooled block's finalizer) then fires after the module globals
+    # it uses are gone.  It must go quietly, not print "Exception ignored" tracebacks.
+    code = ("import torch, cgru, cgru.torch\n"
+            "m = cgru.torch.GRU(8, 8)\n"
+            "inner = cgru.forward\n"
+            "def timed(*a, **k):\n"
+            "    return inner(*a, **k)\n"
+            "cgru.forward = timed\n"
+            "m(torch.randn(2, 1, 8))\n")
+    run = subprocess.run([sys.executable, "-c", code], timeout=120, capture_output=True,
+                         text=True)
+    assert run.returncode == 0 and run.stderr == "", run.stderr[-2000:]

@@ -127,8 +127,12 @@ def _take_idle(key):
 
 
 def _give_back(raw, cls):
-    """``raw`` is idle again (the finalizer of the array handed out over it)."""
+    """``raw`` is idle again (the finalizer of the array handed out over it).  At the
+    interpreter's exit the array may outlive this module's globals (torn down to ``None``):
+    the block then simply goes."""
     global _idle_bytes
+    if _pool_lock is None or _idle is None or _idle_by_class is None or _take_idle is None:
+        return
     with _pool_lock:
         _idle[id(raw)] = (cls, raw)
         _idle_by_class[cls].append(id(raw))

@@ -127,8 +127,12 @@ def _uncache(kept):
 
 
 def _drop(key, kept, _ref=None):
-    """The owner of ``kept``'s source memory is gone: its entry leaves (if still in place)."""
+    """The owner of ``kept``'s source memory is gone: its entry leaves (if still in place).
+    At the interpreter's exit the owner may outlive this module's globals (torn down to
+    ``None``): there is nothing left to keep then."""
     global _cached_bytes
+    if _lock is None or _cache is None or _uncache is None:
+        return
     with _lock:
         if _cache.get(key) is kept:
             del _cache[key]
