@@ -242,28 +242,30 @@ def _tensors_key(tensors):
     return tuple(key)
 
 
-class _Call:
-    """What one forward computes besides its tensors: the network's topology, cell and
-    weight names, the sequence lengths, the layout, dropout, seed and threads."""
+class _Model:
+    """What the calls of one module share while its sizes, cell and dtype stay: the network's
+    topology and cell, the weight names, the NumPy dtype, and the ``cgru.Network`` over the
+    weight tensors of its last call.  Calls that share them share what cgru derives from a
+    network's weights (its plans and the kernels' fixed arguments, found by the topology and
+    cell objects), instead of making them again every call."""
 
-    def __init__(self, sizes, cell, dtype, lengths=None, dropout=0.0, seed=(0, 0),
-                 training=False):
-        I, H, L, bidirectional, P, bias, batch_major, threads = sizes
+    __slots__ = ("key", "topology", "cell", "names", "dtype", "weight_slots", "_weights_network")
+
+    def __init__(self, key):
+        (I, H, L, bidirectional, P, bias), cell, dtype = key
+        self.key = key
         self.topology = cgru.Topology(I, H, L, "bidirectional" if bidirectional else "forward",
                                       proj_size=P)
         self.cell = _cgru_cell(cell)
-        self.sizes, self.cell_name = list(sizes), cell
         self.names = _weight_names(L, bidirectional, P, bias)
         self.dtype = np.dtype("float64" if dtype == torch.float64 else "float32")
-        self.lengths, self.batch_major = lengths, bool(batch_major)
-        self.dropout, self.seed = dropout, seed
-        self.num_threads = None if threads < 0 else threads
-        self.training = training        # cgru's training forward (a reserve, dropout)
         self._weights_network = None    # (key of the weight tensors, their cgru.Network)
-
-    @property
-    def lstm(self):
-        return self.cell.has_cell_state
+        D, by_name = self.topology.num_directions, {}
+        for i in range(self.topology.num_layer_directions):
+            suffix = f"_l{i // D}" + ("_reverse" if i % D else "")
+            for slot in self.topology.shapes(i, self.cell.gates):
+                by_name[dict(_SLOTS)[slot] + suffix] = (i, slot)
+        self.weight_slots = tuple(by_name[n] for n in self.names)   # (layer-direction, slot)
 
     def network(self, tensors, fill):
         """A ``cgru.Network`` of NumPy views of ``tensors`` (in ``self.names`` order); a slot
@@ -283,10 +285,13 @@ class _Call:
         return cgru.Network(self.topology, layers, self.cell)
 
     def weights_network(self, weights):
-        """``self.network(weights, np.zeros)``, built once for a forward and its backward:
-        the last one built is used again while every weight tensor is the same tensor at the
-        same storage, shape, strides, dtype and version (an in-place change bumps the version,
-        so it gets a network of its own, which cgru's byte proof then refuses)."""
+        """``self.network(weights, np.zeros)``, built once for the calls on the same weight
+        tensors: the last one built is used again while every weight tensor is the same tensor
+        at the same storage, shape, strides, dtype and version.  It is a network of views, so
+        it is only ever the way to the tensors' memory: what the memory holds is proven by
+        cgru's byte comparison in every call (an optimizer's in-place step bumps the version
+        and gets a network of its own; a write through ``.data`` does not, and the comparison
+        sees it)."""
         key = _tensors_key(weights)
         last = self._weights_network
         if key is not None and last is not None and last[0] == key:
@@ -296,11 +301,56 @@ class _Call:
             self._weights_network = (key, net)      # one assignment: a consistent pair
         return net
 
+
+_MODELS = {}        # id(module) -> (weak reference to the module, the _Model of its last call)
+
+
+def _model_of(module, sizes, cell, dtype):
+    """The ``_Model`` of a call of ``module`` (``_spec``'s ``sizes`` and ``cell``, the weights'
+    torch ``dtype``): its last call's while they are the same, else a new one, kept in its
+    place.  It goes with the module."""
+    key = (tuple(sizes[:6]), cell, dtype)
+    entry = _MODELS.get(id(module))
+    if entry is not None and entry[0]() is module and entry[1].key == key:
+        return entry[1]
+    model = _Model(key)
+    forget = functools.partial(_MODELS.pop, id(module), None)
+    _MODELS[id(module)] = (weakref.ref(module, lambda _, forget=forget: forget()), model)
+    return model
+
+
+class _Call:
+    """What one forward computes besides its tensors: its module's ``_Model`` (topology, cell,
+    weight names, dtype), the sequence lengths, the layout, dropout, seed and threads."""
+
+    def __init__(self, sizes, cell, dtype, lengths=None, dropout=0.0, seed=(0, 0),
+                 training=False, model=None):
+        batch_major, threads = sizes[6], sizes[7]
+        if model is None:
+            model = _Model((tuple(sizes[:6]), cell, dtype))
+        self.model = model
+        self.topology, self.cell, self.names = model.topology, model.cell, model.names
+        self.dtype = model.dtype
+        self.sizes, self.cell_name = list(sizes), cell
+        self.lengths, self.batch_major = lengths, bool(batch_major)
+        self.dropout, self.seed = dropout, seed
+        self.num_threads = None if threads < 0 else threads
+        self.training = training        # cgru's training forward (a reserve, dropout)
+
+    @property
+    def lstm(self):
+        return self.cell.has_cell_state
+
+    def weights_network(self, weights):
+        """The module's network over ``weights`` (``_Model.weights_network``)."""
+        return self.model.weights_network(weights)
+
     def forward(self, x, h0, c0, weights):
         """``((y, hy[, cy]), reserve)``: cgru's forward, outputs as tensors (zero-copy)."""
         r = cgru.forward(self.weights_network(weights), _numpy(x), _numpy(h0),
                          c0=_numpy(c0), lengths=self.lengths, batch_major=self.batch_major,
-                         training=self.training, dropout=self.dropout, seed=self.seed,
+                         training=self.training, dropout=self.dropout,
+                         seed=self.seed if self.dropout else 0,     # (the common call)
                          num_threads=self.num_threads)
         outs = (_tensor(r.y), _tensor(r.hy)) + ((_tensor(r.cy),) if self.lstm else ())
         return outs, r.reserve
@@ -318,13 +368,7 @@ class _Call:
 
     def weight_slots(self):
         """``(layer-direction, slot)`` of each weight, in ``self.names`` order."""
-        D = self.topology.num_directions
-        by_name = {}
-        for i in range(self.topology.num_layer_directions):
-            suffix = f"_l{i // D}" + ("_reverse" if i % D else "")
-            for slot in self.topology.shapes(i, self.cell.gates):
-                by_name[dict(_SLOTS)[slot] + suffix] = (i, slot)
-        return [by_name[n] for n in self.names]
+        return self.model.weight_slots
 
     def weight_shapes(self):
         """The shape of each weight, in ``self.names`` order."""
@@ -419,7 +463,32 @@ def _looped(function, info, in_dims, args):
     return tuple(outputs), tuple(dims)
 
 
-class _Recurrent(torch.autograd.Function):
+# torch's ``Function.apply`` binds the arguments to ``forward``'s signature before anything else
+# (``inspect.signature``: about 20 µs a call, a tenth of a small training step), then, outside
+# ``torch.func`` transforms, unwraps dead functorch wrappers and calls autograd's own apply.
+# For these functions, all-positional without defaults, the binding is the identity, so
+# ``_Function.apply`` does the rest directly, and inside a transform leaves it all to torch.
+# Where this torch lacks either hook, torch's ``apply`` serves as it is.
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
+try:
+    from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
+except ImportError:                                        # pragma: no cover
+    _unwrap_dead_wrappers = None
+
+
+class _Function(torch.autograd.Function):
+    """A ``torch.autograd.Function`` whose ``apply`` outside ``torch.func`` transforms skips
+    torch's binding of the arguments (see above); subclasses' ``forward`` take positional
+    arguments only, without defaults."""
+
+    @classmethod
+    def apply(cls, *args):
+        if _transforms_active is None or _unwrap_dead_wrappers is None or _transforms_active():
+            return super().apply(*args)
+        return super(torch.autograd.Function, cls).apply(*_unwrap_dead_wrappers(args))
+
+
+class _Recurrent(_Function):
     """``apply(call, x, h0, c0, *weights) -> (y, hy[, cy], reserve)``: cgru's forward
     (``call.training``: its training forward, whose reserve — a uint8 tensor, not
     differentiable — the backward reads; otherwise the inference one and ``reserve`` None).
@@ -454,8 +523,11 @@ class _Recurrent(torch.autograd.Function):
             raise RuntimeError("cgru.torch: this forward ran without a reserve (inference), "
                                "so it has no backward")
         need = ctx.needs_input_grad          # (call, x, h0, c0, *weights)
-        dx, dh0, dc0, *dweights = _RecurrentGrad.apply(
-            call, tuple(need[4:]), reserve, x, h0, c0, dy, dhy, dcy, *weights)
+        args = (call, tuple(need[4:]), reserve, x, h0, c0, dy, dhy, dcy, *weights)
+        if torch.is_grad_enabled() or (_transforms_active is None or _transforms_active()):
+            dx, dh0, dc0, *dweights = _RecurrentGrad.apply(*args)
+        else:       # a plain backward: no graph of the gradients for the Function to record
+            dx, dh0, dc0, *dweights = _RecurrentGrad.forward(*args)
         return (None, dx if need[1] else None, dh0 if need[2] else None,
                 dc0 if need[3] else None, *dweights)
 
@@ -464,7 +536,7 @@ class _Recurrent(torch.autograd.Function):
         return _looped(_Recurrent, info, in_dims, args)
 
 
-class _RecurrentGrad(torch.autograd.Function):
+class _RecurrentGrad(_Function):
     """``apply(call, need_weights, reserve, x, h0, c0, dy, dhy, dcy, *weights) -> (dx, dh0,
     dc0, *dweights)``: ``cgru.backward`` on the reserve of a ``_Recurrent`` forward (a weight
     gradient is ``None`` where ``need_weights`` says so).
@@ -621,8 +693,9 @@ class _CgruForward:
         grad = torch.is_grad_enabled() and any(
             t is not None and (t.requires_grad or _wrapped(t)) for t in tensors)
         p = self._dropout()
-        call = _Call(*_spec(self, batch_major), dtype, lengths, p,
-                     _draw_seed() if p else (0, 0), training=grad or p > 0)
+        sizes, cell = _spec(self, batch_major)
+        call = _Call(sizes, cell, dtype, lengths, p, _draw_seed() if p else (0, 0),
+                     training=grad or p > 0, model=_model_of(self, sizes, cell, dtype))
         if grad or any(_wrapped(t) for t in tensors):
             outs = _Recurrent.apply(call, x, h0, c0, *weights)
         else:

@@ -384,6 +384,71 @@ def test_training_reaches_the_same_weights(optimizer):
     assert not torch.equal(ref.rnn.weight_hh_l0, Tagger().double().rnn.weight_hh_l0)
 
 
+def test_calls_of_a_module_share_what_cgru_made_for_its_weights(monkeypatch):
+    # The second training step of a module makes nothing again for its unchanged weights (no
+    # new network view, no new Frozen: plans, packs and the kernels' arguments are the first
+    # step's) and binds no arguments through inspect — yet the weights are proven by their
+    # bytes in every call: a write through .data (no version bump) is seen.
+    from cgru.core import weights as weights_mod
+    ref, mine = pair("gru", dtype=torch.float64, num_layers=2)
+    x, hx = make_inputs(ref, 5, 3, torch.float64)
+
+    def step(model):
+        y, hy = model(x, hx)
+        return y, hy, torch.autograd.grad((y * y).sum() + hy.sum(), list(model.parameters()))
+
+    step(mine)
+    made = {"frozen": 0, "network": 0, "signature": 0}
+    for name, target in (("frozen", weights_mod.Frozen), ("network", cgru.Network)):
+        init = target.__init__
+
+        def counted(self, *a, _init=init, _name=name, **k):
+            made[_name] += 1
+            _init(self, *a, **k)
+        monkeypatch.setattr(target, "__init__", counted)
+    signature = torch.autograd.function.inspect.signature
+
+    def counted_signature(*a, **k):
+        made["signature"] += 1
+        return signature(*a, **k)
+    monkeypatch.setattr(torch.autograd.function.inspect, "signature", counted_signature)
+    got = step(mine)
+    assert made == {"frozen": 0, "network": 0, "signature": 0}
+    want = step(ref)
+    for a, b, what in zip(got[:2] + tuple(got[2]), want[:2] + tuple(want[2]),
+                          ["y", "hy"] + [n for n, _ in ref.named_parameters()]):
+        assert_close(a, b, torch.float64, what)
+    with torch.no_grad():
+        for model in (mine, ref):
+            model.weight_hh_l1.data.mul_(0.5)           # .data: the version stays
+    got, want = step(mine), step(ref)
+    assert made["frozen"] > 0                            # new bytes, a new kept copy
+    for a, b, what in zip(got[:2] + tuple(got[2]), want[:2] + tuple(want[2]),
+                          ["y", "hy"] + [n for n, _ in ref.named_parameters()]):
+        assert_close(a, b, torch.float64, what + " after a write through .data")
+    monkeypatch.undo()
+    # inside a torch.func transform, torch's own apply (with its binding) serves
+    params = dict(mine.named_parameters())
+    g = torch.func.grad(lambda p: functional_call(mine, p, (x, hx))[0].sum())(params)
+    y0 = functional_call(ref, dict(ref.named_parameters()), (x, hx))[0].sum()
+    want = torch.autograd.grad(y0, list(ref.parameters()))
+    for (name, a), b in zip(g.items(), want):
+        assert_close(a, b, torch.float64, "torch.func.grad " + name)
+
+
+def test_a_deleted_module_leaves_nothing_behind():
+    import gc
+    import weakref
+    mine = ct.GRU(I, H, dtype=torch.float64)
+    mine(torch.randn(3, 2, I, dtype=torch.float64, requires_grad=True))[0].sum().backward()
+    gone = weakref.ref(mine.weight_hh_l0)
+    key = id(mine)
+    assert key in ct._MODELS
+    del mine
+    gc.collect()
+    assert gone() is None and key not in ct._MODELS
+
+
 # --- 4. dropout ------------------------------------------------------------------------------
 def test_dropout_reproducible_and_off_in_eval():
     ref, mine = pair("lstm", num_layers=3, dropout=0.5, bidirectional=True)
