@@ -339,6 +339,10 @@ def main(argv=None):
     if noise["spread"] > 0.2:
         print(f"note: machine noise: a fixed 1 ms job varies by {100 * noise['spread']:.0f} % "
               "(p10–p90); figures will be noisy", file=sys.stderr)
+    if (noise["core_spread"] or 0) > 0.1:
+        print(f"note: the cores differ: the same job runs {100 * noise['core_spread']:.0f} % "
+              f"slower on one than on another ({noise['per_core_ms']} ms); 2-thread figures "
+              "wait for the slower core", file=sys.stderr)
 
     pool, extra_versions = None, {}
     sections = [(c, dt, n) for c in configs for dt in dtypes for n in args.threads]
@@ -451,7 +455,9 @@ def main(argv=None):
 
     print(f"cgru bench ({mode.name}, {elapsed:.0f} s) on {machine['cpu']}, "
           f"{machine['usable_cpus']} cores; other load at start {report._fmt(idle, '{:.1f}')} "
-          f"cores, machine noise {100 * noise['spread']:.0f} %")
+          f"cores, machine noise {100 * noise['spread']:.0f} %"
+          + (f", cores differ by {100 * noise['core_spread']:.0f} %"
+             if noise["core_spread"] is not None else ""))
     print(report.format_tables(results, memory, list(peaks.values()), markdown=args.markdown))
     met = sum(t["ok"] for t in tg)
     print(f"\ndocs/speed.md targets met: {met}/{len(tg)}")

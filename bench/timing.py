@@ -192,19 +192,56 @@ def other_load_now(seconds=0.5):
 def noise_probe(calls=30, size=192):
     """Machine noise: the spread of a fixed single-threaded job (a ``size``² SGEMM through
     cgru's BLAS shim, ~1 ms) timed ``calls`` times.  Returns ``{median_ms, spread}`` with
-    ``spread = (p90 − p10) / median``; a quiet machine gives a few percent."""
+    ``spread = (p90 − p10) / median``; a quiet machine gives a few percent.
+
+    Then the same job on each usable core in turn (this thread pinned to it with
+    ``sched_setaffinity``, its affinity restored after): ``per_core_ms`` (core → median) and
+    ``core_spread`` (slowest median over fastest, minus 1).  A virtual machine's host may run
+    one vCPU slower than the other for a while; a 2-thread loop then waits for the slower core
+    at every step, which a probe on one core does not see."""
     from threadpoolctl import ThreadpoolController
     from cgru._kernels.blas import gemm_rm
     rng = np.random.default_rng(0)
     a = rng.standard_normal((size, size)).astype(np.float32)
     c = np.empty_like(a)
+
+    def job():
+        gemm_rm(False, False, 1.0, a, a, 0.0, c)
+
     with ThreadpoolController().limit(limits=1):
         for _ in range(3):
-            gemm_rm(False, False, 1.0, a, a, 0.0, c)
-        t = [time_call(lambda: gemm_rm(False, False, 1.0, a, a, 0.0, c)) for _ in range(calls)]
+            job()
+        t = [time_call(job) for _ in range(calls)]
+        per_core = _per_core_medians(job, max(5, calls // 3))
     med = float(np.median(t))
     p10, p90 = np.percentile(t, [10, 90])
-    return dict(median_ms=med * 1e3, spread=float((p90 - p10) / med), calls=calls, size=size)
+    out = dict(median_ms=med * 1e3, spread=float((p90 - p10) / med), calls=calls, size=size,
+               per_core_ms=None, core_spread=None)
+    if per_core:
+        out["per_core_ms"] = {str(cpu): ms for cpu, ms in per_core.items()}
+        out["core_spread"] = max(per_core.values()) / min(per_core.values()) - 1
+    return out
+
+
+def _per_core_medians(job, calls):
+    """``{cpu: median ms}`` of ``job`` run on each usable core (at least two), or ``{}``."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return {}
+    if len(cpus) < 2:
+        return {}
+    medians = {}
+    try:
+        for cpu in cpus:
+            os.sched_setaffinity(0, {cpu})
+            job()
+            medians[cpu] = float(np.median([time_call(job) for _ in range(calls)])) * 1e3
+    except OSError:
+        return {}
+    finally:
+        os.sched_setaffinity(0, cpus)
+    return medians
 
 
 # --- the peak GEMM rate (the FLOP limit) ------------------------------------------------------

@@ -534,6 +534,29 @@ def test_gemm_peak_is_checked():
     assert timing.flop_limit_ms(2e9, dict(p, ok=False)) is None
 
 
+def test_noise_probe_times_each_core_and_restores_the_affinity(monkeypatch):
+    import os
+    before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    pinned = []
+    if before is not None:
+        real = os.sched_setaffinity
+
+        def recording(pid, cpus):
+            pinned.append(set(cpus))
+            real(pid, cpus)
+        monkeypatch.setattr(os, "sched_setaffinity", recording)
+    n = timing.noise_probe(calls=4, size=32)
+    assert n["median_ms"] > 0 and n["spread"] >= 0
+    if before is None or len(before) < 2:
+        assert n["per_core_ms"] is None and n["core_spread"] is None
+        return
+    assert sorted(n["per_core_ms"]) == sorted(str(c) for c in before)
+    assert pinned[:-1] == [{c} for c in sorted(before)] and pinned[-1] == set(before)
+    assert n["core_spread"] == pytest.approx(
+        max(n["per_core_ms"].values()) / min(n["per_core_ms"].values()) - 1)
+    assert os.sched_getaffinity(0) == before
+
+
 def test_cgru_alone_runs_nothing_else():
     """cgru's own process: validated (the training step bitwise the main process's), nothing
     else imported there, its systems timed by the same interleaved rounds as any other (here

@@ -51,7 +51,7 @@ class Forward(namedtuple("Forward", "y hy reserve")):
     LSTM's final cell states ``[L·D, N, H]`` (``None`` for the other kinds)."""
 
     def __new__(cls, y, hy, reserve, cy=None):
-        self = super().__new__(cls, y, hy, reserve)
+        self = tuple.__new__(cls, (y, hy, reserve))
         self.cy = cy
         return self
 
