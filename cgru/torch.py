@@ -23,19 +23,24 @@ both systems — GRU r, z, n; LSTM i, f, g, o; ``S`` = ``proj_size`` or ``H``)::
 
 Memory (what is shared, what is copied):
 
-* weights: NumPy views of the parameters (``p.detach().numpy()``), zero-copy, every call;
+* weights: NumPy views of the parameters (``p.detach().numpy()``), zero-copy; a module's
+  calls share one ``cgru.Network`` over them while the parameters are the same tensors at
+  the same storage, shape, strides, dtype and version (so cgru finds again what it made for
+  them: plans, packs), and cgru proves their bytes in every forward all the same;
 * ``input`` and ``hx``: NumPy views; cgru makes a time-major contiguous copy of ``input``
   itself when it is ``batch_first`` or not contiguous; a ``PackedSequence`` is scattered
   into a zero-padded ``[T, N, I]`` tensor (one copy) and the output gathered back (one copy);
 * outputs, ``dx``, ``dh_0`` (``dc_0``): cgru's arrays wrapped by ``torch.from_numpy``,
   zero-copy (with ``batch_first`` cgru transposes ``y`` and ``dx`` into a new array);
-* weight gradients: written by ``cgru.backward`` into fresh ``torch.empty_like`` tensors
-  through NumPy views (``dparams``); the core stages them in its own buffer and copies them
-  in when the backward has succeeded.
+* weight gradients: the arrays cgru's backward returns, wrapped by ``torch.from_numpy``
+  (zero-copy).
 
 Autograd: a training forward (grad enabled and any input or parameter requiring grad) runs
-``cgru.forward(training=True)`` inside a ``torch.autograd.Function`` that keeps cgru's reserve
-for its backward, ``cgru.backward``; otherwise (``no_grad``, ``inference_mode``, nothing
+``cgru.forward(training=True)`` inside a ``torch.autograd.Function`` that keeps cgru's reserve,
+and the weights that forward computed with (cgru's copies of the bytes it read), for its
+backward, ``cgru.backward`` on those very weights: it differentiates the function the forward
+computed, whatever the parameters hold by then (torch refuses a backward after an in-place
+change it sees; a write through ``.data``, which it does not see, changes nothing); otherwise (``no_grad``, ``inference_mode``, nothing
 requiring grad) it runs ``training=False`` and keeps nothing — unless dropout is active
 (module in training mode, ``num_layers > 1``, ``dropout > 0``), which needs cgru's training
 forward.  The dropout masks are cgru's (``cgru.dropout_masks``), seeded by two int64 drawn
@@ -84,6 +89,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 import cgru
+from cgru.core import calls, engine
 
 __all__ = ["GRU", "LSTM", "RNN", "swap"]
 
@@ -336,6 +342,8 @@ class _Call:
         self.dropout, self.seed = dropout, seed
         self.num_threads = None if threads < 0 else threads
         self.training = training        # cgru's training forward (a reserve, dropout)
+        self.forwards = 0               # training forwards run (more than one: in a vmap loop)
+        self.frozen = None              # the weights the first one computed with
 
     @property
     def lstm(self):
@@ -346,22 +354,37 @@ class _Call:
         return self.model.weights_network(weights)
 
     def forward(self, x, h0, c0, weights):
-        """``((y, hy[, cy]), reserve)``: cgru's forward, outputs as tensors (zero-copy)."""
-        r = cgru.forward(self.weights_network(weights), _numpy(x), _numpy(h0),
-                         c0=_numpy(c0), lengths=self.lengths, batch_major=self.batch_major,
-                         training=self.training, dropout=self.dropout,
-                         seed=self.seed if self.dropout else 0,     # (the common call)
-                         num_threads=self.num_threads)
+        """``((y, hy[, cy]), reserve)``: cgru's forward, outputs as tensors (zero-copy).  A
+        training forward keeps the weights it computed with (``weights.Frozen``: cgru's copies
+        of the bytes it read) for its backward."""
+        call = calls.ForwardCall.check(
+            self.weights_network(weights), _numpy(x), _numpy(h0), c0=_numpy(c0),
+            lengths=self.lengths, batch_major=self.batch_major, training=self.training,
+            dropout=self.dropout, seed=self.seed if self.dropout else 0,   # (the common call)
+            num_threads=self.num_threads)
+        r = engine.run_forward(call)
+        if self.training:
+            self.forwards += 1
+            self.frozen = call.frozen if self.forwards == 1 else None
         outs = (_tensor(r.y), _tensor(r.hy)) + ((_tensor(r.cy),) if self.lstm else ())
         return outs, r.reserve
 
     def backward(self, x, weights, reserve, dy, dhy, dcy, need_weights):
         """``(dx, dh0, dc0, [dweight or None])``: cgru's backward; the weight gradients are
         the engine's own result arrays as tensors (zero-copy), ``None`` where
-        ``need_weights`` says they are not needed."""
-        g = cgru.backward(self.weights_network(weights), _numpy(x), _numpy(reserve),
-                          _numpy(dy), _numpy(dhy), dcy=_numpy(dcy),
-                          batch_major=self.batch_major, num_threads=self.num_threads)
+        ``need_weights`` says they are not needed.
+
+        It computes with the weights its forward computed with (kept by this call's one
+        training forward): the gradient of the function that forward computed, whatever the
+        parameters hold by now — torch refuses a backward after an in-place change it sees
+        (the saved tensors' versions), and a write through ``.data``, which it does not see,
+        changes nothing here.  A call that ran several forwards (a ``vmap`` loop) proves the
+        weights by their bytes, as ``cgru.backward`` does."""
+        frozen = self.frozen if self.forwards == 1 else None
+        net = self.weights_network(weights) if frozen is None else frozen.net
+        g = engine.run_backward(calls.BackwardCall.check(
+            net, _numpy(x), _numpy(reserve), _numpy(dy), _numpy(dhy), dcy=_numpy(dcy),
+            batch_major=self.batch_major, num_threads=self.num_threads, frozen=frozen))
         grads = [_tensor(getattr(g.dparams[i], slot)) if need else None
                  for (i, slot), need in zip(self.weight_slots(), need_weights)]
         return _tensor(g.dx), _tensor(g.dh0), _tensor(g.dc0), grads

@@ -104,19 +104,21 @@ def test_core_calls_take_each_array_once(counts):
 
 
 def test_a_torch_training_step_takes_each_weight_once(counts, monkeypatch):
-    """``cgru.torch.LSTM`` forward then backward: the weights' network is built once for both
-    (the backward finds it by the tensors' identity and version), copied once by the forward
-    and proved once by the backward; the weight gradients are the engine's arrays as tensors
-    (no dparams network, no copy into torch-made buffers)."""
+    """``cgru.torch.LSTM`` forward then backward: the weights' network is built once, for the
+    forward, its backward and the module's next calls (found by the tensors' identity and
+    version); the forward copies each weight once, the backward computes with those copies
+    (no freeze, no byte comparison), the next forward proves each once; the weight gradients
+    are the engine's arrays as tensors (no dparams network, no copy into torch-made
+    buffers)."""
     torch = pytest.importorskip("torch")
     import cgru.torch
     built = []
-    real_network = cgru.torch._Call.network
+    real_network = cgru.torch._Model.network
 
     def network(self, tensors, fill):
         built.append(len(tensors))
         return real_network(self, tensors, fill)
-    monkeypatch.setattr(cgru.torch._Call, "network", network)
+    monkeypatch.setattr(cgru.torch._Model, "network", network)
     torch.manual_seed(0)
     m = cgru.torch.LSTM(3, 4, num_layers=2, dtype=torch.float64)
     x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
@@ -127,8 +129,12 @@ def test_a_torch_training_step_takes_each_weight_once(counts, monkeypatch):
     assert counts["macs"][b"x"] == 1 and counts["proofs"] == 0
     counts["reset"]()
     y.sum().backward()
-    assert built == [arrays] and counts["freeze"] == 1 and counts["proofs"] == arrays
+    assert built == [arrays] and counts["freeze"] == 0 and counts["proofs"] == 0
     assert counts["copies"] == 0 and counts["macs"][b"x"] == 1
+    counts["reset"]()
+    y, _ = m(x)
+    assert built == [arrays] and counts["freeze"] == 1 and counts["proofs"] == arrays
+    assert counts["copies"] == 0
     # an in-place change of a weight (an optimizer step) is a new version: a network of its own
     with torch.no_grad():
         m.weight_hh_l1.mul_(0.5)

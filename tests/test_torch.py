@@ -176,13 +176,14 @@ def test_no_grad_and_inference_mode(monkeypatch):
     """Without grad cgru runs its inference forward (no reserve); with grad its training one."""
     ref, mine = pair("gru", num_layers=2)
     x, hx = make_inputs(ref, 5, 3, torch.float64)
-    seen, real = [], cgru.forward
+    from cgru.core import engine
+    seen, real = [], engine.run_forward
 
-    def recording_forward(*args, **kw):
-        seen.append(kw["training"])
-        return real(*args, **kw)
+    def recording_forward(call, *args, **kw):
+        seen.append(call.training)
+        return real(call, *args, **kw)
 
-    monkeypatch.setattr(cgru, "forward", recording_forward)
+    monkeypatch.setattr(engine, "run_forward", recording_forward)
     want, _ = ref(x, hx)
     for context in (torch.no_grad, torch.inference_mode):
         with context():
@@ -434,6 +435,39 @@ def test_calls_of_a_module_share_what_cgru_made_for_its_weights(monkeypatch):
     want = torch.autograd.grad(y0, list(ref.parameters()))
     for (name, a), b in zip(g.items(), want):
         assert_close(a, b, torch.float64, "torch.func.grad " + name)
+
+
+def test_the_backward_differentiates_what_its_forward_computed():
+    # A write through .data between forward and backward (torch's version check cannot see
+    # it) changes nothing: the gradients are those of the function the forward computed.
+    ref, mine = pair("lstm", dtype=torch.float64, proj_size=P)
+    x, hx = make_inputs(ref, 4, 2, torch.float64)
+    x.requires_grad_(True)
+    want = torch.autograd.grad(ref(x, hx)[0].square().sum(), [x, *ref.parameters()])
+    y, _ = mine(x, hx)
+    with torch.no_grad():
+        for p in mine.parameters():
+            p.data.mul_(0.5)
+    got = torch.autograd.grad(y.square().sum(), [x, *mine.parameters()])
+    for a, b, what in zip(got, want, ["x"] + [n for n, _ in ref.named_parameters()]):
+        assert_close(a, b, torch.float64, what)
+
+
+def test_vmapped_weights_get_their_own_gradients():
+    # vmap over the weights: one forward per entry on the same call, each with its weights
+    ref, mine = pair("gru", dtype=torch.float64)
+    x, hx = make_inputs(ref, 3, 2, torch.float64)
+    scales = torch.tensor([1.0, 0.5, -0.25], dtype=torch.float64)
+
+    def per_entry(model):
+        params = {k: torch.stack([v.detach() * s for s in scales])
+                  for k, v in model.named_parameters()}
+        loss = lambda p: functional_call(model, p, (x, hx))[0].square().sum()   # noqa: E731
+        return torch.func.vmap(torch.func.grad(loss))(params)
+
+    got, want = per_entry(mine), per_entry(ref)
+    for name in want:
+        assert_close(got[name], want[name], torch.float64, name)
 
 
 def test_a_deleted_module_leaves_nothing_behind():

@@ -222,8 +222,8 @@ class BackwardCall:
     @classmethod
     def check(cls, net, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, state_mask=None,
               batch_major=False, dparams=None, accumulate=False, num_threads=None,
-              stacklevel=4):
-        """Every argument checked (in the core's words), then ``of``."""
+              stacklevel=4, frozen=None):
+        """Every argument checked (in the core's words), then ``of`` (``frozen``: see there)."""
         topo, dtype, cell, batch_major, T, N, mask = _check_common(
             net, x, cell, state_mask, batch_major, stacklevel + 1)
         accumulate = validate.flag(accumulate, "accumulate")
@@ -235,25 +235,33 @@ class BackwardCall:
         dcy = check_c(dcy, "dcy", net, dtype, N)
         dparams = check_dparams(dparams, net, accumulate)
         return cls.of(net, cell, time_major(x, batch_major), reserve, dy, dhy, dcy, mask,
-                      batch_major, dparams, accumulate, resolve_num_threads(num_threads))
+                      batch_major, dparams, accumulate, resolve_num_threads(num_threads),
+                      frozen=frozen)
 
     @classmethod
     def of(cls, net, cell, x, reserve, dy, dhy, dcy, mask, batch_major, dparams, accumulate,
            num_threads, *, h0=None, c0=None, lengths=None, what="reserve",
-           inference_hint=None):
+           inference_hint=None, frozen=None):
         """The call of arguments the caller has checked (``x``, ``dy`` time-major, ``dhy``,
         ``dcy`` C-contiguous): takes the kept copies of the weights and opens the reserve —
         checking that its forward had this call's ``x``, weights and mask (and ``h0``/``c0``,
         ``lengths``, when given: for frontends whose backward receives them again).  ``what``
         names the reserve in the caller's words, ``inference_hint`` says what to do with an
-        inference forward's."""
+        inference forward's.
+
+        ``frozen``: the ``weights.Frozen`` of the forward that wrote the reserve, for a caller
+        that ran that forward and keeps its result for its backward (an autograd graph): the
+        backward then computes with the very copies that forward read, whatever ``net``'s
+        arrays hold by now, with nothing to compare (``net`` is then ``frozen.net``)."""
+        if frozen is not None and frozen.net is not net:
+            raise ValueError("frozen: the Frozen of another network than net")
         self = cls()
         self.net, self.cell, self.kind = net, cell, kinds.of(cell)
         self.x, self.T, self.N = x, x.shape[0], x.shape[1]
         self.dy, self.dhy, self.dcy, self.mask = dy, dhy, dcy, mask
         self.batch_major, self.dparams, self.accumulate = batch_major, dparams, accumulate
         self.num_threads = num_threads
-        self.frozen = weights.freeze(net)
+        self.frozen = weights.freeze(net) if frozen is None else frozen
         self.opened = _open(self, reserve, h0, c0, lengths, what, inference_hint)
         return self
 
