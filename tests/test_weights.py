@@ -200,6 +200,16 @@ def test_unchanged_weights_reuse_the_setup_made_from_their_copies():
     assert weights.freeze(net) is first
     alias = cgru.Network(net.topology, net.layers)                    # the same arrays
     assert weights.freeze(alias) is first
+    # a topology and a cell made anew, of the same values (as a frontend makes them from an
+    # op's attributes for every call): the same Frozen; another value: not
+    remade = cgru.Network(cgru.Topology(4, 6, 2), net.layers)
+    assert remade.topology is not net.topology
+    assert weights.freeze(remade) is first
+    flipped = weights.freeze(cgru.Network(net.topology, net.layers, cgru.GRUCell(flip_z=True)))
+    assert flipped is not first
+    again = cgru.Network(cgru.Topology(4, 6, 2), net.layers, cgru.GRUCell(flip_z=True))
+    assert weights.freeze(again) is flipped
+    assert weights.freeze(cgru.Network(net.topology, net.layers, cgru.GRUCell())) is not flipped
     other = net.with_cell(cgru.GRUCell(reset_after=False))            # another cell
     assert weights.freeze(other) is not first
     np.testing.assert_allclose(cgru.forward(other, x).y, reference.forward(other, x)[0],

@@ -306,16 +306,23 @@ def _memo(net, kept):
     just proven equal to the caller's array), of a network of the same topology and cell: it
     is a function of these alone, so the call takes it as it is — with its packs, its plans
     and the kernels' fixed arguments — instead of making them again.  ``None`` when there is
-    none."""
+    none.  The topology and the cell are immutable values, compared as such: a frontend that
+    makes them anew for every call (from a TF op's attributes, an ONNX node's) finds the
+    ``Frozen`` too."""
     first = next(iter(kept[0].values()), None) if kept else None
     memo = first.frozen if first is not None else None
-    if memo is None or memo[0] is not net.topology or memo[1] is not net.cell or \
+    if memo is None or not _same(memo[0], net.topology) or not _same(memo[1], net.cell) or \
             memo[2] != net._cell_given or len(memo[3]) != len(kept):
         return None
     for ks, ms in zip(kept, memo[3]):
         if ks.keys() != ms.keys() or any(k is not ms[name] for name, k in ks.items()):
             return None
     return memo[4]
+
+
+def _same(a, b):
+    """``a`` and ``b`` are the same immutable value (a ``Topology``, a cell, or ``None``)."""
+    return a is b or (type(a) is type(b) and a == b)
 
 
 def release():
