@@ -108,7 +108,7 @@ def _check_tensor(t, what, dtype=None, like="the dtype of the module's weights")
     ``ValueError`` — the type torch raises when the input's dtype is not the weights'."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(f"{what}: cgru.torch computes on the CPU, got a tensor on {t.device} "
                          f"(move the module and its inputs to the CPU, or use torch.nn's own "
                          f"module on that device)")
@@ -133,12 +133,16 @@ def _check_input_dtype(t, what, dtype):
 
 def _check_weights(module):
     """The dtype of the module's weights: every one a CPU float32/float64 tensor, one dtype."""
-    dtype = None
-    for name, w in zip(module._flat_weights_names, module._flat_weights):
+    dtype, names = None, module._flat_weights_names
+    for name, w in zip(names, module._flat_weights):
         if w is None:
             raise TypeError(f"{name}: expected a parameter tensor, got None")
-        _check_tensor(w, name, dtype, like=f"the dtype of {module._flat_weights_names[0]}")
-        dtype = w.dtype
+        if dtype is None:
+            _check_tensor(w, name)
+            dtype = w.dtype
+        elif not isinstance(w, torch.Tensor) or w.dtype != dtype or not w.is_cpu or \
+                w.layout != torch.strided:
+            _check_tensor(w, name, dtype, like=f"the dtype of {names[0]}")
     return dtype
 
 
