@@ -205,10 +205,15 @@ def test_unchanged_weights_reuse_the_setup_made_from_their_copies():
     remade = cgru.Network(cgru.Topology(4, 6, 2), net.layers)
     assert remade.topology is not net.topology
     assert weights.freeze(remade) is first
-    flipped = weights.freeze(cgru.Network(net.topology, net.layers, cgru.GRUCell(flip_z=True)))
+    flip_net = cgru.Network(net.topology, net.layers, cgru.GRUCell(flip_z=True))
+    flipped = weights.freeze(flip_net)
     assert flipped is not first
     again = cgru.Network(cgru.Topology(4, 6, 2), net.layers, cgru.GRUCell(flip_z=True))
-    assert weights.freeze(again) is flipped
+    assert weights.freeze(again) is flipped and again.cell is not flipped.net.cell
+    y = cgru.forward(flip_net, x).y
+    made = len(flipped._args)                   # the kernels' arguments, made once
+    np.testing.assert_array_equal(cgru.forward(again, x).y, y)
+    assert len(flipped._args) == made
     assert weights.freeze(cgru.Network(net.topology, net.layers, cgru.GRUCell())) is not flipped
     other = net.with_cell(cgru.GRUCell(reset_after=False))            # another cell
     assert weights.freeze(other) is not first

@@ -217,9 +217,11 @@ class Frozen:
                          lambda: self._direction_args(kind, cell, i, forward))
 
     def cell_key(self, cell):
-        """``cell`` in a ``memo`` key: None for the network's own (the usual call, no hashing),
-        else the cell value (a network built without a cell runs any cell of its gate count)."""
-        return None if cell is self.net.cell else cell
+        """``cell`` in a ``memo`` key: None for the network's own — the same object (the usual
+        call, no hashing) or an equal value (a network made anew for the call, which found this
+        ``Frozen`` by value) —, else the cell value (a network built without a cell runs any
+        cell of its gate count)."""
+        return None if _same(cell, self.net.cell) else cell
 
     def _direction_args(self, kind, cell, i, forward):
         H = self.net.topology.hidden_size
