@@ -68,7 +68,9 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
             progress("cgru in a process of its own")
             alone = _Alone(problem, n, reference, memory, alone_worker)
             lap("alone_s")
-        # one set of interleaved rounds for every system, cgru's own process among them
+        # one set of interleaved rounds for every system, cgru's own process among them; a
+        # 2-thread section looks at the cores before and after (a host slowing one vCPU)
+        cores = [timing.core_probe()] if n > 1 else []
         try:
             samples = timing.measure(good + (alone.good if alone else []), mode, rounds,
                                      progress)
@@ -76,18 +78,26 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
             if alone is not None and alone.fresh:
                 alone.worker.close(kill=True)
             raise
+        if cores:
+            cores.append(timing.core_probe())
         lap("measure_s")
     other = load.cores()
     for s in built:
         s.close()
 
     c = config
+    spreads = [p["core_spread"] for p in cores if p["core_spread"] is not None]
+    core_spread = max(spreads) if spreads else None
+    if core_spread is not None and core_spread > 0.1:
+        notes.append(f"the cores differed by {100 * core_spread:.0f} % around this row (a job "
+                     f"pinned to each): its {n}-thread figures wait for the slower core")
     result = dict(config=c.name, cell=c.cell, shape=dataclasses.asdict(c),
                   dtype=problem.dtype.name, threads=n,
                   gflop=dict(fwd=c.flops("fwd") / 1e9, fb=c.flops("fb") / 1e9),
                   validation=checks, systems={s.key: timing.stats(samples[s.key])
                                               for s in good},
-                  other_load_cores=other, notes=notes)
+                  other_load_cores=other, core_probes=cores, core_spread=core_spread,
+                  notes=notes)
     try:
         import cgru
         result["reserve_bytes"] = int(cgru.reserve_nbytes(problem.net, c.T, c.N))

@@ -189,38 +189,48 @@ def other_load_now(seconds=0.5):
     return probe.cores()
 
 
-def noise_probe(calls=30, size=192):
-    """Machine noise: the spread of a fixed single-threaded job (a ``size``² SGEMM through
-    cgru's BLAS shim, ~1 ms) timed ``calls`` times.  Returns ``{median_ms, spread}`` with
-    ``spread = (p90 − p10) / median``; a quiet machine gives a few percent.
-
-    Then the same job on each usable core in turn (this thread pinned to it with
-    ``sched_setaffinity``, its affinity restored after): ``per_core_ms`` (core → median) and
-    ``core_spread`` (slowest median over fastest, minus 1).  A virtual machine's host may run
-    one vCPU slower than the other for a while; a 2-thread loop then waits for the slower core
-    at every step, which a probe on one core does not see."""
-    from threadpoolctl import ThreadpoolController
+def _probe_job(size):
+    """A fixed single-threaded job: a ``size``² SGEMM through cgru's BLAS shim."""
     from cgru._kernels.blas import gemm_rm
     rng = np.random.default_rng(0)
     a = rng.standard_normal((size, size)).astype(np.float32)
     c = np.empty_like(a)
+    return lambda: gemm_rm(False, False, 1.0, a, a, 0.0, c)
 
-    def job():
-        gemm_rm(False, False, 1.0, a, a, 0.0, c)
 
+def noise_probe(calls=30, size=192):
+    """Machine noise: the spread of a fixed single-threaded job (``_probe_job``, ~1 ms) timed
+    ``calls`` times.  Returns ``{median_ms, spread}`` with ``spread = (p90 − p10) / median``;
+    a quiet machine gives a few percent — and ``core_probe``'s ``per_core_ms`` and
+    ``core_spread``."""
+    from threadpoolctl import ThreadpoolController
+    job = _probe_job(size)
     with ThreadpoolController().limit(limits=1):
         for _ in range(3):
             job()
         t = [time_call(job) for _ in range(calls)]
-        per_core = _per_core_medians(job, max(5, calls // 3))
     med = float(np.median(t))
     p10, p90 = np.percentile(t, [10, 90])
-    out = dict(median_ms=med * 1e3, spread=float((p90 - p10) / med), calls=calls, size=size,
-               per_core_ms=None, core_spread=None)
-    if per_core:
-        out["per_core_ms"] = {str(cpu): ms for cpu, ms in per_core.items()}
-        out["core_spread"] = max(per_core.values()) / min(per_core.values()) - 1
-    return out
+    return dict(median_ms=med * 1e3, spread=float((p90 - p10) / med), calls=calls, size=size,
+                **core_probe(max(5, calls // 3), size, job))
+
+
+def core_probe(calls=5, size=192, job=None):
+    """The same fixed job on each usable core in turn (this thread pinned to it with
+    ``sched_setaffinity``, its affinity restored after): ``{per_core_ms, core_spread}`` —
+    core → median ms, and the slowest median over the fastest minus 1 (both ``None`` with
+    fewer than two usable cores).  A virtual machine's host may run one vCPU slower than the
+    other for minutes at a time; a 2-thread loop then waits for the slower core at every step,
+    which a probe on one core does not see.  A few ms; the bench runs it around every 2-thread
+    row."""
+    from threadpoolctl import ThreadpoolController
+    job = job or _probe_job(size)
+    with ThreadpoolController().limit(limits=1):
+        per_core = _per_core_medians(job, calls)
+    if not per_core:
+        return dict(per_core_ms=None, core_spread=None)
+    return dict(per_core_ms={str(cpu): ms for cpu, ms in per_core.items()},
+                core_spread=max(per_core.values()) / min(per_core.values()) - 1)
 
 
 def _per_core_medians(job, calls):

@@ -325,6 +325,7 @@ def test_main_writes_every_figure(tmp_path, capsys, peers):
     assert set(report.OPENBLAS_VARS) <= set(doc["environment"])
     assert doc["validation_failures"] == [] and doc["targets"]
     assert res["other_load_cores"] is None or res["other_load_cores"] >= 0
+    assert res["core_probes"] == [] and res["core_spread"] is None      # a 1-thread row
     out = capsys.readouterr().out
     assert "fb/bound" in out and TINY_SPEC in out and "targets met" in out
     assert "each GEMM of a training step alone" in out and "dW = dgᵀ·X" in out
@@ -348,6 +349,23 @@ def test_main_reports_a_wrong_system(tmp_path, monkeypatch, capsys):
     assert "numpy_fb" not in res["systems"]                      # never timed
     assert {"cgru_fwd", "cgru_fb", "bound_fwd", "bound_fb"} <= set(res["systems"])
     assert "VALIDATION FAILED: numpy_fb" in capsys.readouterr().err
+
+
+def test_a_two_thread_row_looks_at_each_core_before_and_after(monkeypatch, tmp_path):
+    probes = iter([0.0, 0.3, 0.05])          # the run's noise probe, then before and after
+
+    def probe(*args, **kw):
+        spread = next(probes)
+        return dict(per_core_ms={"0": 1.0, "1": 1.0 + spread}, core_spread=spread)
+    monkeypatch.setattr(timing, "core_probe", probe)
+    code, doc, _ = _run_main(tmp_path, "--no-plot", "--threads", "2",
+                             "--skip", "torch,onnxruntime,openvino,jax,memory,alone,gemms")
+    assert code == 0
+    (res,) = doc["results"]
+    assert res["threads"] == 2 and len(res["core_probes"]) == 2
+    assert res["core_spread"] == pytest.approx(0.3)
+    assert any("the cores differed by 30 %" in note for note in res["notes"])
+    assert doc["machine_noise"]["core_spread"] == 0.0
 
 
 # --- 4. optional peers --------------------------------------------------------------------------
