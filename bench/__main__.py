@@ -91,13 +91,19 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
     if core_spread is not None and core_spread > 0.1:
         notes.append(f"the cores differed by {100 * core_spread:.0f} % around this row (a job "
                      f"pinned to each): its {n}-thread figures wait for the slower core")
+    slowdowns = [p["together_slowdown"] for p in cores if p.get("together_slowdown") is not None]
+    together = max(slowdowns) if slowdowns else None
+    if together is not None and together > 0.1:
+        notes.append(f"the cores slowed each other by {100 * together:.0f} % around this row "
+                     f"(the job on both at once against each alone): its {n}-thread figures "
+                     f"are slowed alike")
     result = dict(config=c.name, cell=c.cell, shape=dataclasses.asdict(c),
                   dtype=problem.dtype.name, threads=n,
                   gflop=dict(fwd=c.flops("fwd") / 1e9, fb=c.flops("fb") / 1e9),
                   validation=checks, systems={s.key: timing.stats(samples[s.key])
                                               for s in good},
                   other_load_cores=other, core_probes=cores, core_spread=core_spread,
-                  notes=notes)
+                  together_slowdown=together, notes=notes)
     try:
         import cgru
         result["reserve_bytes"] = int(cgru.reserve_nbytes(problem.net, c.T, c.N))
@@ -353,6 +359,10 @@ def main(argv=None):
         print(f"note: the cores differ: the same job runs {100 * noise['core_spread']:.0f} % "
               f"slower on one than on another ({noise['per_core_ms']} ms); 2-thread figures "
               "wait for the slower core", file=sys.stderr)
+    if (noise["together_slowdown"] or 0) > 0.1:
+        print(f"note: the cores slow each other: the same job on all of them at once runs "
+              f"{100 * noise['together_slowdown']:.0f} % slower than alone; 2-thread figures "
+              "will be slowed alike", file=sys.stderr)
 
     pool, extra_versions = None, {}
     sections = [(c, dt, n) for c in configs for dt in dtypes for n in args.threads]
@@ -467,7 +477,9 @@ def main(argv=None):
           f"{machine['usable_cpus']} cores; other load at start {report._fmt(idle, '{:.1f}')} "
           f"cores, machine noise {100 * noise['spread']:.0f} %"
           + (f", cores differ by {100 * noise['core_spread']:.0f} %"
-             if noise["core_spread"] is not None else ""))
+             if noise["core_spread"] is not None else "")
+          + (f", slow each other by {100 * noise['together_slowdown']:.0f} %"
+             if noise["together_slowdown"] is not None else ""))
     print(report.format_tables(results, memory, list(peaks.values()), markdown=args.markdown))
     met = sum(t["ok"] for t in tg)
     print(f"\ndocs/speed.md targets met: {met}/{len(tg)}")

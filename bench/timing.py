@@ -227,10 +227,45 @@ def core_probe(calls=5, size=192, job=None):
     job = job or _probe_job(size)
     with ThreadpoolController().limit(limits=1):
         per_core = _per_core_medians(job, calls)
+        together = _together_medians(size, sorted(per_core), 2 * calls) if per_core else {}
     if not per_core:
-        return dict(per_core_ms=None, core_spread=None)
+        return dict(per_core_ms=None, core_spread=None, together_ms=None,
+                    together_slowdown=None)
     return dict(per_core_ms={str(cpu): ms for cpu, ms in per_core.items()},
-                core_spread=max(per_core.values()) / min(per_core.values()) - 1)
+                core_spread=max(per_core.values()) / min(per_core.values()) - 1,
+                together_ms={str(cpu): ms for cpu, ms in together.items()} or None,
+                together_slowdown=max(together[c] / per_core[c] for c in together) - 1
+                if together else None)
+
+
+def _together_medians(size, cpus, calls):
+    """``{cpu: median ms}`` of the probe job run on every core in ``cpus`` at once (one thread
+    pinned to each, its own arrays; the job releases the GIL), or ``{}``.  Against the job
+    alone on each core: whether two busy cores slow each other (hyperthreads of one physical
+    core, a host that throttles a busy guest)."""
+    import threading
+    medians, failed = {}, []
+    start = threading.Barrier(len(cpus))
+
+    def run(cpu):
+        try:
+            os.sched_setaffinity(0, {cpu})        # this thread only (Linux)
+            job = _probe_job(size)
+            job()
+            start.wait(timeout=10)
+            medians[cpu] = float(np.median([time_call(job) for _ in range(calls)])) * 1e3
+        except (OSError, threading.BrokenBarrierError) as exc:
+            failed.append(exc)
+            start.abort()
+
+    threads = [threading.Thread(target=run, args=(cpu,), daemon=True) for cpu in cpus]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    if failed or len(medians) != len(cpus):
+        return {}
+    return medians
 
 
 def _per_core_medians(job, calls):

@@ -356,7 +356,9 @@ def test_a_two_thread_row_looks_at_each_core_before_and_after(monkeypatch, tmp_p
 
     def probe(*args, **kw):
         spread = next(probes)
-        return dict(per_core_ms={"0": 1.0, "1": 1.0 + spread}, core_spread=spread)
+        return dict(per_core_ms={"0": 1.0, "1": 1.0 + spread}, core_spread=spread,
+                    together_ms={"0": 1.0 + spread / 2, "1": 1.0 + spread},
+                    together_slowdown=spread / 2)
     monkeypatch.setattr(timing, "core_probe", probe)
     code, doc, _ = _run_main(tmp_path, "--no-plot", "--threads", "2",
                              "--skip", "torch,onnxruntime,openvino,jax,memory,alone,gemms")
@@ -365,6 +367,8 @@ def test_a_two_thread_row_looks_at_each_core_before_and_after(monkeypatch, tmp_p
     assert res["threads"] == 2 and len(res["core_probes"]) == 2
     assert res["core_spread"] == pytest.approx(0.3)
     assert any("the cores differed by 30 %" in note for note in res["notes"])
+    assert res["together_slowdown"] == pytest.approx(0.15)
+    assert any("the cores slowed each other by 15 %" in note for note in res["notes"])
     assert doc["machine_noise"]["core_spread"] == 0.0
 
 
@@ -567,12 +571,20 @@ def test_noise_probe_times_each_core_and_restores_the_affinity(monkeypatch):
     assert n["median_ms"] > 0 and n["spread"] >= 0
     if before is None or len(before) < 2:
         assert n["per_core_ms"] is None and n["core_spread"] is None
+        assert n["together_ms"] is None and n["together_slowdown"] is None
         return
     assert sorted(n["per_core_ms"]) == sorted(str(c) for c in before)
-    assert pinned[:-1] == [{c} for c in sorted(before)] and pinned[-1] == set(before)
+    k = len(before)        # each core in turn, the affinity restored, then one thread each
+    assert pinned[:k + 1] == [{c} for c in sorted(before)] + [set(before)]
+    assert sorted(min(p) for p in pinned[k + 1:]) == sorted(before)
+    assert all(len(p) == 1 for p in pinned[k + 1:])
     assert n["core_spread"] == pytest.approx(
         max(n["per_core_ms"].values()) / min(n["per_core_ms"].values()) - 1)
     assert os.sched_getaffinity(0) == before
+    # the job on every core at once, one thread pinned to each, against each alone
+    assert sorted(n["together_ms"]) == sorted(n["per_core_ms"])
+    assert n["together_slowdown"] == pytest.approx(max(
+        n["together_ms"][c] / n["per_core_ms"][c] for c in n["per_core_ms"]) - 1)
 
 
 def test_cgru_alone_runs_nothing_else():
