@@ -71,6 +71,7 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
         # one set of interleaved rounds for every system, cgru's own process among them; a
         # 2-thread section looks at the cores before and after (a host slowing one vCPU)
         cores = [timing.core_probe()] if n > 1 else []
+        sustained = [timing.sustained_gemm(n)] if n > 1 else []
         try:
             samples = timing.measure(good + (alone.good if alone else []), mode, rounds,
                                      progress)
@@ -80,6 +81,7 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
             raise
         if cores:
             cores.append(timing.core_probe())
+            sustained.append(timing.sustained_gemm(n))
         lap("measure_s")
     other = load.cores()
     for s in built:
@@ -97,13 +99,21 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
         notes.append(f"the cores slowed each other by {100 * together:.0f} % around this row "
                      f"(the job on both at once against each alone): its {n}-thread figures "
                      f"are slowed alike")
+    peak32 = (peaks or {}).get(("float32", n))
+    sustained_vs_peak = min(sustained) / peak32["gflops"] \
+        if sustained and peak32 and peak32.get("ok") else None
+    if sustained_vs_peak is not None and sustained_vs_peak < 0.9:
+        notes.append(f"a {n}-thread SGEMM of tens of ms ran at {100 * sustained_vs_peak:.0f} % "
+                     f"of the run's {n}-thread peak around this row: the host gave the busy "
+                     f"cores less, and this row's {n}-thread figures are slowed alike")
     result = dict(config=c.name, cell=c.cell, shape=dataclasses.asdict(c),
                   dtype=problem.dtype.name, threads=n,
                   gflop=dict(fwd=c.flops("fwd") / 1e9, fb=c.flops("fb") / 1e9),
                   validation=checks, systems={s.key: timing.stats(samples[s.key])
                                               for s in good},
                   other_load_cores=other, core_probes=cores, core_spread=core_spread,
-                  together_slowdown=together, notes=notes)
+                  together_slowdown=together, sustained_gflops=sustained,
+                  sustained_vs_peak=sustained_vs_peak, notes=notes)
     try:
         import cgru
         result["reserve_bytes"] = int(cgru.reserve_nbytes(problem.net, c.T, c.N))

@@ -268,6 +268,25 @@ def _together_medians(size, cpus, calls):
     return medians
 
 
+def sustained_gemm(threads, size=1024, calls=3):
+    """GFLOP/s of a ``size``³ SGEMM on ``threads`` threads (cgru's BLAS shim, BLAS allowed
+    ``threads``), the median of ``calls`` after one untimed call: tens of ms of work on every
+    core at once.  Some hosts give two busy vCPUs less than twice one for a minute at a time
+    (an all-core frequency or power budget); a probe of a few ms does not see it, this does."""
+    from threadpoolctl import ThreadpoolController
+    from cgru._kernels.blas import gemm_rm
+    a = np.random.default_rng(1).standard_normal((size, size)).astype(np.float32)
+    c = np.empty_like(a)
+
+    def job():
+        gemm_rm(False, False, 1.0, a, a, 0.0, c)
+
+    with ThreadpoolController().limit(limits=threads):
+        job()
+        t = float(np.median([time_call(job) for _ in range(calls)]))
+    return 2.0 * size ** 3 / t / 1e9
+
+
 def _per_core_medians(job, calls):
     """``{cpu: median ms}`` of ``job`` run on each usable core (at least two), or ``{}``."""
     try:

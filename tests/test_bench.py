@@ -326,6 +326,7 @@ def test_main_writes_every_figure(tmp_path, capsys, peers):
     assert doc["validation_failures"] == [] and doc["targets"]
     assert res["other_load_cores"] is None or res["other_load_cores"] >= 0
     assert res["core_probes"] == [] and res["core_spread"] is None      # a 1-thread row
+    assert res["sustained_gflops"] == [] and res["sustained_vs_peak"] is None
     out = capsys.readouterr().out
     assert "fb/bound" in out and TINY_SPEC in out and "targets met" in out
     assert "each GEMM of a training step alone" in out and "dW = dgᵀ·X" in out
@@ -351,6 +352,10 @@ def test_main_reports_a_wrong_system(tmp_path, monkeypatch, capsys):
     assert "VALIDATION FAILED: numpy_fb" in capsys.readouterr().err
 
 
+def test_sustained_gemm_is_a_rate():
+    assert timing.sustained_gemm(1, size=64, calls=2) > 0
+
+
 def test_a_two_thread_row_looks_at_each_core_before_and_after(monkeypatch, tmp_path):
     probes = iter([0.0, 0.3, 0.05])          # the run's noise probe, then before and after
 
@@ -360,6 +365,10 @@ def test_a_two_thread_row_looks_at_each_core_before_and_after(monkeypatch, tmp_p
                     together_ms={"0": 1.0 + spread / 2, "1": 1.0 + spread},
                     together_slowdown=spread / 2)
     monkeypatch.setattr(timing, "core_probe", probe)
+    rates = iter([100.0, 150.0])                  # before and after the row's rounds
+    monkeypatch.setattr(timing, "sustained_gemm", lambda n: next(rates))
+    monkeypatch.setattr(timing, "gemm_peak",
+                        lambda dt, n, **kw: dict(ok=True, gflops=200.0, dtype=dt, threads=n))
     code, doc, _ = _run_main(tmp_path, "--no-plot", "--threads", "2",
                              "--skip", "torch,onnxruntime,openvino,jax,memory,alone,gemms")
     assert code == 0
@@ -369,6 +378,9 @@ def test_a_two_thread_row_looks_at_each_core_before_and_after(monkeypatch, tmp_p
     assert any("the cores differed by 30 %" in note for note in res["notes"])
     assert res["together_slowdown"] == pytest.approx(0.15)
     assert any("the cores slowed each other by 15 %" in note for note in res["notes"])
+    assert res["sustained_gflops"] == [100.0, 150.0]
+    assert res["sustained_vs_peak"] == pytest.approx(0.5)
+    assert any("SGEMM of tens of ms ran at 50 %" in note for note in res["notes"])
     assert doc["machine_noise"]["core_spread"] == 0.0
 
 
