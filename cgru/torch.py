@@ -40,8 +40,9 @@ Autograd: a training forward (grad enabled and any input or parameter requiring 
 and the weights that forward computed with (cgru's copies of the bytes it read), for its
 backward, ``cgru.backward`` on those very weights: it differentiates the function the forward
 computed, whatever the parameters hold by then (torch refuses a backward after an in-place
-change it sees; a write through ``.data``, which it does not see, changes nothing); otherwise (``no_grad``, ``inference_mode``, nothing
-requiring grad) it runs ``training=False`` and keeps nothing — unless dropout is active
+change it sees; a write through ``.data``, which it does not see, changes nothing);
+otherwise (``no_grad``, ``inference_mode``, nothing requiring grad) it runs
+``training=False`` and keeps nothing — unless dropout is active
 (module in training mode, ``num_layers > 1``, ``dropout > 0``), which needs cgru's training
 forward.  The dropout masks are cgru's (``cgru.dropout_masks``), seeded by two int64 drawn
 from torch's default generator, so ``torch.manual_seed`` makes runs reproducible; they differ
