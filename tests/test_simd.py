@@ -18,6 +18,9 @@ ISAS = {"AVX-512": [4, 3, 0], "AVX2+FMA": [3, 0], "baseline": [0]}[K.simd_isa()]
 @pytest.mark.parametrize("m,n,k", [(1, 64, 5), (1, 70, 33), (2, 128, 17), (3, 48, 8),
                                    (4, 16, 1), (7, 35, 12), (8, 64, 9), (9, 200, 31),
                                    (20, 3, 4), (17, 96, 64),
+                                   # AVX2's half panels: 4 or 5 rows left after sixes, a
+                                   # second half of under 16 columns, a panel of one half
+                                   (5, 40, 9), (10, 50, 7), (11, 17, 3), (6, 48, 2),
                                    # long A in row blocks of L2 (rows of ≥ 1 KiB, B ≤ 1 MiB),
                                    # with a short last block
                                    (683, 45, 301), (1290, 33, 520)])
@@ -190,55 +193,77 @@ def _exact(name, x):
     return np.tanh(x)
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("name", ["sigmoid", "tanh"])
-def test_vector_math_is_within_a_few_ulp(name):
+def test_vector_math_is_within_a_few_ulp(name, isa):
     rng = np.random.default_rng(1)
     x = np.concatenate([rng.standard_normal(5000) * s for s in (1e-6, 1e-2, 0.3, 1, 4, 30)]
                        + [np.linspace(-12, 12, 20001)]).astype(np.float32)
-    got = K.vector_math_f32(name, x).astype(np.float64)
+    got = K.vector_math_f32(name, x, isa).astype(np.float64)
     want = _exact(name, x)
     ulp = np.abs(got - want) / np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
     assert ulp.max() <= 4, (x[ulp.argmax()], ulp.max())
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("name", ["sigmoid", "tanh"])
-def test_vector_math_special_values(name):
+def test_vector_math_special_values(name, isa):
     x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30, 89.0, -89.0, 100.0,
                   -100.0, 1e-40], np.float32)
-    got = K.vector_math_f32(name, x)
+    got = K.vector_math_f32(name, x, isa)
     assert np.isnan(got[0])
     want = _exact(name, np.nan_to_num(x[1:], posinf=1e30, neginf=-1e30))
     np.testing.assert_allclose(got[1:], want, rtol=3e-7, atol=1e-37)
     assert not np.isnan(got[1:]).any()
 
 
-@pytest.mark.parametrize("n", [1, 15, 16, 17, 33])
-def test_vector_math_tails(n):
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33])
+def test_vector_math_tails(n, isa):
     x = np.linspace(-3, 3, n).astype(np.float32)
-    np.testing.assert_allclose(K.vector_math_f32("tanh", x), np.tanh(x), rtol=5e-7, atol=1e-7)
+    np.testing.assert_allclose(K.vector_math_f32("tanh", x, isa), np.tanh(x), rtol=5e-7,
+                               atol=1e-7)
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("name", ["sigmoid", "tanh"])
-def test_float64_vector_math_is_within_a_few_ulp(name):
+def test_float64_vector_math_is_within_a_few_ulp(name, isa):
     rng = np.random.default_rng(2)
     x = np.concatenate([rng.standard_normal(5000) * s for s in (1e-9, 1e-3, 0.29, 0.31, 1, 4, 30)]
                        + [np.linspace(-40, 40, 40001)])
-    got = K.vector_math(name, x)
+    got = K.vector_math(name, x, isa)
     want = _exact(name, x)
     ulp = np.abs(got - want) / np.spacing(np.abs(want))
     assert ulp.max() <= 4, (x[ulp.argmax()], ulp.max())
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("name", ["sigmoid", "tanh"])
-@pytest.mark.parametrize("n", [1, 3, 4, 5, 9, 17])
-def test_float64_vector_math_special_values_and_tails(name, n):
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 9, 17])
+def test_float64_vector_math_special_values_and_tails(name, n, isa):
     x = np.resize(np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e300, -1e300, 709.0, -709.0,
                             800.0, -800.0, 5e-324, 0.5]), n)
-    got = K.vector_math(name, x)
+    got = K.vector_math(name, x, isa)
     assert np.array_equal(np.isnan(got), np.isnan(x))
     finite = ~np.isnan(x)
     want = _exact(name, np.nan_to_num(x[finite], posinf=1e300, neginf=-1e300))
     np.testing.assert_allclose(got[finite], want, rtol=1e-15, atol=1e-300)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vector_math_levels_with_fma_agree_bitwise(dtype):
+    # every lane goes through the same operations at every vector width: AVX-512 and AVX2
+    # (both with FMA) give the same bits; refused levels the machine lacks
+    x = np.random.default_rng(3).standard_normal(1001).astype(dtype) * 5
+    levels = [isa for isa in ISAS if isa >= 3]
+    for name in ("sigmoid", "tanh"):
+        results = [K.vector_math(name, x, isa) for isa in levels]
+        assert all(np.array_equal(r, results[0]) for r in results), name
+    with pytest.raises(ValueError, match="isa"):
+        K.vector_math("tanh", x, 2)
+    if K.simd_isa() != "AVX-512":
+        with pytest.raises(ValueError, match="isa"):
+            K.vector_math("tanh", x, 4)
 
 
 _KERNEL_MODULES = ("gru", "lstm", "rnn", "loops")
@@ -495,3 +520,27 @@ def test_gate_rows_are_compiled_for_each_isa(module, kernels):
                 if suffix == "f32":
                     promoted = [line for line in lines if re.search(r"cvtss2sd|cvtps2pd", line)]
                     assert not promoted, (name, promoted[:3])
+                if level != "v4":
+                    assert not any("%zmm" in line for line in lines), name
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 code only")
+def test_packed_gemm_keeps_its_sums_in_registers():
+    """Reads the packed GEMM's machine code: the AVX2 and baseline versions, written on
+    vectors of their own register width, never multiply-add onto a value on the stack (when
+    they were written on 64-byte vectors, GCC kept the AVX2 sums in memory, 30 times slower),
+    and the AVX-512 version hardly."""
+    code = _disassembly("loops")
+    for suffix in ("f32", "f64"):
+        for level, width, ops, most in (("v4", "%zmm", r"vfmadd", 0.05),
+                                        ("v3", "%ymm", r"vfmadd", 0.0),
+                                        ("base", "%xmm", r"\b(mul|add)p[sd]\b", 0.0)):
+            name = f"cgru_gemm_packed_{suffix}_{level}"
+            lines = [line for f in code if f == name or f.startswith(name + ".")
+                     for line in code[f]]
+            arithmetic = [line for line in lines if re.search(ops, line) and width in line]
+            on_stack = [line for line in arithmetic if "(%rsp)" in line]
+            assert arithmetic, name
+            assert len(on_stack) <= most * len(arithmetic), (name, on_stack[:3])
+            if level != "v4":
+                assert not any("%zmm" in line for line in lines), name

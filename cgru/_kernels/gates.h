@@ -3,12 +3,12 @@
  * each kind's step, between the per-step GEMMs (gru.pyx, lstm.pyx, rnn.pyx hold the
  * equations; the other cells' rows stay in Cython, one scalar at a time).
  *
- * Written on simd.h's 64-byte vectors (16 floats, 8 doubles), a row in chunks of one vector;
+ * Written once on a vector type and its lane count, a row in chunks of one vector;
  * a short last chunk is loaded into a zeroed vector and stored back in part, so that every
  * element of a row goes through the same instructions wherever it sits. Each kernel is
- * compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the baseline, picked like the
- * GEMM (NAME_at takes the level; NAME asks cgru_isa()). float32 rows are computed in float32
- * throughout.
+ * compiled for x86-64-v4 (AVX-512, 64-byte vectors), x86-64-v3 (AVX2+FMA, 32-byte) and the
+ * baseline (SSE2, 16-byte), picked like the GEMM (NAME_at takes the level; NAME asks
+ * cgru_isa()). float32 rows are computed in float32 throughout.
  *
  * Pointers may alias only where a kernel's comment says so; each chunk is read before it is
  * written.
@@ -32,10 +32,20 @@ CGRU_INLINE void cgru_st_##SUF(T *p, VT v, int w) {                             
 }
 CGRU_DEFINE_PARTIAL(f32, float, cgru_vf, 16)
 CGRU_DEFINE_PARTIAL(f64, double, cgru_vd, 8)
+CGRU_DEFINE_PARTIAL(f32x8, float, cgru_vf8, 8)
+CGRU_DEFINE_PARTIAL(f64x4, double, cgru_vd4, 4)
+CGRU_DEFINE_PARTIAL(f32x4, float, cgru_vf4, 4)
+CGRU_DEFINE_PARTIAL(f64x2, double, cgru_vd2, 2)
 
 /* ---- lanes where x > 0: v there, else 0 (a NaN x gives 0) ---------------------------------- */
-CGRU_INLINE cgru_vf cgru_where_pos_f32(cgru_vf x, cgru_vf v) { return (cgru_vf)((cgru_vi)v & (x > 0)); }
-CGRU_INLINE cgru_vd cgru_where_pos_f64(cgru_vd x, cgru_vd v) { return (cgru_vd)((cgru_vl)v & (x > 0)); }
+#define CGRU_DEFINE_WHERE_POS(SUF, VT, VI)                                                     \
+CGRU_INLINE VT cgru_where_pos_##SUF(VT x, VT v) { return (VT)((VI)v & (x > 0)); }
+CGRU_DEFINE_WHERE_POS(f32, cgru_vf, cgru_vi)
+CGRU_DEFINE_WHERE_POS(f64, cgru_vd, cgru_vl)
+CGRU_DEFINE_WHERE_POS(f32x8, cgru_vf8, cgru_vi8)
+CGRU_DEFINE_WHERE_POS(f64x4, cgru_vd4, cgru_vl4)
+CGRU_DEFINE_WHERE_POS(f32x4, cgru_vf4, cgru_vi4)
+CGRU_DEFINE_WHERE_POS(f64x2, cgru_vd2, cgru_vl2)
 
 /* ---- the kernels' bodies, one row; V lanes, LD/ST partial, SIG/TANH the vector activations */
 
@@ -189,12 +199,13 @@ CGRU_INLINE cgru_vd cgru_where_pos_f64(cgru_vd x, cgru_vd v) { return (cgru_vd)(
         ST(dh + j, (VT){0}, w);                                                                \
     }
 
-/* One kernel in three compiled versions and its dispatch: NAME_v4, NAME_v3, NAME_base;
+/* One kernel in three compiled versions and its dispatch: NAME_v4, NAME_v3, NAME_base, each
+ * on its level's vector width (CGRU_OPS_<SUF>_<level>: T, VT, V, LD, ST, SIG, TANH, POS);
  * NAME_at(level, …) and NAME(…) (the machine's level).                                        */
-#define CGRU_DEFINE_ROW_KERNEL(NAME, BODY, T, VT, V, SUF, SIG, TANH, PARAMS, ARGS)             \
-CGRU_TARGET_V4 static void NAME##_v4 PARAMS { CGRU_APPLY(BODY, T, VT, V, CGRU_ROW_OPS(SUF, SIG, TANH)) } \
-CGRU_TARGET_V3 static void NAME##_v3 PARAMS { CGRU_APPLY(BODY, T, VT, V, CGRU_ROW_OPS(SUF, SIG, TANH)) } \
-static void NAME##_base PARAMS { CGRU_APPLY(BODY, T, VT, V, CGRU_ROW_OPS(SUF, SIG, TANH)) }    \
+#define CGRU_DEFINE_ROW_KERNEL(NAME, BODY, SUF, PARAMS, ARGS)                                  \
+CGRU_TARGET_V4 CGRU_LEVEL void NAME##_v4 PARAMS { CGRU_APPLY(BODY, CGRU_OPS_##SUF##_v4) }      \
+CGRU_TARGET_V3 CGRU_LEVEL void NAME##_v3 PARAMS { CGRU_APPLY(BODY, CGRU_OPS_##SUF##_v3) }      \
+CGRU_LEVEL void NAME##_base PARAMS { CGRU_APPLY(BODY, CGRU_OPS_##SUF##_v0) }                   \
 static inline void NAME##_at(int isa, CGRU_UNPAREN PARAMS) {                                   \
     switch (isa) {                                                                             \
     case 4: NAME##_v4 ARGS; break;                                                             \
@@ -203,45 +214,55 @@ static inline void NAME##_at(int isa, CGRU_UNPAREN PARAMS) {                    
     }                                                                                          \
 }                                                                                              \
 static inline void NAME(CGRU_UNPAREN PARAMS) { NAME##_at(cgru_isa(), CGRU_UNPAREN ARGS); }
-#define CGRU_UNPAREN(...) __VA_ARGS__
-#define CGRU_APPLY(M, ...) M(__VA_ARGS__)
-#define CGRU_ROW_OPS(SUF, SIG, TANH) cgru_ld_##SUF, cgru_st_##SUF, SIG, TANH, cgru_where_pos_##SUF
+/* each level's operations: float and double on 64-, 32- and 16-byte vectors */
+#define CGRU_OPS_f32_v4 float, cgru_vf, 16, cgru_ld_f32, cgru_st_f32, cgru_vsigmoidf, cgru_vtanhf, \
+    cgru_where_pos_f32
+#define CGRU_OPS_f32_v3 float, cgru_vf8, 8, cgru_ld_f32x8, cgru_st_f32x8, cgru_vsigmoidf8,     \
+    cgru_vtanhf8, cgru_where_pos_f32x8
+#define CGRU_OPS_f32_v0 float, cgru_vf4, 4, cgru_ld_f32x4, cgru_st_f32x4, cgru_vsigmoidf4,     \
+    cgru_vtanhf4, cgru_where_pos_f32x4
+#define CGRU_OPS_f64_v4 double, cgru_vd, 8, cgru_ld_f64, cgru_st_f64, cgru_vsigmoidd, cgru_vtanhd, \
+    cgru_where_pos_f64
+#define CGRU_OPS_f64_v3 double, cgru_vd4, 4, cgru_ld_f64x4, cgru_st_f64x4, cgru_vsigmoidd4,    \
+    cgru_vtanhd4, cgru_where_pos_f64x4
+#define CGRU_OPS_f64_v0 double, cgru_vd2, 2, cgru_ld_f64x2, cgru_st_f64x2, cgru_vsigmoidd2,    \
+    cgru_vtanhd2, cgru_where_pos_f64x2
 
-#define CGRU_DEFINE_GATES(SUF, T, VT, V, SIG, TANH)                                            \
-CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_ra_##SUF, CGRU_GRU_FWD_RA_BODY, T, VT, V, SUF, SIG, TANH,  \
+#define CGRU_DEFINE_GATES(SUF, T)                                                              \
+CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_ra_##SUF, CGRU_GRU_FWD_RA_BODY, SUF,                       \
     (int H, const T *gx, const T *gh, const T *b, const T *bhn, const T *hp, T *g3, T *hn,     \
      T *hnew, int flip),                                                                       \
     (H, gx, gh, b, bhn, hp, g3, hn, hnew, flip))                                               \
-CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_ra_##SUF, CGRU_GRU_BWD_RA_BODY, T, VT, V, SUF, SIG, TANH,  \
+CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_ra_##SUF, CGRU_GRU_BWD_RA_BODY, SUF,                       \
     (int H, const T *g3, const T *hp, const T *hn, T *dh, T *dgx, T *dgh, int flip),           \
     (H, g3, hp, hn, dh, dgx, dgh, flip))                                                       \
-CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_rb_rz_##SUF, CGRU_GRU_FWD_RB_RZ_BODY, T, VT, V, SUF, SIG,  \
-    TANH, (int H, const T *gx, const T *gh, const T *b, const T *hp, const T *m, T *g3, T *rh), \
+CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_rb_rz_##SUF, CGRU_GRU_FWD_RB_RZ_BODY, SUF,                 \
+    (int H, const T *gx, const T *gh, const T *b, const T *hp, const T *m, T *g3, T *rh),      \
     (H, gx, gh, b, hp, m, g3, rh))                                                             \
-CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_rb_n_##SUF, CGRU_GRU_FWD_RB_N_BODY, T, VT, V, SUF, SIG,    \
-    TANH, (int H, const T *gxn, const T *ghn, const T *bn, const T *z, const T *hp, T *n,      \
-           T *hnew, int flip),                                                                 \
+CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_rb_n_##SUF, CGRU_GRU_FWD_RB_N_BODY, SUF,                   \
+    (int H, const T *gxn, const T *ghn, const T *bn, const T *z, const T *hp, T *n, T *hnew,   \
+     int flip),                                                                                \
     (H, gxn, ghn, bn, z, hp, n, hnew, flip))                                                   \
-CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_rb_##SUF, CGRU_GRU_BWD_RB_BODY, T, VT, V, SUF, SIG, TANH,  \
+CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_rb_##SUF, CGRU_GRU_BWD_RB_BODY, SUF,                       \
     (int H, const T *g3, const T *hp, const T *m, T *dh, T *dgx, T *rhm, int flip),            \
     (H, g3, hp, m, dh, dgx, rhm, flip))                                                        \
-CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_rb_r_##SUF, CGRU_GRU_BWD_RB_R_BODY, T, VT, V, SUF, SIG,    \
-    TANH, (int H, const T *g3, const T *hp, const T *m, const T *drh, T *dh, T *dgx),          \
+CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_rb_r_##SUF, CGRU_GRU_BWD_RB_R_BODY, SUF,                   \
+    (int H, const T *g3, const T *hp, const T *m, const T *drh, T *dh, T *dgx),                \
     (H, g3, hp, m, drh, dh, dgx))                                                              \
-CGRU_DEFINE_ROW_KERNEL(cgru_lstm_fwd_##SUF, CGRU_LSTM_FWD_BODY, T, VT, V, SUF, SIG, TANH,      \
+CGRU_DEFINE_ROW_KERNEL(cgru_lstm_fwd_##SUF, CGRU_LSTM_FWD_BODY, SUF,                           \
     (int H, const T *gx, const T *gh, const T *b, const T *cp, T *g4, T *cn, T *hf),           \
     (H, gx, gh, b, cp, g4, cn, hf))                                                            \
-CGRU_DEFINE_ROW_KERNEL(cgru_lstm_bwd_##SUF, CGRU_LSTM_BWD_BODY, T, VT, V, SUF, SIG, TANH,      \
+CGRU_DEFINE_ROW_KERNEL(cgru_lstm_bwd_##SUF, CGRU_LSTM_BWD_BODY, SUF,                           \
     (int H, const T *g4, const T *cp, const T *cn, const T *dhf, T *dc, T *da),                \
     (H, g4, cp, cn, dhf, dc, da))                                                              \
-CGRU_DEFINE_ROW_KERNEL(cgru_rnn_fwd_##SUF, CGRU_RNN_FWD_BODY, T, VT, V, SUF, SIG, TANH,        \
+CGRU_DEFINE_ROW_KERNEL(cgru_rnn_fwd_##SUF, CGRU_RNN_FWD_BODY, SUF,                             \
     (int H, const T *gx, const T *gh, const T *b, T *hn, int relu),                            \
     (H, gx, gh, b, hn, relu))                                                                  \
-CGRU_DEFINE_ROW_KERNEL(cgru_rnn_bwd_##SUF, CGRU_RNN_BWD_BODY, T, VT, V, SUF, SIG, TANH,        \
+CGRU_DEFINE_ROW_KERNEL(cgru_rnn_bwd_##SUF, CGRU_RNN_BWD_BODY, SUF,                             \
     (int H, const T *hn, T *dh, T *da, int relu),                                              \
     (H, hn, dh, da, relu))
 
-CGRU_DEFINE_GATES(f32, float, cgru_vf, 16, cgru_vsigmoidf, cgru_vtanhf)
-CGRU_DEFINE_GATES(f64, double, cgru_vd, 8, cgru_vsigmoidd, cgru_vtanhd)
+CGRU_DEFINE_GATES(f32, float)
+CGRU_DEFINE_GATES(f64, double)
 
 #endif

@@ -31,6 +31,10 @@ cdef extern from "simd.h" nogil:
     void cgru_tanh_f32(int n, const float *x, float *y)
     void cgru_sigmoid_f64(int n, const double *x, double *y)
     void cgru_tanh_f64(int n, const double *x, double *y)
+    void cgru_sigmoid_f32_at(int isa, int n, const float *x, float *y)
+    void cgru_tanh_f32_at(int isa, int n, const float *x, float *y)
+    void cgru_sigmoid_f64_at(int isa, int n, const double *x, double *y)
+    void cgru_tanh_f64_at(int isa, int n, const double *x, double *y)
     int CGRU_NR_F
     int CGRU_NR_D
     int cgru_isa()

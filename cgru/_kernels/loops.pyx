@@ -343,25 +343,29 @@ def gemm_packed_rm(A, Bp, int n, C, bint beta1, isa=None, bint trans_a=False):
                                       <const double *>pb, beta1, <double *>pc, ldc)
 
 
-def vector_math_f32(name, x):
+def vector_math_f32(name, x, isa=None):
     """``sigmoid`` or ``tanh`` of a float32 array through the kernels' vector code (for
     tests)."""
-    return vector_math(name, np.ascontiguousarray(x, np.float32))
+    return vector_math(name, np.ascontiguousarray(x, np.float32), isa)
 
 
-def vector_math(name, x):
+def vector_math(name, x, isa=None):
     """``sigmoid`` or ``tanh`` of a C-contiguous float32 or float64 array through the kernels'
-    vector code (for tests)."""
+    vector code (for tests).  ``isa``: run the code of that level (4 AVX-512, 3 AVX2+FMA, 0
+    portable; at most ``cgru_isa()``)."""
+    cdef int level = cgru_isa() if isa is None else isa
+    if level not in (0, 3, 4) or level > cgru_isa():
+        raise ValueError(f"isa: expected 0, 3 or 4, at most {cgru_isa()} here, got {isa!r}")
     cdef cnp.ndarray a = np.ascontiguousarray(x)
     cdef cnp.ndarray out = np.empty_like(a)
     if name not in ("sigmoid", "tanh"):
         raise ValueError(f"name: expected 'sigmoid' or 'tanh', got {name!r}")
     if a.dtype == np.float32:
-        (cgru_sigmoid_f32 if name == "sigmoid" else cgru_tanh_f32)(
-            a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
+        (cgru_sigmoid_f32_at if name == "sigmoid" else cgru_tanh_f32_at)(
+            level, a.size, <const float *>cnp.PyArray_DATA(a), <float *>cnp.PyArray_DATA(out))
     elif a.dtype == np.float64:
-        (cgru_sigmoid_f64 if name == "sigmoid" else cgru_tanh_f64)(
-            a.size, <const double *>cnp.PyArray_DATA(a), <double *>cnp.PyArray_DATA(out))
+        (cgru_sigmoid_f64_at if name == "sigmoid" else cgru_tanh_f64_at)(
+            level, a.size, <const double *>cnp.PyArray_DATA(a), <double *>cnp.PyArray_DATA(out))
     else:
         raise TypeError(f"x: expected float32 or float64, got {a.dtype}")
     return out

@@ -12,10 +12,10 @@
  *   2. Vectorised sigmoid and tanh, float32 and float64, for the fused gate loops (gates.h
  *      and the kinds' own loops).
  *
- * Each hot function is compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the
- * baseline.  The GEMM picks its version by an explicit switch on cgru_isa() (asked once,
- * at import; NAME_at takes the level, so that a test can force each one the machine runs);
- * the activations are target_clones, picked by the loader.
+ * Each hot function is compiled three times, for x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA)
+ * and the baseline (SSE2), each version written on vectors of its level's register width, and
+ * picked by an explicit switch on cgru_isa() (asked once; NAME_at takes the level, so that a
+ * test can force each one the machine runs).
  */
 #ifndef CGRU_SIMD_H
 #define CGRU_SIMD_H
@@ -24,32 +24,50 @@
 #include <string.h>
 #include <stdint.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(CGRU_NO_CLONES)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define CGRU_X86 1
-#define CGRU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define CGRU_X86 0
-#define CGRU_CLONES
 #endif
 #define CGRU_INLINE static inline __attribute__((always_inline))
+#define CGRU_LEVEL static __attribute__((noinline))   /* one level's version: its own function */
 #define CGRU_UNROLL _Pragma("GCC unroll 16")   /* loops over registers: constant indices */
 
-typedef float cgru_vf __attribute__((vector_size(64)));   /* 16 floats */
-typedef double cgru_vd __attribute__((vector_size(64)));  /* 8 doubles */
-typedef int32_t cgru_vi __attribute__((vector_size(64))); /* 16 int32 */
-typedef int64_t cgru_vl __attribute__((vector_size(64))); /* 8 int64 */
+/* Vectors of each level's register width: 64 bytes for AVX-512, 32 for AVX2, 16 for the
+ * baseline (SSE2). Each level's code is written on its own width: GCC splits a vector wider
+ * than the machine's registers into pieces, which keeps arrays of them (the GEMM's sums) in
+ * memory rather than in registers — AVX2 code on 64-byte vectors ran 30 times slower. */
+typedef float cgru_vf __attribute__((vector_size(64)));    /* AVX-512: 16 floats */
+typedef double cgru_vd __attribute__((vector_size(64)));   /*          8 doubles */
+typedef int32_t cgru_vi __attribute__((vector_size(64)));
+typedef int64_t cgru_vl __attribute__((vector_size(64)));
+typedef float cgru_vf8 __attribute__((vector_size(32)));   /* AVX2:    8 floats */
+typedef double cgru_vd4 __attribute__((vector_size(32)));  /*          4 doubles */
+typedef int32_t cgru_vi8 __attribute__((vector_size(32)));
+typedef int64_t cgru_vl4 __attribute__((vector_size(32)));
+typedef float cgru_vf4 __attribute__((vector_size(16)));   /* SSE2:    4 floats */
+typedef double cgru_vd2 __attribute__((vector_size(16)));  /*          2 doubles */
+typedef int32_t cgru_vi4 __attribute__((vector_size(16)));
+typedef int64_t cgru_vl2 __attribute__((vector_size(16)));
 
-#define CGRU_NR_F 32   /* packed panel width, float: two vectors */
-#define CGRU_NR_D 16   /* packed panel width, double: two vectors */
+#define CGRU_NR_F 32   /* packed panel width, float: 2 AVX-512 vectors, 4 AVX2 ones, 8 SSE2 */
+#define CGRU_NR_D 16   /* packed panel width, double: likewise */
 #define CGRU_L2_ROWS_BYTES (192 << 10)   /* rows of A per block of a long product (see _body) */
 #define CGRU_L2_B_BYTES (1 << 20)        /* ... when packed B is at most this large */
 
-CGRU_INLINE cgru_vf cgru_loadf(const float *p) { cgru_vf v; memcpy(&v, p, sizeof v); return v; }
-CGRU_INLINE cgru_vd cgru_loadd(const double *p) { cgru_vd v; memcpy(&v, p, sizeof v); return v; }
+#define CGRU_DEFINE_LOAD(NAME, T, VT)                                                          \
+CGRU_INLINE VT NAME(const T *p) { VT v; memcpy(&v, p, sizeof v); return v; }
+CGRU_DEFINE_LOAD(cgru_loadf, float, cgru_vf)
+CGRU_DEFINE_LOAD(cgru_loadd, double, cgru_vd)
+CGRU_DEFINE_LOAD(cgru_loadf8, float, cgru_vf8)
+CGRU_DEFINE_LOAD(cgru_loadd4, double, cgru_vd4)
+CGRU_DEFINE_LOAD(cgru_loadf4, float, cgru_vf4)
+CGRU_DEFINE_LOAD(cgru_loadd2, double, cgru_vd2)
 
 /* ---- packing ------------------------------------------------------------------------------
  * op(B) is [k, n]: B stored [k, n] (trans = 0) or [n, k] (trans = 1), row stride ldb.
- * Packed: panel p (columns p·NR … p·NR+NR−1) is k rows of NR values, zero beyond n.          */
+ * Packed: panel p (columns p·NR … p·NR+NR−1) is k rows of NR values, zero beyond n. The
+ * layout is the same for every level (a pack made once serves whichever code runs).          */
 static inline size_t cgru_packed_size(int n, int k, int nr) {
     return (size_t)((n + nr - 1) / nr) * (size_t)nr * (size_t)k;
 }
@@ -75,33 +93,35 @@ static inline void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {  
 CGRU_DEFINE_PACK(cgru_pack_f32, float, CGRU_NR_F)
 CGRU_DEFINE_PACK(cgru_pack_f64, double, CGRU_NR_D)
 
-/* ---- micro-kernel: C[mr, nr] (+)= A[mr, k] · Bp[k, PW·NR] over PW adjacent panels ----------
- * 2·PW accumulator vectors per row; the k loop broadcasts A[r, kk] and multiply-adds. Every
- * C element is acc += a·b over kk in increasing order in every instantiation, so the bits do
- * not depend on mr, PW or which rows share a call.                                            */
-#define CGRU_DEFINE_MICRO(NAME, T, VT, NR, LOAD)                                               \
-CGRU_INLINE void NAME(const int ta, const int mr, const int pw, int ncols, int k, const T *A,  \
-                      int lda, const T *Bp, int beta1, T *C, int ldc) {                        \
-    enum { V = NR / 2 };                                                                       \
-    VT acc[8][4];                                                                              \
+/* ---- micro-kernel: C[mr, nv·L] (+)= A[mr, k] · the nv vectors of columns from vector v0 ----
+ * of Bp's panels (L lanes a vector, NR/L vectors a panel; vector q of the call is vector
+ * (v0 + q) mod NR/L of panel (v0 + q) div NR/L). mr·nv accumulator vectors; the k loop
+ * broadcasts A[r, kk] and multiply-adds. Every C element is acc += a·b over kk in increasing
+ * order in every instantiation, so the bits do not depend on mr, nv, the level's vector width
+ * or which rows share a call. ncols: the columns of C from the first vector that exist.       */
+#define CGRU_DEFINE_MICRO(NAME, T, VT, L, NR, LOAD)                                            \
+CGRU_INLINE void NAME(const int ta, const int mr, const int v0, const int nv, int ncols, int k, \
+                      const T *A, int lda, const T *Bp, int beta1, T *C, int ldc) {            \
+    enum { VP = NR / L };                                                                      \
+    VT acc[8][8];                                                                              \
     size_t ps = (size_t)NR * k;                                                                \
     CGRU_UNROLL for (int r = 0; r < mr; r++)                                                   \
-        CGRU_UNROLL for (int q = 0; q < 2 * pw; q++) acc[r][q] = (VT){0};                      \
+        CGRU_UNROLL for (int q = 0; q < nv; q++) acc[r][q] = (VT){0};                          \
     for (int kk = 0; kk < k; kk++) {                                                           \
-        VT b[4];                                                                               \
-        CGRU_UNROLL for (int q = 0; q < 2 * pw; q++)                                           \
-            b[q] = LOAD(Bp + (q / 2) * ps + (size_t)kk * NR + (q % 2) * V);                    \
+        VT b[8];                                                                               \
+        CGRU_UNROLL for (int q = 0; q < nv; q++)                                               \
+            b[q] = LOAD(Bp + ((v0 + q) / VP) * ps + (size_t)kk * NR + ((v0 + q) % VP) * L);    \
         CGRU_UNROLL for (int r = 0; r < mr; r++) {                                             \
             T a = ta ? A[(size_t)kk * lda + r] : A[(size_t)r * lda + kk];                      \
-            CGRU_UNROLL for (int q = 0; q < 2 * pw; q++) acc[r][q] += a * b[q];                \
+            CGRU_UNROLL for (int q = 0; q < nv; q++) acc[r][q] += a * b[q];                    \
         }                                                                                      \
     }                                                                                          \
-    /* whole vectors (C + sum, when beta1, is the same add as element by element), with every \
+    /* whole vectors (C + sum, when beta1, is the same add as element by element), with every  \
      * index a constant once unrolled, so that the sums stay in registers                  */  \
-    if (ncols >= pw * NR) {                                                                    \
+    if (ncols >= nv * L) {                                                                     \
         CGRU_UNROLL for (int r = 0; r < mr; r++)                                               \
-            CGRU_UNROLL for (int q = 0; q < 2 * pw; q++) {                                     \
-                T *c = C + (size_t)r * ldc + (q / 2) * NR + (q % 2) * V;                       \
+            CGRU_UNROLL for (int q = 0; q < nv; q++) {                                         \
+                T *c = C + (size_t)r * ldc + q * L;                                            \
                 VT v = acc[r][q];                                                              \
                 if (beta1) v += LOAD(c);                                                       \
                 memcpy(c, &v, sizeof(VT));                                                     \
@@ -109,82 +129,141 @@ CGRU_INLINE void NAME(const int ta, const int mr, const int pw, int ncols, int k
         return;                                                                                \
     }                                                                                          \
     /* the last panel's columns: through memory */                                             \
-    T part[8][4][V];                                                                           \
+    T part[8][8][L];                                                                           \
     CGRU_UNROLL for (int r = 0; r < mr; r++)                                                   \
-        CGRU_UNROLL for (int q = 0; q < 2 * pw; q++) memcpy(part[r][q], &acc[r][q], sizeof(VT)); \
+        CGRU_UNROLL for (int q = 0; q < nv; q++) memcpy(part[r][q], &acc[r][q], sizeof(VT));   \
     for (int r = 0; r < mr; r++) {                                                             \
         T *c = C + (size_t)r * ldc;                                                            \
-        for (int q = 0; q < 2 * pw; q++) {                                                     \
-            int j0 = (q / 2) * NR + (q % 2) * V;                                               \
-            int w = ncols - j0 < V ? ncols - j0 : V;                                           \
+        for (int q = 0; q < nv; q++) {                                                         \
+            int w = ncols - q * L < L ? ncols - q * L : L;                                     \
             for (int j = 0; j < w; j++)                                                        \
-                c[j0 + j] = beta1 ? c[j0 + j] + part[r][q][j] : part[r][q][j];                 \
+                c[q * L + j] = beta1 ? c[q * L + j] + part[r][q][j] : part[r][q][j];           \
         }                                                                                      \
     }                                                                                          \
 }
-CGRU_DEFINE_MICRO(cgru_micro_f32, float, cgru_vf, CGRU_NR_F, cgru_loadf)
-CGRU_DEFINE_MICRO(cgru_micro_f64, double, cgru_vd, CGRU_NR_D, cgru_loadd)
+CGRU_DEFINE_MICRO(cgru_micro16_f32, float, cgru_vf, 16, CGRU_NR_F, cgru_loadf)
+CGRU_DEFINE_MICRO(cgru_micro8_f64, double, cgru_vd, 8, CGRU_NR_D, cgru_loadd)
+CGRU_DEFINE_MICRO(cgru_micro8_f32, float, cgru_vf8, 8, CGRU_NR_F, cgru_loadf8)
+CGRU_DEFINE_MICRO(cgru_micro4_f64, double, cgru_vd4, 4, CGRU_NR_D, cgru_loadd4)
+CGRU_DEFINE_MICRO(cgru_micro4_f32, float, cgru_vf4, 4, CGRU_NR_F, cgru_loadf4)
+CGRU_DEFINE_MICRO(cgru_micro2_f64, double, cgru_vd2, 2, CGRU_NR_D, cgru_loadd2)
 
 /* ---- C[m, n] = A[m, k] · op(B) (+ C when beta1), op(B) packed in Bp ------------------------
- * Column panel outermost, so one panel (k·NR values) stays in L1 while every row block of A
- * passes over it; B is streamed once per call. Rows go MR at a time (MR accumulator rows of
- * two vectors each: 8 on AVX-512's 32 registers, 3 on AVX2's 16, 2 otherwise); fewer than
- * four rows take two panels at once, so that enough independent sums hide the FMA latency,
- * and so do 6 rows at a time on AVX-512 when rows are short (A read half as often). */
-#define CGRU_DEFINE_GEMM(NAME, MICRO, T, NR)                                                   \
-CGRU_INLINE void NAME##_block(const int MR, const int TA, int m, int n, int k, const T *A, int lda, \
-                              const T *Bp, int beta1, T *C, int ldc) {                         \
+ * Column panel outermost, so one panel (k·NR values) stays in L1 (or L2) while every row
+ * block of A passes over it; B is streamed once per call. Each level keeps as many sums in
+ * registers as it has room for (the rest of its 16 or 32 registers hold B and a broadcast A):
+ *   AVX-512 (32 registers, a panel = 2 vectors): 8 rows × the panel; fewer than four rows
+ *     take two panels at once, so that enough independent sums hide the FMA latency, and so
+ *     do 6 rows at a time when rows are short (A read half as often);
+ *   AVX2 (16 registers, a panel = 4 vectors): 6 rows × half a panel (12 sums, 2 of B, the
+ *     broadcast); under 4 rows, or the last 1-3 rows, the whole panel at once (one row: two
+ *     panels);
+ *   SSE2 (16 registers, a panel = 8 vectors): 4 rows × a quarter panel.
+ * MICRO(ta, mr, v0, nv, ...) with constants wherever the level's code names them, so each
+ * call is unrolled into registers. */
+/* Inside the block functions: the micro-kernel on the rows from i of A and of C (at cp), on
+ * B at bp; CGRU_RUN_ROWS while MR rows are left. */
+#define CGRU_RUN(MICRO, R, V0, NV, ncols, cp)                                                  \
+    MICRO(TA, R, V0, NV, ncols, k, A + (TA ? (size_t)i : (size_t)i * lda), lda, bp, beta1,     \
+          (cp) + (size_t)i * ldc, ldc)
+#define CGRU_RUN_ROWS(MICRO, MR, V0, NV, ncols, cp)                                            \
+    for (; i + MR <= m; i += MR) CGRU_RUN(MICRO, MR, V0, NV, ncols, cp)
+
+#define CGRU_DEFINE_GEMM(NAME, MICRO16, MICRO8, MICRO4, T, NR)                                 \
+/* AVX-512: a panel is VP = 2 vectors */                                                       \
+CGRU_INLINE void NAME##_block_v4(const int TA, int m, int n, int k, const T *A, int lda,       \
+                                 const T *Bp, int beta1, T *C, int ldc) {                      \
+    enum { L = 64 / (int)sizeof(T), VP = NR / L };                                             \
     int panels = (n + NR - 1) / NR, p = 0;                                                     \
-    if (m < 4) {                                                                               \
-        for (; p + 2 <= panels; p += 2) {                                                      \
-            const T *bp = Bp + (size_t)p * NR * k;                                             \
-            int ncols = n - p * NR;                                                            \
-            if (m == 3) MICRO(TA, 3, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc); \
-            else if (m == 2) MICRO(TA, 2, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc); \
-            else if (m == 1) MICRO(TA, 1, 2, ncols, k, A, lda, bp, beta1, C + (size_t)p * NR, ldc); \
-        }                                                                                      \
-    } else if (MR == 8 && (size_t)k * sizeof(T) < 1024) {                                      \
-        /* short rows on AVX-512: two panels at a time, 6 rows (24 sums), so that each row of  \
-         * A is read half as often                                                         */  \
+    if (m < 4 || (size_t)k * sizeof(T) < 1024) {                                               \
+        /* two panels at a time: under 4 rows (enough sums to hide the FMA latency), and for   \
+         * short rows, 6 rows (24 sums) so that each row of A is read half as often        */  \
         for (; p + 2 <= panels; p += 2) {                                                      \
             const T *bp = Bp + (size_t)p * NR * k;                                             \
             int ncols = n - p * NR, i = 0;                                                     \
             T *cp = C + (size_t)p * NR;                                                        \
-            for (; i + 6 <= m; i += 6)                                                         \
-                MICRO(TA, 6, 2, ncols, k, A + (TA ? (size_t)i : (size_t)i * lda), lda, bp, beta1, cp + (size_t)i * ldc, ldc); \
-            const T *a = A + (TA ? (size_t)i : (size_t)i * lda);                               \
-            T *c = cp + (size_t)i * ldc;                                                       \
+            CGRU_RUN_ROWS(MICRO16, 6, 0, 2 * VP, ncols, cp);                                   \
             switch (m - i) {                                                                   \
-            case 5: MICRO(TA, 5, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;               \
-            case 4: MICRO(TA, 4, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;               \
-            case 3: MICRO(TA, 3, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;               \
-            case 2: MICRO(TA, 2, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;               \
-            case 1: MICRO(TA, 1, 2, ncols, k, a, lda, bp, beta1, c, ldc); break;               \
+            case 5: CGRU_RUN(MICRO16, 5, 0, 2 * VP, ncols, cp); break;                         \
+            case 4: CGRU_RUN(MICRO16, 4, 0, 2 * VP, ncols, cp); break;                         \
+            case 3: CGRU_RUN(MICRO16, 3, 0, 2 * VP, ncols, cp); break;                         \
+            case 2: CGRU_RUN(MICRO16, 2, 0, 2 * VP, ncols, cp); break;                         \
+            case 1: CGRU_RUN(MICRO16, 1, 0, 2 * VP, ncols, cp); break;                         \
             default: break;                                                                    \
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
+    for (; p < panels; p++) {  /* one panel, 8 rows at a time */                               \
+        const T *bp = Bp + (size_t)p * NR * k;                                                 \
+        int ncols = n - p * NR < NR ? n - p * NR : NR, i = 0;                                  \
+        T *cp = C + (size_t)p * NR;                                                            \
+        CGRU_RUN_ROWS(MICRO16, 8, 0, VP, ncols, cp);                                           \
+        switch (m - i) {                                                                       \
+        case 7: CGRU_RUN(MICRO16, 7, 0, VP, ncols, cp); break;                                 \
+        case 6: CGRU_RUN(MICRO16, 6, 0, VP, ncols, cp); break;                                 \
+        case 5: CGRU_RUN(MICRO16, 5, 0, VP, ncols, cp); break;                                 \
+        case 4: CGRU_RUN(MICRO16, 4, 0, VP, ncols, cp); break;                                 \
+        case 3: CGRU_RUN(MICRO16, 3, 0, VP, ncols, cp); break;                                 \
+        case 2: CGRU_RUN(MICRO16, 2, 0, VP, ncols, cp); break;                                 \
+        case 1: CGRU_RUN(MICRO16, 1, 0, VP, ncols, cp); break;                                 \
+        default: break;                                                                        \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+/* AVX2: a panel is VP = 4 vectors */                                                          \
+CGRU_INLINE void NAME##_block_v3(const int TA, int m, int n, int k, const T *A, int lda,       \
+                                 const T *Bp, int beta1, T *C, int ldc) {                      \
+    enum { L = 32 / (int)sizeof(T), VP = NR / L, HALF = NR / 2 };                              \
+    int panels = (n + NR - 1) / NR, p = 0;                                                     \
+    if (m == 1)                /* one row: two panels at once (8 sums) */                      \
+        for (; p + 2 <= panels; p += 2) {                                                      \
+            const T *bp = Bp + (size_t)p * NR * k;                                             \
+            int i = 0;                                                                         \
+            CGRU_RUN(MICRO8, 1, 0, 2 * VP, n - p * NR, C + (size_t)p * NR);                    \
+        }                                                                                      \
     for (; p < panels; p++) {                                                                  \
         const T *bp = Bp + (size_t)p * NR * k;                                                 \
         int ncols = n - p * NR < NR ? n - p * NR : NR;                                         \
         T *cp = C + (size_t)p * NR;                                                            \
-        int i = 0;                                                                             \
-        for (; i + MR <= m; i += MR)                                                           \
-            MICRO(TA, MR, 1, ncols, k, A + (TA ? (size_t)i : (size_t)i * lda), lda, bp, beta1, cp + (size_t)i * ldc, ldc); \
-        const T *a = A + (TA ? (size_t)i : (size_t)i * lda);                                   \
-        T *c = cp + (size_t)i * ldc;                                                           \
-        /* m − i < MR: the cases MR cannot reach are not compiled (MR is a constant)     */  \
-        switch (m - i) {                                                                       \
-        case 7: if (7 < MR) MICRO(TA, 7, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
-        case 6: if (6 < MR) MICRO(TA, 6, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
-        case 5: if (5 < MR) MICRO(TA, 5, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
-        case 4: if (4 < MR) MICRO(TA, 4, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
-        case 3: if (3 < MR) MICRO(TA, 3, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
-        case 2: if (2 < MR) MICRO(TA, 2, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
-        case 1: if (1 < MR) MICRO(TA, 1, 1, ncols, k, a, lda, bp, beta1, c, ldc); break;       \
+        /* from 4 rows: each half of the panel 6 rows at a time, then a last 4 or 5; a last    \
+         * 1-3 rows (or all, under 4) take the whole panel                                 */  \
+        int whole = m < 4 ? m : m % 6 < 4 ? m % 6 : 0;                                         \
+        for (int h = 0; h < 2 && whole < m && h * HALF < ncols; h++) {                         \
+            int v0 = h * (VP / 2), cols = ncols - h * HALF, i = 0;                             \
+            CGRU_RUN_ROWS(MICRO8, 6, v0, VP / 2, cols, cp + h * HALF);                         \
+            if (m - i == 5) CGRU_RUN(MICRO8, 5, v0, VP / 2, cols, cp + h * HALF);              \
+            else if (m - i == 4) CGRU_RUN(MICRO8, 4, v0, VP / 2, cols, cp + h * HALF);         \
+        }                                                                                      \
+        int i = m - whole;                                                                     \
+        switch (whole) {                                                                       \
+        case 3: CGRU_RUN(MICRO8, 3, 0, VP, ncols, cp); break;                                  \
+        case 2: CGRU_RUN(MICRO8, 2, 0, VP, ncols, cp); break;                                  \
+        case 1: CGRU_RUN(MICRO8, 1, 0, VP, ncols, cp); break;                                  \
         default: break;                                                                        \
         }                                                                                      \
     }                                                                                          \
+}                                                                                              \
+/* SSE2: a panel is VP = 8 vectors; each quarter of it 4 rows at a time, then one by one */    \
+CGRU_INLINE void NAME##_block_base(const int TA, int m, int n, int k, const T *A, int lda,     \
+                                   const T *Bp, int beta1, T *C, int ldc) {                    \
+    enum { L = 16 / (int)sizeof(T), VP = NR / L, Q = NR / 4 };                                 \
+    int panels = (n + NR - 1) / NR;                                                            \
+    for (int p = 0; p < panels; p++) {                                                         \
+        const T *bp = Bp + (size_t)p * NR * k;                                                 \
+        int ncols = n - p * NR < NR ? n - p * NR : NR;                                         \
+        for (int qt = 0; qt < 4 && qt * Q < ncols; qt++) {                                     \
+            int v0 = qt * (VP / 4), cols = ncols - qt * Q, i = 0;                              \
+            T *cp = C + (size_t)p * NR + qt * Q;                                               \
+            CGRU_RUN_ROWS(MICRO4, 4, v0, VP / 4, cols, cp);                                    \
+            for (; i < m; i++) CGRU_RUN(MICRO4, 1, v0, VP / 4, cols, cp);                      \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+CGRU_INLINE void NAME##_block(const int ISA, const int TA, int m, int n, int k, const T *A,    \
+                              int lda, const T *Bp, int beta1, T *C, int ldc) {                \
+    if (ISA == 4) NAME##_block_v4(TA, m, n, k, A, lda, Bp, beta1, C, ldc);                     \
+    else if (ISA == 3) NAME##_block_v3(TA, m, n, k, A, lda, Bp, beta1, C, ldc);                \
+    else NAME##_block_base(TA, m, n, k, A, lda, Bp, beta1, C, ldc);                            \
 }                                                                                              \
 /* A long A (a whole sequence's rows) against a B that fits in L2 goes in row blocks of about  \
  * CGRU_L2_ROWS_BYTES, each passing over every panel of B, so that A is read from L2 rather    \
@@ -192,21 +271,22 @@ CGRU_INLINE void NAME##_block(const int MR, const int TA, int m, int n, int k, c
  * B goes in column blocks of at most CGRU_L2_B_BYTES, each such a product of its own, so that \
  * A is read once per column block rather than once per panel. A row's bits do not depend on   \
  * its block: every element is one micro-kernel's sum over all of k.                       */  \
-CGRU_INLINE void NAME##_rows(const int MR, const int TA, int m, int n, int k, const T *A,      \
+CGRU_INLINE void NAME##_rows(const int ISA, const int TA, int m, int n, int k, const T *A,     \
                              int lda, const T *Bp, int beta1, T *C, int ldc) {                 \
+    enum { MR = 24 };          /* a multiple of every level's row block (8, 6, 4) */           \
     size_t row_bytes = (size_t)(k > 0 ? k : 1) * sizeof(T);                                    \
     int mc = (int)(CGRU_L2_ROWS_BYTES / row_bytes) / MR * MR;                                  \
-    if (mc < 4 * MR) mc = 4 * MR;                                                              \
+    if (mc < 2 * MR) mc = 2 * MR;                                                              \
     if (m < 2 * mc || row_bytes < 1024) {                                                      \
-        NAME##_block(MR, TA, m, n, k, A, lda, Bp, beta1, C, ldc);                              \
+        NAME##_block(ISA, TA, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
         return;                                                                                \
     }                                                                                          \
     for (int i = 0; i < m; i += mc)                                                            \
-        NAME##_block(MR, TA, m - i < mc ? m - i : mc, n, k,                                    \
+        NAME##_block(ISA, TA, m - i < mc ? m - i : mc, n, k,                                   \
                      A + (TA ? (size_t)i : (size_t)i * lda), lda, Bp, beta1,                   \
                      C + (size_t)i * ldc, ldc);                                                \
 }                                                                                              \
-CGRU_INLINE void NAME##_body(const int MR, const int TA, int m, int n, int k, const T *A,      \
+CGRU_INLINE void NAME##_body(const int ISA, const int TA, int m, int n, int k, const T *A,     \
                              int lda, const T *Bp, int beta1, T *C, int ldc) {                 \
     size_t panel_bytes = (size_t)NR * (size_t)(k > 0 ? k : 1) * sizeof(T);                     \
     int panels = (n + NR - 1) / NR;                                                            \
@@ -214,26 +294,26 @@ CGRU_INLINE void NAME##_body(const int MR, const int TA, int m, int n, int k, co
     if (per < 1) per = 1;                                                                      \
     for (int p0 = 0; p0 < panels; p0 += per) {                                                 \
         int cols = n - p0 * NR < per * NR ? n - p0 * NR : per * NR;                            \
-        NAME##_rows(MR, TA, m, cols, k, A, lda, Bp + (size_t)p0 * NR * (size_t)k, beta1,       \
+        NAME##_rows(ISA, TA, m, cols, k, A, lda, Bp + (size_t)p0 * NR * (size_t)k, beta1,      \
                     C + (size_t)p0 * NR, ldc);                                                 \
     }                                                                                          \
 }                                                                                              \
 /* ta = 1: A is given transposed, A[kk, r] at A[kk·lda + r] (k rows of m): C = Aᵀ·op(B),       \
  * the weight gradients' dgᵀ·X; the same sums in the same order as for ta = 0.             */  \
-CGRU_TARGET_V4 static void NAME##_v4(int ta, int m, int n, int k, const T *A, int lda,         \
-                                     const T *Bp, int beta1, T *C, int ldc) {                  \
-    if (ta) NAME##_body(8, 1, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
-    else NAME##_body(8, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                \
+CGRU_TARGET_V4 CGRU_LEVEL void NAME##_v4(int ta, int m, int n, int k, const T *A, int lda,     \
+                                         const T *Bp, int beta1, T *C, int ldc) {              \
+    if (ta) NAME##_body(4, 1, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
+    else NAME##_body(4, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                \
 }                                                                                              \
-CGRU_TARGET_V3 static void NAME##_v3(int ta, int m, int n, int k, const T *A, int lda,         \
-                                     const T *Bp, int beta1, T *C, int ldc) {                  \
+CGRU_TARGET_V3 CGRU_LEVEL void NAME##_v3(int ta, int m, int n, int k, const T *A, int lda,     \
+                                         const T *Bp, int beta1, T *C, int ldc) {              \
     if (ta) NAME##_body(3, 1, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
     else NAME##_body(3, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                \
 }                                                                                              \
-static void NAME##_base(int ta, int m, int n, int k, const T *A, int lda, const T *Bp,         \
-                        int beta1, T *C, int ldc) {                                            \
-    if (ta) NAME##_body(2, 1, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
-    else NAME##_body(2, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                \
+CGRU_LEVEL void NAME##_base(int ta, int m, int n, int k, const T *A, int lda, const T *Bp,     \
+                            int beta1, T *C, int ldc) {                                        \
+    if (ta) NAME##_body(0, 1, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
+    else NAME##_body(0, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                \
 }                                                                                              \
 static void NAME##_t_at(int isa, int ta, int m, int n, int k, const T *A, int lda,             \
                         const T *Bp, int beta1, T *C, int ldc) {                               \
@@ -277,190 +357,188 @@ static int cgru_isa(void) {
 static int cgru_isa(void) { return 0; }
 #endif
 
-CGRU_DEFINE_GEMM(cgru_gemm_packed_f32, cgru_micro_f32, float, CGRU_NR_F)
-CGRU_DEFINE_GEMM(cgru_gemm_packed_f64, cgru_micro_f64, double, CGRU_NR_D)
+CGRU_DEFINE_GEMM(cgru_gemm_packed_f32, cgru_micro16_f32, cgru_micro8_f32, cgru_micro4_f32, float,
+                 CGRU_NR_F)
+CGRU_DEFINE_GEMM(cgru_gemm_packed_f64, cgru_micro8_f64, cgru_micro4_f64, cgru_micro2_f64, double,
+                 CGRU_NR_D)
 
-/* ---- float32 exp, sigmoid, tanh on 16 lanes ------------------------------------------------
+/* ---- float32 exp, sigmoid, tanh, one definition for every vector width ---------------------
+ * VF a float vector, VI the int32 vector of the same lanes; SUF names the width ("" 16 lanes,
+ * 8, 4). Every lane goes through the same operations whatever the width, so a value's result
+ * does not depend on the level that computed it (FMA contraction aside: the baseline has none).
+ *
  * exp: x clamped to [−104, 89] (beyond, the float result is 0 or inf anyway); x = n·ln2 + r
  * with |r| ≤ ln2/2 (ln2 split in two so n·ln2_hi is exact); e^r by its Taylor series to r⁷
  * (truncation < 6e-9 relative); 2ⁿ applied as 2^⌊n/2⌋·2^(n−⌊n/2⌋) so that results down to
- * the subnormals and up to inf come out right. About 2 ulp. NaN stays NaN.                     */
-CGRU_INLINE cgru_vf cgru_vexpf(cgru_vf x) {
-    const cgru_vf hi = (cgru_vf){0} + 89.0f, lo = (cgru_vf){0} + -104.0f;
-    cgru_vi too_big = x > hi, too_small = x < lo;
-    x = (cgru_vf)(((cgru_vi)x & ~too_big) | ((cgru_vi)hi & too_big));
-    x = (cgru_vf)(((cgru_vi)x & ~too_small) | ((cgru_vi)lo & too_small));
-    cgru_vf t = x * 1.44269504088896341f + 0.5f;
-    cgru_vi n = __builtin_convertvector(t, cgru_vi);
-    n -= (cgru_vi)(__builtin_convertvector(n, cgru_vf) > t) & 1;  /* floor */
-    cgru_vf nf = __builtin_convertvector(n, cgru_vf);
-    cgru_vf r = x - nf * 0.693359375f;
-    r = r - nf * -2.12194440e-4f;
-    cgru_vf p = (cgru_vf){0} + 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    cgru_vi n1 = n >> 1, n2 = n - n1;
-    return p * (cgru_vf)((n1 + 127) << 23) * (cgru_vf)((n2 + 127) << 23);
+ * the subnormals and up to inf come out right. About 2 ulp. NaN stays NaN.
+ *
+ * sigmoid(x) = 1/(1 + e^−|x|) for x ≥ 0 and e^−|x|/(1 + e^−|x|) for x < 0: no overflow, and
+ * accurate down to the subnormals.
+ *
+ * tanh: |x| < 0.4 by its Taylor series to x¹³ (truncation < 5e-9 relative); above,
+ * sign(x)·(1 − 2/(e^{2|x|} + 1)).                                                              */
+#define CGRU_DEFINE_VMATH_F32(SUF, VF, VI)                                                     \
+CGRU_INLINE VF cgru_vexpf##SUF(VF x) {                                                         \
+    const VF hi = (VF){0} + 89.0f, lo = (VF){0} + -104.0f;                                     \
+    VI too_big = x > hi, too_small = x < lo;                                                   \
+    x = (VF)(((VI)x & ~too_big) | ((VI)hi & too_big));                                         \
+    x = (VF)(((VI)x & ~too_small) | ((VI)lo & too_small));                                     \
+    VF t = x * 1.44269504088896341f + 0.5f;                                                    \
+    VI n = __builtin_convertvector(t, VI);                                                     \
+    n -= (VI)(__builtin_convertvector(n, VF) > t) & 1;  /* floor */                            \
+    VF nf = __builtin_convertvector(n, VF);                                                    \
+    VF r = x - nf * 0.693359375f;                                                              \
+    r = r - nf * -2.12194440e-4f;                                                              \
+    VF p = (VF){0} + 1.0f / 5040.0f;                                                           \
+    p = p * r + 1.0f / 720.0f;                                                                 \
+    p = p * r + 1.0f / 120.0f;                                                                 \
+    p = p * r + 1.0f / 24.0f;                                                                  \
+    p = p * r + 1.0f / 6.0f;                                                                   \
+    p = p * r + 0.5f;                                                                          \
+    p = p * r + 1.0f;                                                                          \
+    p = p * r + 1.0f;                                                                          \
+    VI n1 = n >> 1, n2 = n - n1;                                                               \
+    return p * (VF)((n1 + 127) << 23) * (VF)((n2 + 127) << 23);                                \
+}                                                                                              \
+CGRU_INLINE VF cgru_vsigmoidf##SUF(VF x) {                                                     \
+    VI neg = x < 0.0f;                                                                         \
+    VF a = (VF)((VI)x & 0x7fffffff);                                                           \
+    VF e = cgru_vexpf##SUF(-a);                                                                \
+    VF num = (VF)(((VI)e & neg) | ((VI)((VF){0} + 1.0f) & ~neg));                              \
+    return num / (1.0f + e);                                                                   \
+}                                                                                              \
+CGRU_INLINE VF cgru_vtanhf##SUF(VF x) {                                                        \
+    VI sign = (VI)x & (int32_t)0x80000000;                                                     \
+    VF a = (VF)((VI)x & 0x7fffffff);                                                           \
+    VF big = 1.0f - 2.0f / (cgru_vexpf##SUF(2.0f * a) + 1.0f);                                 \
+    VF z = x * x;                                                                              \
+    /* Taylor: tanh x = x − x³/3 + 2x⁵/15 − 17x⁷/315 + 62x⁹/2835 − 1382x¹¹/155925              \
+     *                  + 21844x¹³/6081075                                                  */ \
+    VF q = (VF){0} + 21844.0f / 6081075.0f;                                                    \
+    q = q * z - 1382.0f / 155925.0f;                                                           \
+    q = q * z + 62.0f / 2835.0f;                                                               \
+    q = q * z - 17.0f / 315.0f;                                                                \
+    q = q * z + 2.0f / 15.0f;                                                                  \
+    q = q * z - 1.0f / 3.0f;                                                                   \
+    VF small = x + x * z * q;                                                                  \
+    VI use_small = a < 0.4f;                                                                   \
+    VF big_signed = (VF)((VI)big | sign);                                                      \
+    return (VF)(((VI)small & use_small) | ((VI)big_signed & ~use_small));                      \
 }
+CGRU_DEFINE_VMATH_F32(, cgru_vf, cgru_vi)
+CGRU_DEFINE_VMATH_F32(8, cgru_vf8, cgru_vi8)
+CGRU_DEFINE_VMATH_F32(4, cgru_vf4, cgru_vi4)
 
-/* sigmoid(x) = 1/(1 + e^−|x|) for x ≥ 0 and e^−|x|/(1 + e^−|x|) for x < 0: no overflow, and
- * accurate down to the subnormals.                                                              */
-CGRU_INLINE cgru_vf cgru_vsigmoidf(cgru_vf x) {
-    cgru_vi neg = x < 0.0f;
-    cgru_vf a = (cgru_vf)((cgru_vi)x & 0x7fffffff);
-    cgru_vf e = cgru_vexpf(-a);
-    cgru_vf num = (cgru_vf)(((cgru_vi)e & neg) | ((cgru_vi)((cgru_vf){0} + 1.0f) & ~neg));
-    return num / (1.0f + e);
-}
-
-/* tanh: |x| < 0.4 by its Taylor series to x¹³ (truncation < 5e-9 relative); above,
- * sign(x)·(1 − 2/(e^{2|x|} + 1)).                                                               */
-CGRU_INLINE cgru_vf cgru_vtanhf(cgru_vf x) {
-    cgru_vi sign = (cgru_vi)x & (int32_t)0x80000000;
-    cgru_vf a = (cgru_vf)((cgru_vi)x & 0x7fffffff);
-    cgru_vf big = 1.0f - 2.0f / (cgru_vexpf(2.0f * a) + 1.0f);
-    cgru_vf z = x * x;
-    /* Taylor: tanh x = x − x³/3 + 2x⁵/15 − 17x⁷/315 + 62x⁹/2835 − 1382x¹¹/155925
-     *                  + 21844x¹³/6081075                                                      */
-    cgru_vf q = (cgru_vf){0} + 21844.0f / 6081075.0f;
-    q = q * z - 1382.0f / 155925.0f;
-    q = q * z + 62.0f / 2835.0f;
-    q = q * z - 17.0f / 315.0f;
-    q = q * z + 2.0f / 15.0f;
-    q = q * z - 1.0f / 3.0f;
-    cgru_vf small = x + x * z * q;
-    cgru_vi use_small = a < 0.4f;
-    cgru_vf big_signed = (cgru_vf)((cgru_vi)big | sign);
-    return (cgru_vf)(((cgru_vi)small & use_small) | ((cgru_vi)big_signed & ~use_small));
-}
-
-/* y[i] = sigmoid(x[i]) / tanh(x[i]) for i < n (x and y may be the same array). */
-CGRU_CLONES static void cgru_sigmoid_f32(int n, const float *x, float *y) {
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        cgru_vf v = cgru_vsigmoidf(cgru_loadf(x + i));
-        memcpy(y + i, &v, sizeof v);
-    }
-    if (i < n) {
-        float buf[16] = {0};
-        memcpy(buf, x + i, (size_t)(n - i) * sizeof(float));
-        cgru_vf v = cgru_vsigmoidf(cgru_loadf(buf));
-        memcpy(y + i, &v, (size_t)(n - i) * sizeof(float));
-    }
-}
-
-CGRU_CLONES static void cgru_tanh_f32(int n, const float *x, float *y) {
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        cgru_vf v = cgru_vtanhf(cgru_loadf(x + i));
-        memcpy(y + i, &v, sizeof v);
-    }
-    if (i < n) {
-        float buf[16] = {0};
-        memcpy(buf, x + i, (size_t)(n - i) * sizeof(float));
-        cgru_vf v = cgru_vtanhf(cgru_loadf(buf));
-        memcpy(y + i, &v, (size_t)(n - i) * sizeof(float));
-    }
-}
-
-/* ---- float64 exp, sigmoid, tanh on 8 lanes ------------------------------------------------
+/* ---- float64 exp, sigmoid, tanh, likewise (SUF "" 8 lanes, 4, 2) -----------------------------
  * As for float32: x clamped to [−746, 710]; x = n·ln2 + r, |r| ≤ ln2/2, ln2 split in two so
  * n·ln2_hi is exact; e^r by its Taylor series to r¹³ (truncation < 5e-18 relative); 2ⁿ as
- * 2^⌊n/2⌋·2^(n−⌊n/2⌋), right down to the subnormals and up to inf.  About 2 ulp.              */
-CGRU_INLINE cgru_vd cgru_vexpd(cgru_vd x) {
-    const cgru_vd hi = (cgru_vd){0} + 710.0, lo = (cgru_vd){0} + -746.0;
-    cgru_vl too_big = x > hi, too_small = x < lo;
-    x = (cgru_vd)(((cgru_vl)x & ~too_big) | ((cgru_vl)hi & too_big));
-    x = (cgru_vd)(((cgru_vl)x & ~too_small) | ((cgru_vl)lo & too_small));
-    cgru_vd t = x * 1.4426950408889634074 + 0.5;
-    cgru_vl n = __builtin_convertvector(t, cgru_vl);
-    n -= (cgru_vl)(__builtin_convertvector(n, cgru_vd) > t) & 1;  /* floor */
-    cgru_vd nf = __builtin_convertvector(n, cgru_vd);
-    cgru_vd r = x - nf * 0.693147180369123816490;
-    r = r - nf * 1.90821492927058770002e-10;
-    cgru_vd p = (cgru_vd){0} + 1.0 / 6227020800.0;               /* 1/13! */
-    p = p * r + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    cgru_vl n1 = n >> 1, n2 = n - n1;
-    return p * (cgru_vd)((n1 + 1023) << 52) * (cgru_vd)((n2 + 1023) << 52);
+ * 2^⌊n/2⌋·2^(n−⌊n/2⌋), right down to the subnormals and up to inf.  About 2 ulp.
+ * tanh: |x| < 0.3 by its Taylor series to x²⁵ (truncation < 1e-17 relative); above,
+ * sign(x)·(1 − 2/(e^{2|x|} + 1)) (under 2 bits of cancellation near 0.3: a few ulp).         */
+#define CGRU_DEFINE_VMATH_F64(SUF, VD, VL)                                                     \
+CGRU_INLINE VD cgru_vexpd##SUF(VD x) {                                                         \
+    const VD hi = (VD){0} + 710.0, lo = (VD){0} + -746.0;                                      \
+    VL too_big = x > hi, too_small = x < lo;                                                   \
+    x = (VD)(((VL)x & ~too_big) | ((VL)hi & too_big));                                         \
+    x = (VD)(((VL)x & ~too_small) | ((VL)lo & too_small));                                     \
+    VD t = x * 1.4426950408889634074 + 0.5;                                                    \
+    VL n = __builtin_convertvector(t, VL);                                                     \
+    n -= (VL)(__builtin_convertvector(n, VD) > t) & 1;  /* floor */                            \
+    VD nf = __builtin_convertvector(n, VD);                                                    \
+    VD r = x - nf * 0.693147180369123816490;                                                   \
+    r = r - nf * 1.90821492927058770002e-10;                                                   \
+    VD p = (VD){0} + 1.0 / 6227020800.0;               /* 1/13! */                             \
+    p = p * r + 1.0 / 479001600.0;                                                             \
+    p = p * r + 1.0 / 39916800.0;                                                              \
+    p = p * r + 1.0 / 3628800.0;                                                               \
+    p = p * r + 1.0 / 362880.0;                                                                \
+    p = p * r + 1.0 / 40320.0;                                                                 \
+    p = p * r + 1.0 / 5040.0;                                                                  \
+    p = p * r + 1.0 / 720.0;                                                                   \
+    p = p * r + 1.0 / 120.0;                                                                   \
+    p = p * r + 1.0 / 24.0;                                                                    \
+    p = p * r + 1.0 / 6.0;                                                                     \
+    p = p * r + 0.5;                                                                           \
+    p = p * r + 1.0;                                                                           \
+    p = p * r + 1.0;                                                                           \
+    VL n1 = n >> 1, n2 = n - n1;                                                               \
+    return p * (VD)((n1 + 1023) << 52) * (VD)((n2 + 1023) << 52);                              \
+}                                                                                              \
+CGRU_INLINE VD cgru_vsigmoidd##SUF(VD x) {                                                     \
+    VL neg = x < 0.0;                                                                          \
+    VD a = (VD)((VL)x & 0x7fffffffffffffffLL);                                                 \
+    VD e = cgru_vexpd##SUF(-a);                                                                \
+    VD num = (VD)(((VL)e & neg) | ((VL)((VD){0} + 1.0) & ~neg));                               \
+    return num / (1.0 + e);                                                                    \
+}                                                                                              \
+CGRU_INLINE VD cgru_vtanhd##SUF(VD x) {                                                        \
+    VL sign = (VL)x & (int64_t)0x8000000000000000ULL;                                          \
+    VD a = (VD)((VL)x & 0x7fffffffffffffffLL);                                                 \
+    VD big = 1.0 - 2.0 / (cgru_vexpd##SUF(2.0 * a) + 1.0);                                     \
+    VD z = x * x;                                                                              \
+    /* tanh x = Σ 2^{2n}(2^{2n}−1)·B_{2n}·x^{2n−1}/(2n)!  (B: Bernoulli numbers) */            \
+    VD q = (VD){0} + 1.5918905069328964e-05;                                                   \
+    q = q * z - 3.927832388331683e-05;                                                         \
+    q = q * z + 9.691537956929451e-05;                                                         \
+    q = q * z - 0.00023912911424355248;                                                        \
+    q = q * z + 0.000590027440945586;                                                          \
+    q = q * z - 0.0014558343870513183;                                                         \
+    q = q * z + 0.003592128036572481;                                                          \
+    q = q * z - 0.008863235529902197;                                                          \
+    q = q * z + 0.021869488536155203;                                                          \
+    q = q * z - 0.05396825396825397;                                                           \
+    q = q * z + 2.0 / 15.0;                                                                    \
+    q = q * z - 1.0 / 3.0;                                                                     \
+    VD small = x + x * z * q;                                                                  \
+    VL use_small = a < 0.3;                                                                    \
+    VD big_signed = (VD)((VL)big | sign);                                                      \
+    return (VD)(((VL)small & use_small) | ((VL)big_signed & ~use_small));                      \
 }
+CGRU_DEFINE_VMATH_F64(, cgru_vd, cgru_vl)
+CGRU_DEFINE_VMATH_F64(4, cgru_vd4, cgru_vl4)
+CGRU_DEFINE_VMATH_F64(2, cgru_vd2, cgru_vl2)
 
-CGRU_INLINE cgru_vd cgru_vsigmoidd(cgru_vd x) {
-    cgru_vl neg = x < 0.0;
-    cgru_vd a = (cgru_vd)((cgru_vl)x & 0x7fffffffffffffffLL);
-    cgru_vd e = cgru_vexpd(-a);
-    cgru_vd num = (cgru_vd)(((cgru_vl)e & neg) | ((cgru_vl)((cgru_vd){0} + 1.0) & ~neg));
-    return num / (1.0 + e);
+/* ---- y[i] = sigmoid(x[i]) / tanh(x[i]) for i < n (x and y may be the same array) ------------
+ * Three versions each, on their level's width, dispatched like the GEMM (NAME_at, NAME); a
+ * short last chunk goes through a zeroed vector.                                              */
+#define CGRU_DEFINE_VMAP_LEVEL(NAME, TARGET, T, VT, L, LOAD, FN)                               \
+TARGET CGRU_LEVEL void NAME(int n, const T *x, T *y) {                                         \
+    int i = 0;                                                                                 \
+    for (; i + L <= n; i += L) {                                                               \
+        VT v = FN(LOAD(x + i));                                                                \
+        memcpy(y + i, &v, sizeof v);                                                           \
+    }                                                                                          \
+    if (i < n) {                                                                               \
+        T buf[L] = {0};                                                                        \
+        memcpy(buf, x + i, (size_t)(n - i) * sizeof(T));                                       \
+        VT v = FN(LOAD(buf));                                                                  \
+        memcpy(y + i, &v, (size_t)(n - i) * sizeof(T));                                        \
+    }                                                                                          \
 }
+#define CGRU_DEFINE_VMAP(NAME, T, V4, V3, V0)                                                  \
+CGRU_APPLY(CGRU_DEFINE_VMAP_LEVEL, NAME##_v4, CGRU_TARGET_V4, T, CGRU_UNPAREN V4)              \
+CGRU_APPLY(CGRU_DEFINE_VMAP_LEVEL, NAME##_v3, CGRU_TARGET_V3, T, CGRU_UNPAREN V3)              \
+CGRU_APPLY(CGRU_DEFINE_VMAP_LEVEL, NAME##_base, , T, CGRU_UNPAREN V0)                          \
+static inline void NAME##_at(int isa, int n, const T *x, T *y) {                               \
+    switch (isa) {                                                                             \
+    case 4: NAME##_v4(n, x, y); break;                                                         \
+    case 3: NAME##_v3(n, x, y); break;                                                         \
+    default: NAME##_base(n, x, y); break;                                                      \
+    }                                                                                          \
+}                                                                                              \
+static inline void NAME(int n, const T *x, T *y) { NAME##_at(cgru_isa(), n, x, y); }
+#define CGRU_UNPAREN(...) __VA_ARGS__
+#define CGRU_APPLY(M, ...) M(__VA_ARGS__)
 
-/* tanh: |x| < 0.3 by its Taylor series to x²⁵ (truncation < 1e-17 relative); above,
- * sign(x)·(1 − 2/(e^{2|x|} + 1)) (under 2 bits of cancellation near 0.3: a few ulp).        */
-CGRU_INLINE cgru_vd cgru_vtanhd(cgru_vd x) {
-    cgru_vl sign = (cgru_vl)x & (int64_t)0x8000000000000000ULL;
-    cgru_vd a = (cgru_vd)((cgru_vl)x & 0x7fffffffffffffffLL);
-    cgru_vd big = 1.0 - 2.0 / (cgru_vexpd(2.0 * a) + 1.0);
-    cgru_vd z = x * x;
-    /* tanh x = Σ 2^{2n}(2^{2n}−1)·B_{2n}·x^{2n−1}/(2n)!  (B: Bernoulli numbers) */
-    cgru_vd q = (cgru_vd){0} + 1.5918905069328964e-05;
-    q = q * z - 3.927832388331683e-05;
-    q = q * z + 9.691537956929451e-05;
-    q = q * z - 0.00023912911424355248;
-    q = q * z + 0.000590027440945586;
-    q = q * z - 0.0014558343870513183;
-    q = q * z + 0.003592128036572481;
-    q = q * z - 0.008863235529902197;
-    q = q * z + 0.021869488536155203;
-    q = q * z - 0.05396825396825397;
-    q = q * z + 2.0 / 15.0;
-    q = q * z - 1.0 / 3.0;
-    cgru_vd small = x + x * z * q;
-    cgru_vl use_small = a < 0.3;
-    cgru_vd big_signed = (cgru_vd)((cgru_vl)big | sign);
-    return (cgru_vd)(((cgru_vl)small & use_small) | ((cgru_vl)big_signed & ~use_small));
-}
-
-CGRU_CLONES static void cgru_sigmoid_f64(int n, const double *x, double *y) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        cgru_vd v = cgru_vsigmoidd(cgru_loadd(x + i));
-        memcpy(y + i, &v, sizeof v);
-    }
-    if (i < n) {
-        double buf[8] = {0};
-        memcpy(buf, x + i, (size_t)(n - i) * sizeof(double));
-        cgru_vd v = cgru_vsigmoidd(cgru_loadd(buf));
-        memcpy(y + i, &v, (size_t)(n - i) * sizeof(double));
-    }
-}
-
-CGRU_CLONES static void cgru_tanh_f64(int n, const double *x, double *y) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        cgru_vd v = cgru_vtanhd(cgru_loadd(x + i));
-        memcpy(y + i, &v, sizeof v);
-    }
-    if (i < n) {
-        double buf[8] = {0};
-        memcpy(buf, x + i, (size_t)(n - i) * sizeof(double));
-        cgru_vd v = cgru_vtanhd(cgru_loadd(buf));
-        memcpy(y + i, &v, (size_t)(n - i) * sizeof(double));
-    }
-}
+CGRU_DEFINE_VMAP(cgru_sigmoid_f32, float, (cgru_vf, 16, cgru_loadf, cgru_vsigmoidf),
+                 (cgru_vf8, 8, cgru_loadf8, cgru_vsigmoidf8),
+                 (cgru_vf4, 4, cgru_loadf4, cgru_vsigmoidf4))
+CGRU_DEFINE_VMAP(cgru_tanh_f32, float, (cgru_vf, 16, cgru_loadf, cgru_vtanhf),
+                 (cgru_vf8, 8, cgru_loadf8, cgru_vtanhf8), (cgru_vf4, 4, cgru_loadf4, cgru_vtanhf4))
+CGRU_DEFINE_VMAP(cgru_sigmoid_f64, double, (cgru_vd, 8, cgru_loadd, cgru_vsigmoidd),
+                 (cgru_vd4, 4, cgru_loadd4, cgru_vsigmoidd4),
+                 (cgru_vd2, 2, cgru_loadd2, cgru_vsigmoidd2))
+CGRU_DEFINE_VMAP(cgru_tanh_f64, double, (cgru_vd, 8, cgru_loadd, cgru_vtanhd),
+                 (cgru_vd4, 4, cgru_loadd4, cgru_vtanhd4), (cgru_vd2, 2, cgru_loadd2, cgru_vtanhd2))
 
 #endif
