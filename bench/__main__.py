@@ -71,7 +71,9 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
         # one set of interleaved rounds for every system, cgru's own process among them; a
         # 2-thread section looks at the cores before and after (a host slowing one vCPU)
         cores = [timing.core_probe()] if n > 1 else []
-        sustained = [timing.sustained_gemm(n)] if n > 1 else []
+        # the GEMM of the run's float32 peak, so that the two compare
+        kind = ((peaks or {}).get(("float32", n)) or {}).get("gemm", "blas")
+        sustained = [timing.sustained_gemm(n, gemm=kind)] if n > 1 else []
         try:
             samples = timing.measure(good + (alone.good if alone else []), mode, rounds,
                                      progress)
@@ -81,7 +83,7 @@ def run_section(config, dtype, n, peers, mode, *, rounds=None, progress=None, se
             raise
         if cores:
             cores.append(timing.core_probe())
-            sustained.append(timing.sustained_gemm(n))
+            sustained.append(timing.sustained_gemm(n, gemm=kind))
         lap("measure_s")
     other = load.cores()
     for s in built:

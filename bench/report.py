@@ -343,10 +343,12 @@ def format_tables(results, memory=(), peaks=(), markdown=False):
                      "what cgru's buffer pool holds between steps):")
         parts.append(_table(MEM_HEAD, mrows, markdown, left=2))
     if peaks:
-        parts.append("\npeak GEMM (2048³ through cgru._kernels.blas.gemm_rm, BLAS at the "
-                     "section's threads): " + ", ".join(
+        parts.append("\npeak GEMM (2048³ at the section's threads, the faster of SciPy's BLAS "
+                     "and cgru's packed GEMM): " + ", ".join(
                          f"{'S' if p['dtype'] == 'float32' else 'D'}GEMM {p['threads']}T "
-                         f"{p['gflops']:.0f} GFLOP/s" for p in peaks))
+                         f"{p['gflops']:.0f} GFLOP/s ({p.get('gemm', 'blas')}; BLAS "
+                         f"{p.get('blas_gflops', p['gflops']):.0f}, cgru "
+                         f"{p.get('cgru_gflops', math.nan):.0f})" for p in peaks))
     return "\n".join(parts)
 
 

@@ -268,18 +268,26 @@ def _together_medians(size, cpus, calls):
     return medians
 
 
-def sustained_gemm(threads, size=1024, calls=3):
-    """GFLOP/s of a ``size``³ SGEMM on ``threads`` threads (cgru's BLAS shim, BLAS allowed
-    ``threads``), the median of ``calls`` after one untimed call: tens of ms of work on every
-    core at once.  Some hosts give two busy vCPUs less than twice one for a minute at a time
-    (an all-core frequency or power budget); a probe of a few ms does not see it, this does."""
+def sustained_gemm(threads, size=1024, calls=3, gemm="blas"):
+    """GFLOP/s of a ``size``³ SGEMM on ``threads`` threads (``gemm``: "blas", cgru's BLAS shim
+    with BLAS allowed ``threads``, or "cgru", its packed GEMM on ``threads`` pool threads: the
+    GEMM of the run's peak), the median of ``calls`` after one untimed call: tens of ms of work
+    on every core at once.  Some hosts give two busy vCPUs less than twice one for a minute at
+    a time (an all-core frequency or power budget); a probe of a few ms does not see it, this
+    does."""
     from threadpoolctl import ThreadpoolController
     from cgru._kernels.blas import gemm_rm
+    from cgru._kernels.loops import pack_rhs
+    from cgru.core import plan
     a = np.random.default_rng(1).standard_normal((size, size)).astype(np.float32)
     c = np.empty_like(a)
+    ap = pack_rhs(a, False) if gemm == "cgru" else None
 
     def job():
-        gemm_rm(False, False, 1.0, a, a, 0.0, c)
+        if ap is not None:
+            plan.gemm_packed(a, ap, c, False, nt=threads)
+        else:
+            gemm_rm(False, False, 1.0, a, a, 0.0, c)
 
     with ThreadpoolController().limit(limits=threads):
         job()
@@ -310,34 +318,53 @@ def _per_core_medians(job, calls):
 
 # --- the peak GEMM rate (the FLOP limit) ------------------------------------------------------
 def gemm_peak(dtype, threads, size=2048, calls=5):
-    """The GEMM rate of a ``size``³ ``C = A·B`` through ``cgru._kernels.blas.gemm_rm`` (SciPy's
-    BLAS, SGEMM for float32, DGEMM for float64) with BLAS allowed ``threads`` threads: one
-    untimed call, then ``calls`` timed ones.  The result is checked against NumPy on a few rows
-    before the timing counts.  Returns ``{gflops, best_gflops, samples_ms, ok, err}``;
-    ``gflops`` is from the median call."""
+    """The peak GEMM rate of the machine: a ``size``³ ``C = A·B`` through SciPy's BLAS
+    (``cgru._kernels.blas.gemm_rm``: SGEMM for float32, DGEMM for float64, BLAS allowed
+    ``threads`` threads) and through cgru's own packed GEMM (``plan.gemm_packed`` on
+    ``threads`` pool threads, B packed once beforehand), whichever is faster: on a machine
+    where the BLAS is the slower of the two, a FLOP limit from the BLAS alone would flatter
+    every row.
+    Each: one untimed call, then ``calls`` timed ones, the result checked against NumPy on a
+    few rows before the timing counts.  Returns ``{gflops, best_gflops, samples_ms, ok, err,
+    gemm, blas_gflops, cgru_gflops}``; ``gflops`` is from the median call of the faster GEMM
+    (``gemm``: "blas" or "cgru")."""
     from threadpoolctl import ThreadpoolController
     from cgru._kernels.blas import gemm_rm
+    from cgru._kernels.loops import pack_rhs
+    from cgru.core import plan
     dt = np.dtype(dtype)
     rng = np.random.default_rng(7)
     a = rng.uniform(-1, 1, (size, size)).astype(dt)
     b = rng.uniform(-1, 1, (size, size)).astype(dt)
     c = np.empty((size, size), dt)
-    with ThreadpoolController().limit(limits=threads):
-        gemm_rm(False, False, 1.0, a, b, 0.0, c)
-        rows = a[:4].astype(np.float64) @ b.astype(np.float64)
-        err = float(np.max(np.abs(c[:4] - rows)) / np.max(np.abs(rows)))
-        ok = err <= (1e-4 if dt == np.float32 else 1e-12)
-        # warm-up: the first calls with 2 threads run up to 2× slower (waking BLAS's pool)
-        t_end, warm = time.perf_counter() + 0.25, 0
-        while warm < 2 or time.perf_counter() < t_end:
-            gemm_rm(False, False, 1.0, a, b, 0.0, c)
-            warm += 1
-        t = [time_call(lambda: gemm_rm(False, False, 1.0, a, b, 0.0, c)) for _ in range(calls)]
+    bp = pack_rhs(b, False)
+    rows = a[:4].astype(np.float64) @ b.astype(np.float64)
+    tol = 1e-4 if dt == np.float32 else 1e-12
+    jobs = {"blas": lambda: gemm_rm(False, False, 1.0, a, b, 0.0, c),
+            "cgru": lambda: plan.gemm_packed(a, bp, c, False, nt=threads)}
     flops = 2.0 * size ** 3
-    med = float(np.median(t))
-    return dict(dtype=dt.name, threads=threads, size=size, flops=flops,
-                gflops=flops / med / 1e9, best_gflops=flops / min(t) / 1e9,
-                samples_ms=[round(v * 1e3, 4) for v in t], ok=bool(ok), err=err)
+    found = {}
+    with ThreadpoolController().limit(limits=threads):
+        for name, job in jobs.items():
+            c[:4] = np.nan
+            job()
+            err = float(np.max(np.abs(c[:4] - rows)) / np.max(np.abs(rows)))
+            ok = bool(err <= tol)      # NaN (unwritten) is not
+            # warm-up: the first calls with 2 threads run up to 2× slower (waking a pool)
+            t_end, warm = time.perf_counter() + 0.25, 0
+            while warm < 2 or time.perf_counter() < t_end:
+                job()
+                warm += 1
+            t = [time_call(job) for _ in range(calls)]
+            med = float(np.median(t))
+            found[name] = dict(gflops=flops / med / 1e9, best_gflops=flops / min(t) / 1e9,
+                               samples_ms=[round(v * 1e3, 4) for v in t], ok=ok, err=err)
+    good = [name for name in found if found[name]["ok"]] or ["blas"]
+    best = max(good, key=lambda name: found[name]["gflops"])
+    return dict(dtype=dt.name, threads=threads, size=size, flops=flops, gemm=best,
+                blas_gflops=found["blas"]["gflops"], cgru_gflops=found["cgru"]["gflops"],
+                ok=found["blas"]["ok"] and found["cgru"]["ok"],
+                **{k: v for k, v in found[best].items() if k != "ok"})
 
 
 def flop_limit_ms(flops, peak):

@@ -354,6 +354,7 @@ def test_main_reports_a_wrong_system(tmp_path, monkeypatch, capsys):
 
 def test_sustained_gemm_is_a_rate():
     assert timing.sustained_gemm(1, size=64, calls=2) > 0
+    assert timing.sustained_gemm(2, size=64, calls=2, gemm="cgru") > 0
 
 
 def test_a_two_thread_row_looks_at_each_core_before_and_after(monkeypatch, tmp_path):
@@ -366,7 +367,7 @@ def test_a_two_thread_row_looks_at_each_core_before_and_after(monkeypatch, tmp_p
                     together_slowdown=spread / 2)
     monkeypatch.setattr(timing, "core_probe", probe)
     rates = iter([100.0, 150.0])                  # before and after the row's rounds
-    monkeypatch.setattr(timing, "sustained_gemm", lambda n: next(rates))
+    monkeypatch.setattr(timing, "sustained_gemm", lambda n, gemm="blas": next(rates))
     monkeypatch.setattr(timing, "gemm_peak",
                         lambda dt, n, **kw: dict(ok=True, gflops=200.0, dtype=dt, threads=n))
     code, doc, _ = _run_main(tmp_path, "--no-plot", "--threads", "2",
@@ -564,6 +565,9 @@ def test_measure_interleaves_and_collects_every_sample():
 def test_gemm_peak_is_checked():
     p = timing.gemm_peak("float64", 1, size=64, calls=2)
     assert p["ok"] and p["err"] < 1e-12 and len(p["samples_ms"]) == 2
+    # the faster of the BLAS and cgru's own GEMM, both recorded
+    assert p["gemm"] in ("blas", "cgru")
+    assert p["gflops"] == max(p["blas_gflops"], p["cgru_gflops"])
     assert timing.flop_limit_ms(2e9, dict(p, gflops=100.0)) == pytest.approx(20.0)
     assert timing.flop_limit_ms(2e9, dict(p, ok=False)) is None
 

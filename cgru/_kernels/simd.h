@@ -21,6 +21,7 @@
 #define CGRU_SIMD_H
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
 
@@ -162,10 +163,13 @@ CGRU_DEFINE_MICRO(cgru_micro2_f64, double, cgru_vd2, 2, CGRU_NR_D, cgru_loadd2)
  * MICRO(ta, mr, v0, nv, ...) with constants wherever the level's code names them, so each
  * call is unrolled into registers. */
 /* Inside the block functions: the micro-kernel on the rows from i of A and of C (at cp), on
- * B at bp; CGRU_RUN_ROWS while MR rows are left. */
+ * B at bp; CGRU_RUN_ROWS while MR rows are left. A's rows from i: TA 0, A row-major; TA 1, A
+ * given transposed ([k, m]); TA 2, A transposed and packed in groups of G rows (the level's
+ * row block), group g a [k, G] array at A + g·G·k, lda = G (see _rows). */
+#define CGRU_A_ROWS(i)                                                                         \
+    (TA == 2 ? A + (size_t)((i) / G) * G * k + (i) % G : TA ? A + (i) : A + (size_t)(i) * lda)
 #define CGRU_RUN(MICRO, R, V0, NV, ncols, cp)                                                  \
-    MICRO(TA, R, V0, NV, ncols, k, A + (TA ? (size_t)i : (size_t)i * lda), lda, bp, beta1,     \
-          (cp) + (size_t)i * ldc, ldc)
+    MICRO(TA, R, V0, NV, ncols, k, CGRU_A_ROWS(i), lda, bp, beta1, (cp) + (size_t)i * ldc, ldc)
 #define CGRU_RUN_ROWS(MICRO, MR, V0, NV, ncols, cp)                                            \
     for (; i + MR <= m; i += MR) CGRU_RUN(MICRO, MR, V0, NV, ncols, cp)
 
@@ -173,7 +177,7 @@ CGRU_DEFINE_MICRO(cgru_micro2_f64, double, cgru_vd2, 2, CGRU_NR_D, cgru_loadd2)
 /* AVX-512: a panel is VP = 2 vectors */                                                       \
 CGRU_INLINE void NAME##_block_v4(const int TA, int m, int n, int k, const T *A, int lda,       \
                                  const T *Bp, int beta1, T *C, int ldc) {                      \
-    enum { L = 64 / (int)sizeof(T), VP = NR / L };                                             \
+    enum { L = 64 / (int)sizeof(T), VP = NR / L, G = 8 };                                      \
     int panels = (n + NR - 1) / NR, p = 0;                                                     \
     if (m < 4 || (size_t)k * sizeof(T) < 1024) {                                               \
         /* two panels at a time: under 4 rows (enough sums to hide the FMA latency), and for   \
@@ -213,7 +217,7 @@ CGRU_INLINE void NAME##_block_v4(const int TA, int m, int n, int k, const T *A, 
 /* AVX2: a panel is VP = 4 vectors */                                                          \
 CGRU_INLINE void NAME##_block_v3(const int TA, int m, int n, int k, const T *A, int lda,       \
                                  const T *Bp, int beta1, T *C, int ldc) {                      \
-    enum { L = 32 / (int)sizeof(T), VP = NR / L, HALF = NR / 2 };                              \
+    enum { L = 32 / (int)sizeof(T), VP = NR / L, HALF = NR / 2, G = 6 };                       \
     int panels = (n + NR - 1) / NR, p = 0;                                                     \
     if (m == 1)                /* one row: two panels at once (8 sums) */                      \
         for (; p + 2 <= panels; p += 2) {                                                      \
@@ -246,7 +250,7 @@ CGRU_INLINE void NAME##_block_v3(const int TA, int m, int n, int k, const T *A, 
 /* SSE2: a panel is VP = 8 vectors; each quarter of it 4 rows at a time, then one by one */    \
 CGRU_INLINE void NAME##_block_base(const int TA, int m, int n, int k, const T *A, int lda,     \
                                    const T *Bp, int beta1, T *C, int ldc) {                    \
-    enum { L = 16 / (int)sizeof(T), VP = NR / L, Q = NR / 4 };                                 \
+    enum { L = 16 / (int)sizeof(T), VP = NR / L, Q = NR / 4, G = 4 };                          \
     int panels = (n + NR - 1) / NR;                                                            \
     for (int p = 0; p < panels; p++) {                                                         \
         const T *bp = Bp + (size_t)p * NR * k;                                                 \
@@ -269,15 +273,41 @@ CGRU_INLINE void NAME##_block(const int ISA, const int TA, int m, int n, int k, 
  * CGRU_L2_ROWS_BYTES, each passing over every panel of B, so that A is read from L2 rather    \
  * than from memory once per panel (rows under 1 KiB stream well enough, measured). A larger   \
  * B goes in column blocks of at most CGRU_L2_B_BYTES, each such a product of its own, so that \
- * A is read once per column block rather than once per panel. A row's bits do not depend on   \
- * its block: every element is one micro-kernel's sum over all of k.                       */  \
+ * A is read once per column block rather than once per panel. A transposed A with rows of     \
+ * 1 KiB or more (a weight gradient's dgᵀ over a time block) is copied, a row block at a time, \
+ * into groups of the level's row block (TA 2): read in place, each k of a micro-kernel call   \
+ * is a new cache line, twice the traffic of a row-major A (dW at 0.55 of the peak on AVX2).   \
+ * A row's bits do not depend on its block or on the copy: every element is one               \
+ * micro-kernel's sum over all of k.                                                       */  \
 CGRU_INLINE void NAME##_rows(const int ISA, const int TA, int m, int n, int k, const T *A,     \
                              int lda, const T *Bp, int beta1, T *C, int ldc) {                 \
     enum { MR = 24 };          /* a multiple of every level's row block (8, 6, 4) */           \
+    const int G = ISA == 4 ? 8 : ISA == 3 ? 6 : 4;                                             \
     size_t row_bytes = (size_t)(k > 0 ? k : 1) * sizeof(T);                                    \
     int mc = (int)(CGRU_L2_ROWS_BYTES / row_bytes) / MR * MR;                                  \
     if (mc < 2 * MR) mc = 2 * MR;                                                              \
-    if (m < 2 * mc || row_bytes < 1024) {                                                      \
+    int whole = m < 2 * mc || row_bytes < 1024;                                                \
+    if (TA == 1 && row_bytes >= 1024 && m >= 2 * G) {                                          \
+        int rows = whole ? m : mc;                                                             \
+        T *pk = (T *)malloc(((size_t)rows + G) * (size_t)k * sizeof(T));                       \
+        if (pk) {                                                                              \
+            for (int i = 0; i < m; i += rows) {                                                \
+                int r = m - i < rows ? m - i : rows;                                           \
+                for (int kk = 0; kk < k; kk++) {                                               \
+                    const T *src = A + (size_t)kk * lda + i;                                   \
+                    for (int g = 0; g * G < r; g++) {                                          \
+                        T *dst = pk + (size_t)g * G * k + (size_t)kk * G;                      \
+                        int w = r - g * G < G ? r - g * G : G;                                 \
+                        for (int c = 0; c < w; c++) dst[c] = src[g * G + c];                   \
+                    }                                                                          \
+                }                                                                              \
+                NAME##_block(ISA, 2, r, n, k, pk, G, Bp, beta1, C + (size_t)i * ldc, ldc);     \
+            }                                                                                  \
+            free(pk);                                                                          \
+            return;                                                                            \
+        }                                                                                      \
+    }                                                                                          \
+    if (whole) {                                                                               \
         NAME##_block(ISA, TA, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
         return;                                                                                \
     }                                                                                          \
