@@ -294,15 +294,22 @@ def pack_rhs(B, bint trans, out=None):
     return dst
 
 
+cdef int _level(isa) except -1:
+    # the ISA level a test asks for (4 AVX-512, 3 AVX2+FMA, 0 portable), None: this machine's
+    if isa is None:
+        return cgru_isa()
+    if isa not in (0, 3, 4) or isa > cgru_isa():
+        raise ValueError(f"isa: expected 0, 3 or 4, at most {cgru_isa()} here, got {isa!r}")
+    return isa
+
+
 def gemm_packed_rm(A, Bp, int n, C, bint beta1, isa=None, bint trans_a=False):
     """``C[m, n] (+)= op(A)[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs`` (the kernels'
     GEMM, single-threaded; for tests and tools — the engine runs it through
     ``blas.gemm_packed_blocks``): A (``[k, m]`` with ``trans_a``) and C 2-D views of one float
     dtype with unit inner stride (any row stride).  ``isa``: run the code of that level (4
     AVX-512, 3 AVX2+FMA, 0 portable; at most ``cgru_isa()``)."""
-    cdef int level = cgru_isa() if isa is None else isa
-    if level not in (0, 3, 4) or level > cgru_isa():
-        raise ValueError(f"isa: expected 0, 3 or 4, at most {cgru_isa()} here, got {isa!r}")
+    cdef int level = _level(isa)
     if not (isinstance(A, np.ndarray) and isinstance(C, np.ndarray) and isinstance(Bp, np.ndarray)):
         raise TypeError("A, Bp, C: expected NumPy arrays")
     if A.dtype not in (np.float32, np.float64) or C.dtype != A.dtype or Bp.dtype != A.dtype:
@@ -353,9 +360,7 @@ def vector_math(name, x, isa=None):
     """``sigmoid`` or ``tanh`` of a C-contiguous float32 or float64 array through the kernels'
     vector code (for tests).  ``isa``: run the code of that level (4 AVX-512, 3 AVX2+FMA, 0
     portable; at most ``cgru_isa()``)."""
-    cdef int level = cgru_isa() if isa is None else isa
-    if level not in (0, 3, 4) or level > cgru_isa():
-        raise ValueError(f"isa: expected 0, 3 or 4, at most {cgru_isa()} here, got {isa!r}")
+    cdef int level = _level(isa)
     cdef cnp.ndarray a = np.ascontiguousarray(x)
     cdef cnp.ndarray out = np.empty_like(a)
     if name not in ("sigmoid", "tanh"):
@@ -534,9 +539,7 @@ def gate_row(kernel, operands, int option=0, isa=None):
     arrays of one float dtype, each of its width times H), ``option`` the kernel's flag (GRU: flip_z, RNN: relu),
     ``isa`` the level to run (4 AVX-512, 3 AVX2+FMA, 0 portable; at most ``cgru_isa()``).
     Returns the "inout" and "out" operands as new arrays; the given ones are not modified."""
-    cdef int level = cgru_isa() if isa is None else isa
-    if level not in (0, 3, 4) or level > cgru_isa():
-        raise ValueError(f"isa: expected 0, 3 or 4, at most {cgru_isa()} here, got {isa!r}")
+    cdef int level = _level(isa)
     if kernel not in GATE_ROWS:
         raise ValueError(f"kernel: expected one of {sorted(GATE_ROWS)}, got {kernel!r}")
     spec = GATE_ROWS[kernel]
@@ -619,10 +622,7 @@ def fingerprint(a, isa=None):
     cdef const unsigned char *p = <const unsigned char *>cnp.PyArray_DATA(c)
     cdef size_t n = <size_t>c.nbytes
     cdef uint64_t out[2]
-    cdef int level = cgru_isa() if isa is None else isa
-    if level > cgru_isa() or level not in (0, 3, 4):
-        raise ValueError(f"isa: expected 0, 3 or 4, at most this machine's {cgru_isa()}, got "
-                         f"{isa!r}")
+    cdef int level = _level(isa)
     with nogil:
         cgru_fingerprint(p, n, &_fp_key, out, level)
     return (<bytes>(<char *>out)[:16])
