@@ -43,6 +43,11 @@ directives = {
 }
 
 KERNELS = "cgru/_kernels"
+# The C kernels (the packed GEMM, the gate rows, the vector math; src/*.c over simd.h and
+# gates.h), compiled once and linked into every module that calls them
+KERNEL_SOURCES = [f"{KERNELS}/src/{part}.c" for part in ("gemm_f32", "gemm_f64", "gates_f32",
+                                                          "gates_f64")]
+KERNEL_HEADERS = [f"{KERNELS}/{h}" for h in ("simd.h", "gates.h")]
 extensions = [
     Extension(
         f"cgru._kernels.{name}",
@@ -54,7 +59,8 @@ extensions = [
         depends=[f"{KERNELS}/{h}" for h in ("simd.h", "gates.h", "hash.h", "team.h",
                                             "threads.pxd", "blas.pxd", "loops.pxd", "entry.pxi",
                                             "driver.pxi")
-                 + (("parallel.h",) if name == "threads" else ())],
+                 + (("parallel.h",) if name == "threads" else ())]
+        + (KERNEL_SOURCES if name != "threads" else []),
     )
     for name in ("threads", "blas", "loops", "gru", "lstm", "rnn")
 ]
@@ -110,9 +116,28 @@ def openmp_works(compiler, cflags, ldflags):
         return True, ""
 
 
+def compile_kernels(cmd):
+    """The objects of KERNEL_SOURCES in ``cmd.build_temp``, each compiled with the modules'
+    flags (in parallel, on ``cmd.parallel`` threads) unless newer than its source and headers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(src):
+        obj = cmd.compiler.object_filenames([src], output_dir=cmd.build_temp)[0]
+        newest = max(os.path.getmtime(f) for f in [src] + KERNEL_HEADERS)
+        if cmd.force or not os.path.exists(obj) or os.path.getmtime(obj) < newest:
+            cmd.compiler.compile([src], output_dir=cmd.build_temp, include_dirs=[KERNELS],
+                                 extra_postargs=compile_args)
+        return obj
+
+    workers = cmd.parallel if isinstance(cmd.parallel, int) and cmd.parallel > 1 else 1
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, KERNEL_SOURCES))
+
+
 def build_ext_openmp(base):
     """``base`` that first probes the compiler's OpenMP and adds its flags to the kernels (or
-    warns and builds them serially), and compiles on every core unless told ``-j``."""
+    warns and builds them serially), compiles the C kernels once for every module, and
+    compiles on every core unless told ``-j``."""
     class build_ext_with_openmp(base):
         def finalize_options(self):
             # compile the extensions in parallel (pip's builds pass no -j)
@@ -136,6 +161,11 @@ def build_ext_openmp(base):
                               f"{ldflags} ({why}): cgru's kernels are built without OpenMP and "
                               f"run serially; set CGRU_OPENMP_CFLAGS / CGRU_OPENMP_LDFLAGS (e.g. "
                               f"for a libomp install) to enable threads")
+            if kernels:
+                objects = compile_kernels(self)
+                for ext in kernels:
+                    if ext.name != "cgru._kernels.threads":
+                        ext.extra_objects = list(ext.extra_objects or []) + objects
             super().build_extensions()
     return build_ext_with_openmp
 

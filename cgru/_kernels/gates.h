@@ -206,13 +206,17 @@ CGRU_DEFINE_WHERE_POS(f64x2, cgru_vd2, cgru_vl2)
 CGRU_TARGET_V4 CGRU_LEVEL void NAME##_v4 PARAMS { CGRU_APPLY(BODY, CGRU_OPS_##SUF##_v4) }      \
 CGRU_TARGET_V3 CGRU_LEVEL void NAME##_v3 PARAMS { CGRU_APPLY(BODY, CGRU_OPS_##SUF##_v3) }      \
 CGRU_LEVEL void NAME##_base PARAMS { CGRU_APPLY(BODY, CGRU_OPS_##SUF##_v0) }                   \
-static inline void NAME##_at(int isa, CGRU_UNPAREN PARAMS) {                                   \
+CGRU_API void NAME##_at(int isa, CGRU_UNPAREN PARAMS) {                                        \
     switch (isa) {                                                                             \
     case 4: NAME##_v4 ARGS; break;                                                             \
     case 3: NAME##_v3 ARGS; break;                                                             \
     default: NAME##_base ARGS; break;                                                          \
     }                                                                                          \
 }                                                                                              \
+static inline void NAME(CGRU_UNPAREN PARAMS) { NAME##_at(cgru_isa(), CGRU_UNPAREN ARGS); }
+/* where the kernels are not compiled (see simd.h): the entry point and the call */
+#define CGRU_DECLARE_ROW_KERNEL(NAME, BODY, SUF, PARAMS, ARGS)                                 \
+CGRU_API void NAME##_at(int isa, CGRU_UNPAREN PARAMS);                                         \
 static inline void NAME(CGRU_UNPAREN PARAMS) { NAME##_at(cgru_isa(), CGRU_UNPAREN ARGS); }
 /* each level's operations: float and double on 64-, 32- and 16-byte vectors */
 #define CGRU_OPS_f32_v4 float, cgru_vf, 16, cgru_ld_f32, cgru_st_f32, cgru_vsigmoidf, cgru_vtanhf, \
@@ -228,41 +232,49 @@ static inline void NAME(CGRU_UNPAREN PARAMS) { NAME##_at(cgru_isa(), CGRU_UNPARE
 #define CGRU_OPS_f64_v0 double, cgru_vd2, 2, cgru_ld_f64x2, cgru_st_f64x2, cgru_vsigmoidd2,    \
     cgru_vtanhd2, cgru_where_pos_f64x2
 
-#define CGRU_DEFINE_GATES(SUF, T)                                                              \
-CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_ra_##SUF, CGRU_GRU_FWD_RA_BODY, SUF,                       \
+#define CGRU_DEFINE_GATES(SUF, T, ROW_KERNEL)                                                  \
+ROW_KERNEL(cgru_gru_fwd_ra_##SUF, CGRU_GRU_FWD_RA_BODY, SUF,                                   \
     (int H, const T *gx, const T *gh, const T *b, const T *bhn, const T *hp, T *g3, T *hn,     \
      T *hnew, int flip),                                                                       \
     (H, gx, gh, b, bhn, hp, g3, hn, hnew, flip))                                               \
-CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_ra_##SUF, CGRU_GRU_BWD_RA_BODY, SUF,                       \
+ROW_KERNEL(cgru_gru_bwd_ra_##SUF, CGRU_GRU_BWD_RA_BODY, SUF,                                   \
     (int H, const T *g3, const T *hp, const T *hn, T *dh, T *dgx, T *dgh, int flip),           \
     (H, g3, hp, hn, dh, dgx, dgh, flip))                                                       \
-CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_rb_rz_##SUF, CGRU_GRU_FWD_RB_RZ_BODY, SUF,                 \
+ROW_KERNEL(cgru_gru_fwd_rb_rz_##SUF, CGRU_GRU_FWD_RB_RZ_BODY, SUF,                             \
     (int H, const T *gx, const T *gh, const T *b, const T *hp, const T *m, T *g3, T *rh),      \
     (H, gx, gh, b, hp, m, g3, rh))                                                             \
-CGRU_DEFINE_ROW_KERNEL(cgru_gru_fwd_rb_n_##SUF, CGRU_GRU_FWD_RB_N_BODY, SUF,                   \
+ROW_KERNEL(cgru_gru_fwd_rb_n_##SUF, CGRU_GRU_FWD_RB_N_BODY, SUF,                               \
     (int H, const T *gxn, const T *ghn, const T *bn, const T *z, const T *hp, T *n, T *hnew,   \
      int flip),                                                                                \
     (H, gxn, ghn, bn, z, hp, n, hnew, flip))                                                   \
-CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_rb_##SUF, CGRU_GRU_BWD_RB_BODY, SUF,                       \
+ROW_KERNEL(cgru_gru_bwd_rb_##SUF, CGRU_GRU_BWD_RB_BODY, SUF,                                   \
     (int H, const T *g3, const T *hp, const T *m, T *dh, T *dgx, T *rhm, int flip),            \
     (H, g3, hp, m, dh, dgx, rhm, flip))                                                        \
-CGRU_DEFINE_ROW_KERNEL(cgru_gru_bwd_rb_r_##SUF, CGRU_GRU_BWD_RB_R_BODY, SUF,                   \
+ROW_KERNEL(cgru_gru_bwd_rb_r_##SUF, CGRU_GRU_BWD_RB_R_BODY, SUF,                               \
     (int H, const T *g3, const T *hp, const T *m, const T *drh, T *dh, T *dgx),                \
     (H, g3, hp, m, drh, dh, dgx))                                                              \
-CGRU_DEFINE_ROW_KERNEL(cgru_lstm_fwd_##SUF, CGRU_LSTM_FWD_BODY, SUF,                           \
+ROW_KERNEL(cgru_lstm_fwd_##SUF, CGRU_LSTM_FWD_BODY, SUF,                                       \
     (int H, const T *gx, const T *gh, const T *b, const T *cp, T *g4, T *cn, T *hf),           \
     (H, gx, gh, b, cp, g4, cn, hf))                                                            \
-CGRU_DEFINE_ROW_KERNEL(cgru_lstm_bwd_##SUF, CGRU_LSTM_BWD_BODY, SUF,                           \
+ROW_KERNEL(cgru_lstm_bwd_##SUF, CGRU_LSTM_BWD_BODY, SUF,                                       \
     (int H, const T *g4, const T *cp, const T *cn, const T *dhf, T *dc, T *da),                \
     (H, g4, cp, cn, dhf, dc, da))                                                              \
-CGRU_DEFINE_ROW_KERNEL(cgru_rnn_fwd_##SUF, CGRU_RNN_FWD_BODY, SUF,                             \
+ROW_KERNEL(cgru_rnn_fwd_##SUF, CGRU_RNN_FWD_BODY, SUF,                                         \
     (int H, const T *gx, const T *gh, const T *b, T *hn, int relu),                            \
     (H, gx, gh, b, hn, relu))                                                                  \
-CGRU_DEFINE_ROW_KERNEL(cgru_rnn_bwd_##SUF, CGRU_RNN_BWD_BODY, SUF,                             \
+ROW_KERNEL(cgru_rnn_bwd_##SUF, CGRU_RNN_BWD_BODY, SUF,                                         \
     (int H, const T *hn, T *dh, T *da, int relu),                                              \
     (H, hn, dh, da, relu))
 
-CGRU_DEFINE_GATES(f32, float)
-CGRU_DEFINE_GATES(f64, double)
+#ifdef CGRU_IMPL_GATES_F32
+CGRU_DEFINE_GATES(f32, float, CGRU_DEFINE_ROW_KERNEL)
+#else
+CGRU_DEFINE_GATES(f32, float, CGRU_DECLARE_ROW_KERNEL)
+#endif
+#ifdef CGRU_IMPL_GATES_F64
+CGRU_DEFINE_GATES(f64, double, CGRU_DEFINE_ROW_KERNEL)
+#else
+CGRU_DEFINE_GATES(f64, double, CGRU_DECLARE_ROW_KERNEL)
+#endif
 
 #endif

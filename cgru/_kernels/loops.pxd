@@ -1,7 +1,8 @@
 # What every cell kind's time loops share (cgru/_kernels/gru.pyx, lstm.pyx, rnn.pyx):
 # the vector kernels of simd.h, the activations, the loop description, signal polling and the
 # test probes.  Inline functions are compiled into each module that cimports them; the others
-# live in loops.pyx (one copy, so that the probe is one).
+# live in loops.pyx (one copy, so that the probe is one).  The C kernels declared here are
+# compiled once (src/*.c) and linked into each module (setup.py).
 from cython cimport floating
 from libc.math cimport exp, expf, tanh, tanhf, log1p, log1pf, fabs, fabsf
 from cpython.ref cimport PyObject

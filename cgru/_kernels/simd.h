@@ -16,6 +16,12 @@
  * and the baseline (SSE2), each version written on vectors of its level's register width, and
  * picked by an explicit switch on cgru_isa() (asked once; NAME_at takes the level, so that a
  * test can force each one the machine runs).
+ *
+ * Compiled once: the files of src/ define CGRU_IMPL_<part> and include this header (or
+ * gates.h), which then defines that part's functions; everywhere else the header only declares
+ * them (and the small inline wrappers), and setup.py links the objects into each module that
+ * calls them. Every level's code of every kernel compiled into each of five modules made a
+ * build four times slower, and twenty times under the sanitizers.
  */
 #ifndef CGRU_SIMD_H
 #define CGRU_SIMD_H
@@ -33,6 +39,7 @@
 #define CGRU_INLINE static inline __attribute__((always_inline))
 #define CGRU_LEVEL static __attribute__((noinline))   /* one level's version: its own function */
 #define CGRU_UNROLL _Pragma("GCC unroll 16")   /* loops over registers: constant indices */
+#define CGRU_API __attribute__((visibility("hidden")))   /* compiled once, linked into modules */
 
 /* Vectors of each level's register width: 64 bytes for AVX-512, 32 for AVX2, 16 for the
  * baseline (SSE2). Each level's code is written on its own width: GCC splits a vector wider
@@ -345,14 +352,20 @@ CGRU_LEVEL void NAME##_base(int ta, int m, int n, int k, const T *A, int lda, co
     if (ta) NAME##_body(0, 1, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
     else NAME##_body(0, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                \
 }                                                                                              \
-static void NAME##_t_at(int isa, int ta, int m, int n, int k, const T *A, int lda,             \
-                        const T *Bp, int beta1, T *C, int ldc) {                               \
+CGRU_API void NAME##_t_at(int isa, int ta, int m, int n, int k, const T *A, int lda,          \
+                          const T *Bp, int beta1, T *C, int ldc) {                             \
     switch (isa) {                                                                             \
     case 4: NAME##_v4(ta, m, n, k, A, lda, Bp, beta1, C, ldc); break;                          \
     case 3: NAME##_v3(ta, m, n, k, A, lda, Bp, beta1, C, ldc); break;                          \
     default: NAME##_base(ta, m, n, k, A, lda, Bp, beta1, C, ldc); break;                       \
     }                                                                                          \
-}                                                                                              \
+}
+/* where the GEMM is not compiled: its entry point */
+#define CGRU_DECLARE_GEMM(NAME, T)                                                             \
+CGRU_API void NAME##_t_at(int isa, int ta, int m, int n, int k, const T *A, int lda,          \
+                          const T *Bp, int beta1, T *C, int ldc);
+/* everywhere: the calls on one entry point (this machine's level unless given) */
+#define CGRU_DEFINE_GEMM_CALLS(NAME, T)                                                        \
 static inline void NAME##_at(int isa, int m, int n, int k, const T *A, int lda, const T *Bp,   \
                              int beta1, T *C, int ldc) {                                       \
     NAME##_t_at(isa, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                   \
@@ -370,7 +383,8 @@ static inline void NAME##_ta(int m, int n, int k, const T *A, int lda, const T *
 #if CGRU_X86
 #define CGRU_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
 #define CGRU_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
-static int cgru_isa(void) {
+#ifdef CGRU_IMPL_ISA
+CGRU_API int cgru_isa(void) {
     static int isa = -1;
     if (isa < 0) {
         __builtin_cpu_init();
@@ -381,16 +395,32 @@ static int cgru_isa(void) {
     }
     return isa;
 }
+#endif
 #else
 #define CGRU_TARGET_V4
 #define CGRU_TARGET_V3
-static int cgru_isa(void) { return 0; }
+#ifdef CGRU_IMPL_ISA
+CGRU_API int cgru_isa(void) { return 0; }
+#endif
+#endif
+#ifndef CGRU_IMPL_ISA
+CGRU_API int cgru_isa(void);
 #endif
 
+#ifdef CGRU_IMPL_GEMM_F32
 CGRU_DEFINE_GEMM(cgru_gemm_packed_f32, cgru_micro16_f32, cgru_micro8_f32, cgru_micro4_f32, float,
                  CGRU_NR_F)
+#else
+CGRU_DECLARE_GEMM(cgru_gemm_packed_f32, float)
+#endif
+#ifdef CGRU_IMPL_GEMM_F64
 CGRU_DEFINE_GEMM(cgru_gemm_packed_f64, cgru_micro8_f64, cgru_micro4_f64, cgru_micro2_f64, double,
                  CGRU_NR_D)
+#else
+CGRU_DECLARE_GEMM(cgru_gemm_packed_f64, double)
+#endif
+CGRU_DEFINE_GEMM_CALLS(cgru_gemm_packed_f32, float)
+CGRU_DEFINE_GEMM_CALLS(cgru_gemm_packed_f64, double)
 
 /* ---- float32 exp, sigmoid, tanh, one definition for every vector width ---------------------
  * VF a float vector, VI the int32 vector of the same lanes; SUF names the width ("" 16 lanes,
@@ -549,17 +579,21 @@ TARGET CGRU_LEVEL void NAME(int n, const T *x, T *y) {                          
 CGRU_APPLY(CGRU_DEFINE_VMAP_LEVEL, NAME##_v4, CGRU_TARGET_V4, T, CGRU_UNPAREN V4)              \
 CGRU_APPLY(CGRU_DEFINE_VMAP_LEVEL, NAME##_v3, CGRU_TARGET_V3, T, CGRU_UNPAREN V3)              \
 CGRU_APPLY(CGRU_DEFINE_VMAP_LEVEL, NAME##_base, , T, CGRU_UNPAREN V0)                          \
-static inline void NAME##_at(int isa, int n, const T *x, T *y) {                               \
+CGRU_API void NAME##_at(int isa, int n, const T *x, T *y) {                                    \
     switch (isa) {                                                                             \
     case 4: NAME##_v4(n, x, y); break;                                                         \
     case 3: NAME##_v3(n, x, y); break;                                                         \
     default: NAME##_base(n, x, y); break;                                                      \
     }                                                                                          \
-}                                                                                              \
+}
+#define CGRU_DECLARE_VMAP(NAME, T)                                                             \
+CGRU_API void NAME##_at(int isa, int n, const T *x, T *y);
+#define CGRU_DEFINE_VMAP_CALL(NAME, T)                                                         \
 static inline void NAME(int n, const T *x, T *y) { NAME##_at(cgru_isa(), n, x, y); }
 #define CGRU_UNPAREN(...) __VA_ARGS__
 #define CGRU_APPLY(M, ...) M(__VA_ARGS__)
 
+#ifdef CGRU_IMPL_VMAP
 CGRU_DEFINE_VMAP(cgru_sigmoid_f32, float, (cgru_vf, 16, cgru_loadf, cgru_vsigmoidf),
                  (cgru_vf8, 8, cgru_loadf8, cgru_vsigmoidf8),
                  (cgru_vf4, 4, cgru_loadf4, cgru_vsigmoidf4))
@@ -570,5 +604,15 @@ CGRU_DEFINE_VMAP(cgru_sigmoid_f64, double, (cgru_vd, 8, cgru_loadd, cgru_vsigmoi
                  (cgru_vd2, 2, cgru_loadd2, cgru_vsigmoidd2))
 CGRU_DEFINE_VMAP(cgru_tanh_f64, double, (cgru_vd, 8, cgru_loadd, cgru_vtanhd),
                  (cgru_vd4, 4, cgru_loadd4, cgru_vtanhd4), (cgru_vd2, 2, cgru_loadd2, cgru_vtanhd2))
+#else
+CGRU_DECLARE_VMAP(cgru_sigmoid_f32, float)
+CGRU_DECLARE_VMAP(cgru_tanh_f32, float)
+CGRU_DECLARE_VMAP(cgru_sigmoid_f64, double)
+CGRU_DECLARE_VMAP(cgru_tanh_f64, double)
+#endif
+CGRU_DEFINE_VMAP_CALL(cgru_sigmoid_f32, float)
+CGRU_DEFINE_VMAP_CALL(cgru_tanh_f32, float)
+CGRU_DEFINE_VMAP_CALL(cgru_sigmoid_f64, double)
+CGRU_DEFINE_VMAP_CALL(cgru_tanh_f64, double)
 
 #endif
