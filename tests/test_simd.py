@@ -525,21 +525,6 @@ def test_gate_rows_are_compiled_for_each_isa(module, kernels):
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 code only")
-def test_packed_gemm_prefetches_its_right_hand_side():
-    """Reads the packed GEMM's machine code: every level's version prefetches the panels of B
-    ahead of its first pass over them (without, a B past the L2 — a step's recurrent weights
-    at H = 1024 — came from memory at half the multiply-add rate)."""
-    code = _disassembly("loops")
-    for suffix in ("f32", "f64"):
-        for level in ("v4", "v3", "base"):
-            name = f"cgru_gemm_packed_{suffix}_{level}"
-            lines = [line for f in code if f == name or f.startswith(name + ".")
-                     for line in code[f]]
-            assert lines, name
-            assert any("prefetcht0" in line for line in lines), name
-
-
-@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 code only")
 def test_packed_gemm_keeps_its_sums_in_registers():
     """Reads the packed GEMM's machine code: the AVX2 and baseline versions, written on
     vectors of their own register width, never multiply-add onto a value on the stack (when

@@ -62,13 +62,6 @@ typedef int64_t cgru_vl2 __attribute__((vector_size(16)));
 #define CGRU_NR_D 16   /* packed panel width, double: likewise */
 #define CGRU_L2_ROWS_BYTES (192 << 10)   /* rows of A per block of a long product (see _body) */
 #define CGRU_L2_B_BYTES (1 << 20)        /* ... when packed B is at most this large */
-/* The first micro-kernel call over a panel of B (the first rows, the panel's first vectors)
- * prefetches the panel's whole rows this many k ahead, when it has 4 rows or more: a B past
- * the L2 (a per-step product's recurrent weights at H = 1024, 12 MiB in float32) otherwise
- * comes from L3 or memory at the pace of the hardware prefetchers (20×3072×1024 on a Zen 2
- * core: 37 GFLOP/s without, 52-72 with). Under 4 rows the loads of B are most of the work
- * and the prefetches only take their ports (one row, 768×256: 34 GFLOP/s without, 25 with) */
-#define CGRU_PF_K 64
 
 #define CGRU_DEFINE_LOAD(NAME, T, VT)                                                          \
 CGRU_INLINE VT NAME(const T *p) { VT v; memcpy(&v, p, sizeof v); return v; }
@@ -116,7 +109,7 @@ CGRU_DEFINE_PACK(cgru_pack_f64, double, CGRU_NR_D)
  * or which rows share a call. ncols: the columns of C from the first vector that exist.       */
 #define CGRU_DEFINE_MICRO(NAME, T, VT, L, NR, LOAD)                                            \
 CGRU_INLINE void NAME(const int ta, const int mr, const int v0, const int nv, int ncols, int k, \
-                      const T *A, int lda, const T *Bp, int beta1, T *C, int ldc, int pf) {    \
+                      const T *A, int lda, const T *Bp, int beta1, T *C, int ldc) {            \
     enum { VP = NR / L };                                                                      \
     VT acc[8][8];                                                                              \
     size_t ps = (size_t)NR * k;                                                                \
@@ -124,12 +117,6 @@ CGRU_INLINE void NAME(const int ta, const int mr, const int v0, const int nv, in
         CGRU_UNROLL for (int q = 0; q < nv; q++) acc[r][q] = (VT){0};                          \
     for (int kk = 0; kk < k; kk++) {                                                           \
         VT b[8];                                                                               \
-        if (pf && mr >= 4) {   /* see CGRU_PF_K */                                             \
-            const char *f = (const char *)(Bp + (size_t)(kk + CGRU_PF_K) * NR);                \
-            CGRU_UNROLL for (int p = v0 / VP; p <= (v0 + nv - 1) / VP; p++)                    \
-                CGRU_UNROLL for (int o = 0; o < NR * (int)sizeof(T); o += 64)                  \
-                    __builtin_prefetch(f + p * ps * sizeof(T) + o, 0, 3);                      \
-        }                                                                                      \
         CGRU_UNROLL for (int q = 0; q < nv; q++)                                               \
             b[q] = LOAD(Bp + ((v0 + q) / VP) * ps + (size_t)kk * NR + ((v0 + q) % VP) * L);    \
         CGRU_UNROLL for (int r = 0; r < mr; r++) {                                             \
@@ -189,8 +176,7 @@ CGRU_DEFINE_MICRO(cgru_micro2_f64, double, cgru_vd2, 2, CGRU_NR_D, cgru_loadd2)
 #define CGRU_A_ROWS(i)                                                                         \
     (TA == 2 ? A + (size_t)((i) / G) * G * k + (i) % G : TA ? A + (i) : A + (size_t)(i) * lda)
 #define CGRU_RUN(MICRO, R, V0, NV, ncols, cp)                                                  \
-    MICRO(TA, R, V0, NV, ncols, k, CGRU_A_ROWS(i), lda, bp, beta1, (cp) + (size_t)i * ldc, ldc, \
-          i == 0 && (V0) == 0)
+    MICRO(TA, R, V0, NV, ncols, k, CGRU_A_ROWS(i), lda, bp, beta1, (cp) + (size_t)i * ldc, ldc)
 #define CGRU_RUN_ROWS(MICRO, MR, V0, NV, ncols, cp)                                            \
     for (; i + MR <= m; i += MR) CGRU_RUN(MICRO, MR, V0, NV, ncols, cp)
 
