@@ -72,6 +72,37 @@ def test_packed_gemm_on_strided_views(isa, dtype):
     assert (bigC[:, :5] == 7).all() and (bigC[:, 82:] == 7).all()
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_packed_gemm_over_a_b_that_prefetches(isa, dtype):
+    # packed B of 8 MiB or more (a step's recurrent weights at H = 1024): the first rows over
+    # each panel run in a call of their own that also prefetches the panel (simd.h). Every
+    # row's bits are those it gets computed alone or among other rows — with fewer rows than
+    # the first call takes, or from a row that is not the first — and match float64.
+    rng = np.random.default_rng(11)
+    k = 1024
+    n = (12 << 20) // (k * np.dtype(dtype).itemsize) - 5     # 12 MiB, a last partial panel
+    B = rng.standard_normal((n, k)).astype(dtype)
+    Bp = K.pack_rhs(B, True)
+    assert Bp.nbytes >= 8 << 20
+    m = 21
+    A = rng.standard_normal((m, k)).astype(dtype)
+    whole = np.full((m, n), np.nan, dtype)
+    K.gemm_packed_rm(A, Bp, n, whole, False, isa=isa)
+    np.testing.assert_allclose(whole, A.astype(np.float64) @ B.T.astype(np.float64),
+                               rtol=TOL[dtype], atol=TOL[dtype] * k)
+    for lo, hi in [(0, 1), (0, 3), (0, 4), (0, 5), (0, 6), (0, 7), (0, 8), (0, 9), (0, 13),
+                   (2, 21), (5, 17), (20, 21)]:
+        part = np.full((hi - lo, n), np.nan, dtype)
+        K.gemm_packed_rm(A[lo:hi], Bp, n, part, False, isa=isa)
+        assert np.array_equal(part, whole[lo:hi]), (lo, hi)
+    # C + A·op(B) adds onto C as without the prefetching call
+    C = rng.standard_normal((m, n)).astype(dtype)
+    want = C + whole
+    K.gemm_packed_rm(A, Bp, n, C, True, isa=isa)
+    assert np.array_equal(C, want)
+
+
 def test_packed_gemm_refuses_what_it_cannot_compute():
     A, C = np.ones((4, 6), np.float32), np.empty((4, 5), np.float32)
     Bp = K.pack_rhs(np.ones((5, 6), np.float32), True)
@@ -544,3 +575,18 @@ def test_packed_gemm_keeps_its_sums_in_registers():
             assert len(on_stack) <= most * len(arithmetic), (name, on_stack[:3])
             if level != "v4":
                 assert not any("%zmm" in line for line in lines), name
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 code only")
+def test_packed_gemm_prefetches_in_each_level():
+    """Reads the packed GEMM's machine code: each level's version holds the prefetches of its
+    first call over a large B's panel (test_packed_gemm_over_a_b_that_prefetches runs the
+    ones this machine can)."""
+    code = _disassembly("loops")
+    for suffix in ("f32", "f64"):
+        for level in ("v4", "v3", "base"):
+            name = f"cgru_gemm_packed_{suffix}_{level}"
+            lines = [line for f in code if f == name or f.startswith(name + ".")
+                     for line in code[f]]
+            assert lines, name
+            assert any(re.search(r"\tprefetcht0\b", line) for line in lines), name
