@@ -112,12 +112,16 @@ static inline void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {  
 CGRU_DEFINE_PACK(cgru_pack_f32, float, CGRU_NR_F)
 CGRU_DEFINE_PACK(cgru_pack_f64, double, CGRU_NR_D)
 
-/* ---- micro-kernel: C[mr, nv·L] (+)= A[mr, k] · the nv vectors of columns from vector v0 ----
- * of Bp's panels (L lanes a vector, NR/L vectors a panel; vector q of the call is vector
- * (v0 + q) mod NR/L of panel (v0 + q) div NR/L). mr·nv accumulator vectors; the k loop
- * broadcasts A[r, kk] and multiply-adds. Every C element is acc += a·b over kk in increasing
- * order in every instantiation, so the bits do not depend on mr, nv, the level's vector width
- * or which rows share a call. ncols: the columns of C from the first vector that exist.       */
+/* ---- micro-kernel: C[mr, nv·L] (+)= A[mr, k] · the nv vectors of columns at Bp -------------
+ * (L lanes a vector, NR/L vectors a panel; Bp points at a vector of a panel, vector q of the
+ * call is vector q mod NR/L of the q div NR/L-th panel from there). mr·nv accumulator
+ * vectors; the k loop broadcasts A[r, kk] and multiply-adds. The caller points Bp at the
+ * first vector (a half panel's, a quarter's) rather than passing its index, so that every
+ * offset into B is a constant: with the index a variable, the AVX2 loop over k ran out of
+ * registers and reloaded the offset from the stack at every k. Every C element is acc += a·b
+ * over kk in increasing order in every instantiation, so the bits do not depend on mr, nv, the
+ * level's vector width or which rows share a call. ncols: the columns of C from the first
+ * vector that exist.                                                                         */
 /* The micro-kernel's loop over k (PF: also prefetch the rows of the panels it reads from,
  * CGRU_PF_K ahead: all of each row, so that the calls after it on the same panel, which do
  * not prefetch, find it in cache) */
@@ -126,20 +130,20 @@ CGRU_DEFINE_PACK(cgru_pack_f64, double, CGRU_NR_D)
         VT b[8];                                                                               \
         if (PF && kk + CGRU_PF_K < k) {                                                        \
             const char *f = (const char *)(Bp + (size_t)(kk + CGRU_PF_K) * NR);                \
-            CGRU_UNROLL for (int p = v0 / VP; p <= (v0 + nv - 1) / VP; p++)                    \
+            CGRU_UNROLL for (int p = 0; p <= (nv - 1) / VP; p++)                               \
                 CGRU_UNROLL for (int o = 0; o < NR * (int)sizeof(T); o += 64)                  \
                     __builtin_prefetch(f + p * ps * sizeof(T) + o, 0, 3);                      \
         }                                                                                      \
         CGRU_UNROLL for (int q = 0; q < nv; q++)                                               \
-            b[q] = LOAD(Bp + ((v0 + q) / VP) * ps + (size_t)kk * NR + ((v0 + q) % VP) * L);    \
+            b[q] = LOAD(Bp + (q / VP) * ps + (size_t)kk * NR + (q % VP) * L);                  \
         CGRU_UNROLL for (int r = 0; r < mr; r++) {                                             \
             T a = ta ? A[(size_t)kk * lda + r] : A[(size_t)r * lda + kk];                      \
             CGRU_UNROLL for (int q = 0; q < nv; q++) acc[r][q] += a * b[q];                    \
         }                                                                                      \
     }
 #define CGRU_DEFINE_MICRO(NAME, T, VT, L, NR, LOAD)                                            \
-CGRU_INLINE void NAME(const int ta, const int mr, const int v0, const int nv, int ncols, int k, \
-                      const T *A, int lda, const T *Bp, int beta1, T *C, int ldc, const int PF) { \
+CGRU_INLINE void NAME(const int ta, const int mr, const int nv, int ncols, int k, const T *A,    \
+                      int lda, const T *Bp, int beta1, T *C, int ldc, const int PF) {          \
     enum { VP = NR / L };                                                                      \
     VT acc[8][8];                                                                              \
     size_t ps = (size_t)NR * k;                                                                \
@@ -190,22 +194,21 @@ CGRU_DEFINE_MICRO(cgru_micro2_f64, double, cgru_vd2, 2, CGRU_NR_D, cgru_loadd2)
  *     broadcast); under 4 rows, or the last 1-3 rows, the whole panel at once (one row: two
  *     panels);
  *   SSE2 (16 registers, a panel = 8 vectors): 4 rows × a quarter panel.
- * MICRO(ta, mr, v0, nv, ...) with constants wherever the level's code names them, so each
- * call is unrolled into registers. */
+ * MICRO(ta, mr, nv, ...) with constants wherever the level's code names them, so each call is
+ * unrolled into registers. */
 /* Inside the block functions: the micro-kernel on the rows from i of A and of C (at cp), on
- * B at bp; CGRU_RUN_ROWS while MR rows are left. A's rows from i: TA 0, A row-major; TA 1, A
- * given transposed ([k, m]); TA 2, A transposed and packed in groups of G rows (the level's
- * row block), group g a [k, G] array at A + g·G·k, lda = G (see _rows). */
+ * the vectors of packed B from B; CGRU_RUN_ROWS while MR rows are left. A's rows from i:
+ * TA 0, A row-major; TA 1, A given transposed ([k, m]); TA 2, A transposed and packed in
+ * groups of G rows (the level's row block), group g a [k, G] array at A + g·G·k, lda = G (see
+ * _rows). */
 #define CGRU_A_ROWS(i)                                                                         \
     (TA == 2 ? A + (size_t)((i) / G) * G * k + (i) % G : TA ? A + (i) : A + (size_t)(i) * lda)
-#define CGRU_RUN(MICRO, R, V0, NV, ncols, cp)                                                  \
-    MICRO(TA, R, V0, NV, ncols, k, CGRU_A_ROWS(i), lda, bp, beta1, (cp) + (size_t)i * ldc, ldc, \
-          0)
-#define CGRU_RUN_PF(MICRO, R, V0, NV, ncols, cp)                                               \
-    MICRO(TA, R, V0, NV, ncols, k, CGRU_A_ROWS(i), lda, bp, beta1, (cp) + (size_t)i * ldc, ldc, \
-          1)
-#define CGRU_RUN_ROWS(MICRO, MR, V0, NV, ncols, cp)                                            \
-    for (; i + MR <= m; i += MR) CGRU_RUN(MICRO, MR, V0, NV, ncols, cp)
+#define CGRU_RUN(MICRO, R, B, NV, ncols, cp)                                                   \
+    MICRO(TA, R, NV, ncols, k, CGRU_A_ROWS(i), lda, B, beta1, (cp) + (size_t)i * ldc, ldc, 0)
+#define CGRU_RUN_PF(MICRO, R, B, NV, ncols, cp)                                                \
+    MICRO(TA, R, NV, ncols, k, CGRU_A_ROWS(i), lda, B, beta1, (cp) + (size_t)i * ldc, ldc, 1)
+#define CGRU_RUN_ROWS(MICRO, MR, B, NV, ncols, cp)                                             \
+    for (; i + MR <= m; i += MR) CGRU_RUN(MICRO, MR, B, NV, ncols, cp)
 
 #define CGRU_DEFINE_GEMM(NAME, MICRO16, MICRO8, MICRO4, T, NR)                                 \
 /* AVX-512: a panel is VP = 2 vectors */                                                       \
@@ -220,13 +223,13 @@ CGRU_INLINE void NAME##_block_v4(const int TA, int m, int n, int k, const T *A, 
             const T *bp = Bp + (size_t)p * NR * k;                                             \
             int ncols = n - p * NR, i = 0;                                                     \
             T *cp = C + (size_t)p * NR;                                                        \
-            CGRU_RUN_ROWS(MICRO16, 6, 0, 2 * VP, ncols, cp);                                   \
+            CGRU_RUN_ROWS(MICRO16, 6, bp, 2 * VP, ncols, cp);                                  \
             switch (m - i) {                                                                   \
-            case 5: CGRU_RUN(MICRO16, 5, 0, 2 * VP, ncols, cp); break;                         \
-            case 4: CGRU_RUN(MICRO16, 4, 0, 2 * VP, ncols, cp); break;                         \
-            case 3: CGRU_RUN(MICRO16, 3, 0, 2 * VP, ncols, cp); break;                         \
-            case 2: CGRU_RUN(MICRO16, 2, 0, 2 * VP, ncols, cp); break;                         \
-            case 1: CGRU_RUN(MICRO16, 1, 0, 2 * VP, ncols, cp); break;                         \
+            case 5: CGRU_RUN(MICRO16, 5, bp, 2 * VP, ncols, cp); break;                        \
+            case 4: CGRU_RUN(MICRO16, 4, bp, 2 * VP, ncols, cp); break;                        \
+            case 3: CGRU_RUN(MICRO16, 3, bp, 2 * VP, ncols, cp); break;                        \
+            case 2: CGRU_RUN(MICRO16, 2, bp, 2 * VP, ncols, cp); break;                        \
+            case 1: CGRU_RUN(MICRO16, 1, bp, 2 * VP, ncols, cp); break;                        \
             default: break;                                                                    \
             }                                                                                  \
         }                                                                                      \
@@ -235,16 +238,16 @@ CGRU_INLINE void NAME##_block_v4(const int TA, int m, int n, int k, const T *A, 
         const T *bp = Bp + (size_t)p * NR * k;                                                 \
         int ncols = n - p * NR < NR ? n - p * NR : NR, i = 0;                                  \
         T *cp = C + (size_t)p * NR;                                                            \
-        if (pf && m >= 8) { CGRU_RUN_PF(MICRO16, 8, 0, VP, ncols, cp); i = 8; }                \
-        CGRU_RUN_ROWS(MICRO16, 8, 0, VP, ncols, cp);                                           \
+        if (pf && m >= 8) { CGRU_RUN_PF(MICRO16, 8, bp, VP, ncols, cp); i = 8; }               \
+        CGRU_RUN_ROWS(MICRO16, 8, bp, VP, ncols, cp);                                          \
         switch (m - i) {                                                                       \
-        case 7: CGRU_RUN(MICRO16, 7, 0, VP, ncols, cp); break;                                 \
-        case 6: CGRU_RUN(MICRO16, 6, 0, VP, ncols, cp); break;                                 \
-        case 5: CGRU_RUN(MICRO16, 5, 0, VP, ncols, cp); break;                                 \
-        case 4: CGRU_RUN(MICRO16, 4, 0, VP, ncols, cp); break;                                 \
-        case 3: CGRU_RUN(MICRO16, 3, 0, VP, ncols, cp); break;                                 \
-        case 2: CGRU_RUN(MICRO16, 2, 0, VP, ncols, cp); break;                                 \
-        case 1: CGRU_RUN(MICRO16, 1, 0, VP, ncols, cp); break;                                 \
+        case 7: CGRU_RUN(MICRO16, 7, bp, VP, ncols, cp); break;                                \
+        case 6: CGRU_RUN(MICRO16, 6, bp, VP, ncols, cp); break;                                \
+        case 5: CGRU_RUN(MICRO16, 5, bp, VP, ncols, cp); break;                                \
+        case 4: CGRU_RUN(MICRO16, 4, bp, VP, ncols, cp); break;                                \
+        case 3: CGRU_RUN(MICRO16, 3, bp, VP, ncols, cp); break;                                \
+        case 2: CGRU_RUN(MICRO16, 2, bp, VP, ncols, cp); break;                                \
+        case 1: CGRU_RUN(MICRO16, 1, bp, VP, ncols, cp); break;                                \
         default: break;                                                                        \
         }                                                                                      \
     }                                                                                          \
@@ -258,7 +261,7 @@ CGRU_INLINE void NAME##_block_v3(const int TA, int m, int n, int k, const T *A, 
         for (; p + 2 <= panels; p += 2) {                                                      \
             const T *bp = Bp + (size_t)p * NR * k;                                             \
             int i = 0;                                                                         \
-            CGRU_RUN(MICRO8, 1, 0, 2 * VP, n - p * NR, C + (size_t)p * NR);                    \
+            CGRU_RUN(MICRO8, 1, bp, 2 * VP, n - p * NR, C + (size_t)p * NR);                   \
         }                                                                                      \
     for (; p < panels; p++) {                                                                  \
         const T *bp = Bp + (size_t)p * NR * k;                                                 \
@@ -268,18 +271,19 @@ CGRU_INLINE void NAME##_block_v3(const int TA, int m, int n, int k, const T *A, 
          * 1-3 rows (or all, under 4) take the whole panel                                 */  \
         int whole = m < 4 ? m : m % 6 < 4 ? m % 6 : 0;                                         \
         for (int h = 0; h < 2 && whole < m && h * HALF < ncols; h++) {                         \
-            int v0 = h * (VP / 2), cols = ncols - h * HALF, i = 0;                             \
+            const T *bh = bp + (size_t)h * HALF;   /* the half panel's first vector */         \
+            int cols = ncols - h * HALF, i = 0;                                                \
             if (pf && h == 0 && m >= 6) {                                                      \
-                CGRU_RUN_PF(MICRO8, 6, v0, VP / 2, cols, cp + h * HALF); i = 6; }              \
-            CGRU_RUN_ROWS(MICRO8, 6, v0, VP / 2, cols, cp + h * HALF);                         \
-            if (m - i == 5) CGRU_RUN(MICRO8, 5, v0, VP / 2, cols, cp + h * HALF);              \
-            else if (m - i == 4) CGRU_RUN(MICRO8, 4, v0, VP / 2, cols, cp + h * HALF);         \
+                CGRU_RUN_PF(MICRO8, 6, bh, VP / 2, cols, cp + h * HALF); i = 6; }              \
+            CGRU_RUN_ROWS(MICRO8, 6, bh, VP / 2, cols, cp + h * HALF);                         \
+            if (m - i == 5) CGRU_RUN(MICRO8, 5, bh, VP / 2, cols, cp + h * HALF);              \
+            else if (m - i == 4) CGRU_RUN(MICRO8, 4, bh, VP / 2, cols, cp + h * HALF);         \
         }                                                                                      \
         int i = m - whole;                                                                     \
         switch (whole) {                                                                       \
-        case 3: CGRU_RUN(MICRO8, 3, 0, VP, ncols, cp); break;                                  \
-        case 2: CGRU_RUN(MICRO8, 2, 0, VP, ncols, cp); break;                                  \
-        case 1: CGRU_RUN(MICRO8, 1, 0, VP, ncols, cp); break;                                  \
+        case 3: CGRU_RUN(MICRO8, 3, bp, VP, ncols, cp); break;                                 \
+        case 2: CGRU_RUN(MICRO8, 2, bp, VP, ncols, cp); break;                                 \
+        case 1: CGRU_RUN(MICRO8, 1, bp, VP, ncols, cp); break;                                 \
         default: break;                                                                        \
         }                                                                                      \
     }                                                                                          \
@@ -293,11 +297,12 @@ CGRU_INLINE void NAME##_block_base(const int TA, int m, int n, int k, const T *A
         const T *bp = Bp + (size_t)p * NR * k;                                                 \
         int ncols = n - p * NR < NR ? n - p * NR : NR;                                         \
         for (int qt = 0; qt < 4 && qt * Q < ncols; qt++) {                                     \
-            int v0 = qt * (VP / 4), cols = ncols - qt * Q, i = 0;                              \
+            const T *bq = bp + (size_t)qt * Q;     /* the quarter panel's first vector */      \
+            int cols = ncols - qt * Q, i = 0;                                                  \
             T *cp = C + (size_t)p * NR + qt * Q;                                               \
-            if (pf && qt == 0 && m >= 4) { CGRU_RUN_PF(MICRO4, 4, v0, VP / 4, cols, cp); i = 4; } \
-            CGRU_RUN_ROWS(MICRO4, 4, v0, VP / 4, cols, cp);                                    \
-            for (; i < m; i++) CGRU_RUN(MICRO4, 1, v0, VP / 4, cols, cp);                      \
+            if (pf && qt == 0 && m >= 4) { CGRU_RUN_PF(MICRO4, 4, bq, VP / 4, cols, cp); i = 4; } \
+            CGRU_RUN_ROWS(MICRO4, 4, bq, VP / 4, cols, cp);                                    \
+            for (; i < m; i++) CGRU_RUN(MICRO4, 1, bq, VP / 4, cols, cp);                      \
         }                                                                                      \
     }                                                                                          \
 }                                                                                              \
