@@ -516,6 +516,41 @@ def test_a_batch_one_sequence_shares_its_products_by_columns(monkeypatch, dtype)
     np.testing.assert_allclose(runs[0][2], want[-1].flat(), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_weight_gradient_copies_its_rows_of_a_once_per_thread(monkeypatch, dtype):
+    """A weight gradient with few rows of C (``[G·H, in]``, H = 128) over a time block: each
+    of its blocks copies all of its rows of A (simd.h), so one thread runs it as one block and
+    two threads as at most one block each — while the other products still split by columns
+    at two threads. The bits are the same at 1 and 2 threads and agree with the reference."""
+    from cgru._kernels import blas
+    from cgru.core import reference
+    topo = cgru.Topology(128, 128, 1)
+    net = cgru.Network.random(topo, dtype, seed=5, cell=cgru.RNNCell())
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((80, 16, 128)).astype(dtype)
+    dy = rng.standard_normal((80, 16, 128)).astype(dtype)
+    seen, real = [], blas.gemm_packed_blocks
+
+    def spy(A, Bp, C, beta1, n_blocks, nt, trans_a=False, col_blocks=1):
+        seen.append((nt, bool(trans_a), min(n_blocks, C.shape[0]) * col_blocks))
+        return real(A, Bp, C, beta1, n_blocks, nt, trans_a, col_blocks)
+    monkeypatch.setattr(blas, "gemm_packed_blocks", spy)
+    runs = []
+    for nt in (1, 2):
+        f = cgru.forward(net, x, training=True, num_threads=nt)
+        g = cgru.backward(net, x, f.reserve, dy, num_threads=nt)
+        runs.append((f.y, g.dx, g.dparams.flat()))
+    wgrad = {nt: {b for t, ta, b in seen if t == nt and ta} for nt in (1, 2)}
+    assert wgrad[1] == {1}, seen
+    assert wgrad[2] and max(wgrad[2]) <= 2, seen
+    assert any(t == 2 and not ta and b > 2 for t, ta, b in seen), seen
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    want = reference.backward(net, x, dy)
+    tol = 1e-10 if dtype == np.float64 else 1e-3
+    np.testing.assert_allclose(runs[0][2], want[-1].flat(), rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("small", [False, True], ids=["pooled", "lent"])
 @pytest.mark.parametrize("cell,masked", [(cgru.GRUCell(), False), (cgru.LSTMCell(), True),
                                           (cgru.RNNCell(), False)], ids=["gru", "lstm", "rnn"])

@@ -282,16 +282,21 @@ def gemm_t(As, B, C, beta=0.0, nt=1, pack=None):
             continue
         rows = _gemm_blocks(False, Ci.shape[0])
         blas.gemm_packed_blocks(A, Bp, Ci, beta == 1.0, rows, nt, True,
-                                _column_blocks(rows, Ci.shape[0], Ci.shape[1], A.shape[0]))
+                                _column_blocks(rows, Ci.shape[0], Ci.shape[1], A.shape[0], nt,
+                                               True))
 
 
-def _column_blocks(rows, m, n, k):
+def _column_blocks(rows, m, n, k, nt, trans_a=False):
     """Blocks of columns per block of rows of a packed product ``[m, n]`` over k with
-    ``rows`` row blocks: enough for _MAX_GEMM_BLOCKS blocks in all when there are fewer row
-    blocks and the product is big enough to share."""
-    if rows >= _MAX_GEMM_BLOCKS or m * n * k < _MIN_COLUMN_SPLIT_WORK:
+    ``rows`` row blocks, on up to ``nt`` threads: enough for _MAX_GEMM_BLOCKS blocks in all
+    when there are fewer row blocks and the product is big enough to share — with ``trans_a``
+    (a weight gradient) one per thread at most, since each block copies all of its rows of A
+    (simd.h). One thread: 1, nothing to share (each block reads its rows of A again; a weight
+    gradient at n = 128 spent a fifth of its time copying A four times). No element's sum
+    depends on the blocks, so neither do the bits."""
+    if nt <= 1 or rows >= _MAX_GEMM_BLOCKS or m * n * k < _MIN_COLUMN_SPLIT_WORK:
         return 1
-    return _MAX_GEMM_BLOCKS // rows
+    return min(_MAX_GEMM_BLOCKS // rows, nt) if trans_a else _MAX_GEMM_BLOCKS // rows
 
 
 def gemm_packed(A, Bp, C, beta1=False, nt=1):
@@ -303,7 +308,7 @@ def gemm_packed(A, Bp, C, beta1=False, nt=1):
     m, n = C.shape
     rows = _gemm_blocks(False, m)
     blas.gemm_packed_blocks(A, Bp, C, beta1, rows, nt, False,
-                            _column_blocks(rows, m, n, A.shape[1]))
+                            _column_blocks(rows, m, n, A.shape[1], nt))
 
 
 class Workspace:
