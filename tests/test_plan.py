@@ -482,24 +482,15 @@ def test_weight_gradients_are_split_over_rows(monkeypatch, cell):
     np.testing.assert_allclose(grads[0], want, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_batch_one_sequence_shares_its_products_by_columns(monkeypatch, dtype):
-    """A batch-1 sequence has too few rows of T·N to split its input projection and input
-    gradient by rows, so they are split into blocks of columns (both cores share them): the
-    split happens, and the results are bitwise the same at 1 and 2 threads and agree with the
-    NumPy reference."""
+def _training_steps_splits(monkeypatch, net, x, dy):
+    """A training step at 1 and at 2 threads, with the packed products' splits seen:
+    ``(splits, runs)`` — splits ``(threads, trans_a, row blocks, column blocks)`` per product
+    (row blocks at most C's rows), runs ``(y, dx, flat weight gradients)`` per thread count."""
     from cgru._kernels import blas
-    from cgru.core import reference
-    topo = cgru.Topology(96, 128, 1)
-    net = cgru.Network.random(topo, dtype, seed=3)
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((40, 1, 96)).astype(dtype)
-    dy = rng.standard_normal((40, 1, 128)).astype(dtype)
     splits, real = [], blas.gemm_packed_blocks
 
     def spy(A, Bp, C, beta1, n_blocks, nt, trans_a=False, col_blocks=1):
-        if not trans_a:
-            splits.append((n_blocks, col_blocks))
+        splits.append((nt, bool(trans_a), min(n_blocks, C.shape[0]), col_blocks))
         return real(A, Bp, C, beta1, n_blocks, nt, trans_a, col_blocks)
     monkeypatch.setattr(blas, "gemm_packed_blocks", spy)
     runs = []
@@ -507,7 +498,23 @@ def test_a_batch_one_sequence_shares_its_products_by_columns(monkeypatch, dtype)
         f = cgru.forward(net, x, training=True, num_threads=nt)
         g = cgru.backward(net, x, f.reserve, dy, num_threads=nt)
         runs.append((f.y, g.dx, g.dparams.flat()))
-    assert (1, 4) in splits, splits
+    return splits, runs
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_batch_one_sequence_shares_its_products_by_columns(monkeypatch, dtype):
+    """A batch-1 sequence has too few rows of T·N to split its input projection and input
+    gradient by rows, so at two threads they are split into blocks of columns (both cores share
+    them): the split happens, and the results are bitwise the same at 1 and 2 threads and agree with the
+    NumPy reference."""
+    from cgru.core import reference
+    topo = cgru.Topology(96, 128, 1)
+    net = cgru.Network.random(topo, dtype, seed=3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((40, 1, 96)).astype(dtype)
+    dy = rng.standard_normal((40, 1, 128)).astype(dtype)
+    splits, runs = _training_steps_splits(monkeypatch, net, x, dy)
+    assert (2, False, 1, 4) in splits, splits
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
     want = reference.backward(net, x, dy)
@@ -522,28 +529,17 @@ def test_a_weight_gradient_copies_its_rows_of_a_once_per_thread(monkeypatch, dty
     of its blocks copies all of its rows of A (simd.h), so one thread runs it as one block and
     two threads as at most one block each — while the other products still split by columns
     at two threads. The bits are the same at 1 and 2 threads and agree with the reference."""
-    from cgru._kernels import blas
     from cgru.core import reference
     topo = cgru.Topology(128, 128, 1)
     net = cgru.Network.random(topo, dtype, seed=5, cell=cgru.RNNCell())
     rng = np.random.default_rng(6)
     x = rng.standard_normal((80, 16, 128)).astype(dtype)
     dy = rng.standard_normal((80, 16, 128)).astype(dtype)
-    seen, real = [], blas.gemm_packed_blocks
-
-    def spy(A, Bp, C, beta1, n_blocks, nt, trans_a=False, col_blocks=1):
-        seen.append((nt, bool(trans_a), min(n_blocks, C.shape[0]) * col_blocks))
-        return real(A, Bp, C, beta1, n_blocks, nt, trans_a, col_blocks)
-    monkeypatch.setattr(blas, "gemm_packed_blocks", spy)
-    runs = []
-    for nt in (1, 2):
-        f = cgru.forward(net, x, training=True, num_threads=nt)
-        g = cgru.backward(net, x, f.reserve, dy, num_threads=nt)
-        runs.append((f.y, g.dx, g.dparams.flat()))
-    wgrad = {nt: {b for t, ta, b in seen if t == nt and ta} for nt in (1, 2)}
+    seen, runs = _training_steps_splits(monkeypatch, net, x, dy)
+    wgrad = {nt: {r * c for t, ta, r, c in seen if t == nt and ta} for nt in (1, 2)}
     assert wgrad[1] == {1}, seen
     assert wgrad[2] and max(wgrad[2]) <= 2, seen
-    assert any(t == 2 and not ta and b > 2 for t, ta, b in seen), seen
+    assert any(t == 2 and not ta and r * c > 2 for t, ta, r, c in seen), seen
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
     want = reference.backward(net, x, dy)
