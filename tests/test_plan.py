@@ -505,8 +505,8 @@ def _training_steps_splits(monkeypatch, net, x, dy):
 def test_a_batch_one_sequence_shares_its_products_by_columns(monkeypatch, dtype):
     """A batch-1 sequence has too few rows of T·N to split its input projection and input
     gradient by rows, so at two threads they are split into blocks of columns (both cores share
-    them): the split happens, and the results are bitwise the same at 1 and 2 threads and agree with the
-    NumPy reference."""
+    them): the split happens, and the results are bitwise the same at 1 and 2 threads and
+    agree with the NumPy reference."""
     from cgru.core import reference
     topo = cgru.Topology(96, 128, 1)
     net = cgru.Network.random(topo, dtype, seed=3)
