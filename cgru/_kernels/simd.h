@@ -68,7 +68,7 @@ typedef int64_t cgru_vl2 __attribute__((vector_size(16)));
  * prefetches the panel's whole rows CGRU_PF_K ahead; every other call is the plain kernel
  * (the prefetching one is a separate instantiation, its own peeled call). On a Zen 2 core (L2
  * 512 KiB, memory read at about 12 GB/s) the engine's per-step products of 20×3072×1024 went
- * from about 50 to about 58 GFLOP/s. Prefetching in every call, or testing a flag in the
+ * from about 48 to about 55 GFLOP/s. Prefetching in every call, or testing a flag in the
  * kernel's loop, cost the common shapes (B of 1 MiB or less, which the hardware prefetchers
  * keep up with) about 10 %; this way they run the same code as without it.               */
 #define CGRU_PF_K 64
