@@ -233,6 +233,48 @@ def test_fork_while_another_thread_is_inside_a_call(run):
     """)
 
 
+def test_a_child_forked_while_a_runner_is_busy_runs_the_general_way(run):
+    """A thread of the parent is inside a call on the runner of repeated inference calls (held
+    there by the test probe) when the main thread forks: in the child, where that call does not
+    exist, the runner stays held, so the child's calls of that shape run the general way with
+    the parent's bits (none waits for it); the parent's runner goes on once the call ends, and
+    a child forked while it is free runs on its copy."""
+    run("""
+        import threading
+        from cgru._kernels import loops
+        from cgru.core import weights
+        net = cgru.Network.random(cgru.Topology(16, 64), np.float32, seed=1).sealed()
+        x = np.random.default_rng(3).standard_normal((8, 2, 16)).astype(np.float32)
+        first = cgru.forward(net, x)[:2]               # the general way; the runner comes next
+        assert same(cgru.forward(net, x)[:2], first)
+        runner, = [p._runner for p in weights.freeze(net)._plans.values() if p._runner]
+        runs = runner.runs
+        loops.set_probe(3, action=2, needed=2, timeout=60.0)
+        t = threading.Thread(target=cgru.forward, args=(net, x))
+        t.start()
+        while loops.probe_state()["arrived"] < 1:
+            pass                                       # the thread waits inside the runner
+        pid = os.fork()
+        if pid == 0:
+            loops.set_probe(-1)
+            ok = runner.busy and same(cgru.forward(net, x)[:2], first) and runner.runs == runs
+            os._exit(0 if ok else 3)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        loops.probe_arrive()
+        t.join()
+        loops.set_probe(-1)
+        assert code == 0, code
+        assert runner.runs == runs + 1 and not runner.busy
+        pid = os.fork()
+        if pid == 0:
+            ok = same(cgru.forward(net, x)[:2], first) and runner.runs == runs + 2
+            os._exit(0 if ok else 3)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert same(cgru.forward(net, x)[:2], first) and runner.runs == runs + 2
+        print("OK")
+    """)
+
+
 def test_torch_dataloader_workers():
     """DataLoader workers (forked) computing with cgru, and a cgru.torch module trained in
     the parent between epochs: every worker's results are the parent's bits."""

@@ -8,3 +8,10 @@ from cython cimport floating
 cdef void gemm(bint trans_a, bint trans_b, int m, int n, int k, floating alpha,
                const floating *A, int lda, const floating *B, int ldb,
                floating beta, floating *C, int ldc) noexcept nogil
+
+# C[m, n] = A[m, k] · op(B), op(B) packed (loops.pack_rhs), as blas.gemm_packed_blocks runs it
+# (blocks of C's rows and columns on up to num_threads threads; the same bits for any split):
+# for a caller that checked its operands once (the kernels' Runner).  errors: an empty list.
+cdef int packed_product(bint f32, const void *A, int lda, const void *Bp, void *C, int ldc,
+                        int m, int n, int k, int n_blocks, int col_blocks, int num_threads,
+                        list errors) except -1

@@ -470,19 +470,43 @@ def gemm_packed_blocks(const floating[:, :] A, const floating[::1] Bp, floating[
         if not beta1:
             C[:, :] = 0
         return
+    run_packed(&J, floating is float, trans_a, beta1, &A[0, 0], &Bp[0], &C[0, 0], n_blocks,
+               col_blocks, num_threads, [])
+
+
+cdef int run_packed(GemmJob *J, bint f32, bint trans_a, bint beta1, const void *A,
+                    const void *Bp, void *C, int n_blocks, int col_blocks, int num_threads,
+                    list errors) except -1:
+    """``gemm_packed_blocks``' product once its sizes and leading dimensions are in ``J``
+    (``m``, ``n``, ``k`` ≥ 1) and its operands checked: the blocks, then the team."""
+    cdef int nr = CGRU_NR_F if f32 else CGRU_NR_D
     J.trans_a, J.trans_b, J.alpha, J.beta = trans_a, False, 1.0, 1.0 if beta1 else 0.0
-    J.A = &A[0, 0]
-    J.B = &Bp[0]
+    J.A, J.B, J.C = A, Bp, C
     J.packed = True
     J.split_rows = False
     J.col_blocks = max(1, min(col_blocks, (J.n + nr - 1) // nr))
-    J.C = &C[0, 0]
     J.partial = NULL
     J.n_blocks = max(1, min(n_blocks, J.m)) * J.col_blocks
-    errors = []
-    num_threads = start_job(&J, errors, num_threads)
-    cdef item_fn item = gemm_item_f if floating is float else gemm_item_d
+    num_threads = start_job(J, errors, num_threads)
+    cdef item_fn item = gemm_item_f if f32 else gemm_item_d
     with nogil:
-        parallel_for(J.n_blocks, num_threads, item, &J, gemm_poll, &J)
+        parallel_for(J.n_blocks, num_threads, item, J, gemm_poll, J)
     if errors:
         raise errors[0]
+    return 0
+
+
+cdef int packed_product(bint f32, const void *A, int lda, const void *Bp, void *C, int ldc,
+                        int m, int n, int k, int n_blocks, int col_blocks, int num_threads,
+                        list errors) except -1:
+    """``C[m, n] = A[m, k] · op(B)`` over raw pointers (row-major, leading dimensions in
+    elements, ``Bp`` packed by ``loops.pack_rhs`` for this ``[k, n]``), exactly as
+    ``gemm_packed_blocks`` runs it without ``trans_a`` or ``beta1``: for a caller that checked
+    its operands once and runs the product call after call (the kernels' ``Runner``).
+    ``errors`` (empty) receives what a signal handler raised, which is raised."""
+    cdef GemmJob J
+    if m <= 0 or n <= 0 or k <= 0:
+        raise ValueError(f"packed_product: expected m, n, k ≥ 1, got {m}, {n}, {k}")
+    J.m, J.n, J.k, J.lda, J.ldb, J.ldc = m, n, k, lda, 0, ldc
+    return run_packed(&J, f32, False, False, A, Bp, C, n_blocks, col_blocks, num_threads,
+                      errors)

@@ -156,6 +156,82 @@ def _forward_layout(kind, cell, topo, dtype, T, N, Tb, training, zero_h0, zero_c
     return ws
 
 
+class ForwardPlan:
+    """A forward's plan for one shape, made once and kept by the call's ``Frozen`` (the
+    ``PLANS`` most recent shapes): the loops' batch chunks and threads, the workspace layout,
+    the steps per block of time — and, for an inference of one layer-stack whose workspace is
+    step-sized, a ``Runner`` from the shape's second call on.
+
+    **The runner** (the kernels' ``Runner``) holds everything such a call would otherwise
+    build again in Python: every layer's loop arguments over the packs and bias sums of this
+    ``Frozen`` (a function of its kept copies alone, which nothing writes), a workspace of its
+    own, the input projections' splits.  A call then costs its checks, its outputs and one
+    call into the kernels; the result is the general path's, bit for bit (the same kernels,
+    arguments and splits; tested).  It serves one call at a time: a call that finds it busy (a
+    second thread, a fork taken while it ran) runs the general way.  Calls with a workspace of
+    their own, a state mask, sequence lengths, training, or a skip / projected input take the
+    general path; so does every call while the pool is off (``plan._reuse``: the tests'
+    poisoning)."""
+
+    __slots__ = ("kind", "cell", "T", "N", "nt", "zero_h0", "zero_c0", "chunks", "threads",
+                 "space", "Tb", "runnable", "_uses", "_runner")
+
+    def __init__(self, kind, cell, topo, dtype, T, N, nt, training, zero_h0, zero_c0):
+        H, D, G = topo.hidden_size, topo.num_directions, cell.gates
+        self.kind, self.cell, self.T, self.N, self.nt = kind, cell, T, N, nt
+        self.zero_h0, self.zero_c0 = zero_h0, zero_c0
+        self.chunks = plan.n_chunks(N, H)
+        self.threads = plan.loop_threads(nt, T, N, H, D, G)
+        self.space = forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0,
+                                       zero_c0)
+        self.Tb = plan.time_block(T, N)
+        self.runnable = not training and topo.input_mode == "linear" and \
+            self.space.block_bytes <= plan.SPARE_BLOCK_BYTES
+        self._uses = 0
+        self._runner = None
+
+    def runner(self, frozen):
+        """The runner of this plan's calls (``frozen``: the weights of the ``Frozen`` that keeps
+        the plan), made at the second call; None before, and while the pool is off."""
+        if not plan._reuse:
+            return None
+        if self._runner is None:
+            self._uses += 1
+            if self._uses < 2:
+                return None
+            self._runner = make_runner(self, frozen)
+        return self._runner
+
+
+def make_runner(fp, frozen):
+    """The kernels' ``Runner`` of the inference plan ``fp`` over the weights ``frozen``."""
+    kind, cell, T, N, nt, Tb = fp.kind, fp.cell, fp.T, fp.N, fp.nt, fp.Tb
+    net = frozen.net
+    topo, dtype = net.topology, net.dtype
+    H, D, L, S, G = (topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size,
+                     cell.gates)
+    kernels = BACKEND.kernels(kind)
+    buf = fp.space.allocate()           # the runner's own
+    layers = []
+    for layer in range(L):
+        width = topo.input_size if layer == 0 else topo.output_size
+        dirs, packs = [], []
+        for d in range(D):
+            i = layer * D + d
+            common = dict(reverse=topo.reversed_direction(d), gx=buf[f"gx{d}"], ldgx=G * H,
+                          h0=None, hy=None, states=None, pre=None, row0=0,
+                          **frozen.direction_args(kind, cell, i, True))
+            dirs.append(kind.forward_direction(kernels, common, cell, {}, None, None))
+            packs.append(frozen.packed(i, "W", True))
+        splits = []
+        for s0 in range(0, T, Tb):
+            splits.append(plan.packed_splits((min(T, s0 + Tb) - s0) * N, G * H, width, nt))
+        out = None if layer == L - 1 else buf[f"out{layer % 2}"]
+        layers.append((dirs, packs, width, out, splits))
+    return kernels.Runner(dtype, T, N, H, S, G, Tb, fp.chunks, fp.threads, nt, cell,
+                          validate.full_lengths(T, N), layers, buf["scratch"], buf)
+
+
 def initial_states(buf, h0, c0):
     """``(h0, c0)``: the ones given, else the zeros of the workspace ``buf`` (room that
     ``forward_workspace`` made for them; ``c0`` stays ``None`` for a kind without one)."""
@@ -184,14 +260,24 @@ def run_forward(call, workspace=None, out=None):
     h0, c0 = call.h0, call.c0
     kernels = BACKEND.kernels(kind)
 
-    # --- plan (a sealed network's ``Frozen`` keeps it for the calls of the same shapes)
-    chunks, threads, space, Tb = call.frozen.plan(
+    # --- plan (the call's ``Frozen`` keeps it for the calls of the same shapes)
+    fp = call.frozen.plan(
         ("forward plan", call.frozen.cell_key(cell), T, N, nt, training, h0 is None,
          c0 is None),
-        lambda: (plan.n_chunks(N, H), plan.loop_threads(nt, T, N, H, D, G),
-                 forward_workspace(kind, cell, topo, dtype, T, N, training, h0 is None,
-                                   c0 is None), plan.time_block(T, N)))
+        lambda: ForwardPlan(kind, cell, topo, dtype, T, N, nt, training, h0 is None,
+                            c0 is None))
+    chunks, threads, space, Tb = fp.chunks, fp.threads, fp.space, fp.Tb
     X = call.x.reshape(T * N, topo.input_size)
+    runner = fp.runner(call.frozen) if workspace is None and fp.runnable and call.mask is None \
+        and call.lengths is validate.full_lengths(T, N) else None
+    if runner is not None:
+        hy = _output(given, "hy", (L * D, N, S), dtype)
+        cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
+        y = _output(given if not call.batch_major else {}, "y", (T, N, DS), dtype)
+        if runner.run(X, h0, c0, y, hy, cy):
+            if call.batch_major:
+                y = _batch_major(y, given, "y")
+            return Forward(y, hy, None, cy)
     # the workspace: the caller's; a training step's one block (``_training_workspace``); an
     # inference's borrowed from the last call of this layout (``Workspace.borrow``)
     lent = None

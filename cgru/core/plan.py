@@ -305,10 +305,16 @@ def gemm_packed(A, Bp, C, beta1=False, nt=1):
     (``blas.gemm_packed_blocks``): the input projections and the input gradients.  Split into
     blocks of C's rows as ``gemm`` splits a product, and those into blocks of columns where
     there are fewer than _MAX_GEMM_BLOCKS; bitwise independent of the split anyway."""
-    m, n = C.shape
+    rows, cols = packed_splits(C.shape[0], C.shape[1], A.shape[1], nt)
+    blas.gemm_packed_blocks(A, Bp, C, beta1, rows, nt, False, cols)
+
+
+def packed_splits(m, n, k, nt):
+    """``(row blocks, column blocks)`` of a packed product ``[m, n]`` over ``k`` on up to
+    ``nt`` threads (``gemm_packed``'s; the kernels' ``Runner`` takes its input projections'
+    from here too)."""
     rows = _gemm_blocks(False, m)
-    blas.gemm_packed_blocks(A, Bp, C, beta1, rows, nt, False,
-                            _column_blocks(rows, m, n, A.shape[1], nt))
+    return rows, _column_blocks(rows, m, n, k, nt)
 
 
 class Workspace:

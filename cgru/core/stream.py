@@ -15,11 +15,13 @@ work once, when it is made: the weights are packed, the biases are summed, and e
 that does not depend on ``x`` is done.  What a call still does: check ``x`` and the state, one
 packed GEMM and one time loop per layer.
 
-**Per-call cost.** What a step needs besides ``x`` and the state — the workspace's layout,
-the loops' split, the lengths — depends only on ``(T, N)`` and on which states are given, so
-the stream keeps it per such shape, for its few most recent shapes; the layout lends its
-workspace to step after step (``plan.Workspace.shared``), so a step of a shape seen before
-allocates only its outputs.
+**Per-call cost.** What a step needs besides ``x`` and the state — the workspace, the loops'
+split, every layer's loop arguments — depends only on ``(T, N)`` and on which states are
+given: it is the plan ``cgru.forward`` makes for an inference of that shape
+(``engine.ForwardPlan``), kept with the stream's weights for their most recent shapes, and
+from a shape's second step on its runner (the kernels' ``Runner``) runs the step in one call
+into the kernels, on a workspace of its own.  A step then costs its checks, its outputs and
+that call.
 
 The stream is a **snapshot** of the network's weights: it computes with copies of every array
 (``weights.freeze``), so changes made to the network's arrays afterwards are not seen until
@@ -27,40 +29,15 @@ The stream is a **snapshot** of the network's weights: it computes with copies o
 reverse and bidirectional networks need whole sequences (``cgru.forward``).  Inference only
 (no reserve, no dropout), time-major, every sequence of the batch advancing together.
 """
-import collections
-import threading
-
 import numpy as np
 
-from cgru.core import engine, kinds, plan, validate, weights
+from cgru.core import engine, kinds, validate, weights
 from cgru.core.backend import BACKEND
 from cgru.core.calls import check_h
 from cgru.core.network import Network
 from cgru._kernels.threads import resolve_num_threads
 
 __all__ = ["Stream"]
-
-# A stream keeps the step plans of this many recent (T, N, states given) shapes.
-KEEP_SHAPES = 4
-
-
-class _StepPlan:
-    """What a step of one shape needs, made once: the workspace layout, the loops' batch
-    chunks and threads, the (read-only) lengths, the steps per block of time."""
-
-    __slots__ = ("layout", "chunks", "threads", "lengths", "block")
-
-    def __init__(self, stream, T, N, zero_h0, zero_c0):
-        net, topo = stream.net, stream.net.topology
-        H, G = topo.hidden_size, net.cell.gates
-        validate.call_sizes(topo, G, T, N, "x")      # a function of the shape only
-        self.layout = engine.forward_workspace(stream._kind, net.cell, topo, net.dtype, T, N,
-                                               False, zero_h0, zero_c0)
-        self.chunks = plan.n_chunks(N, H)
-        self.threads = plan.loop_threads(stream.num_threads, T, N, H, 1, G)
-        self.lengths = np.full(N, T, np.int64)
-        self.lengths.flags.writeable = False
-        self.block = plan.time_block(T, N)
 
 
 class Stream:
@@ -85,8 +62,6 @@ class Stream:
         self.num_threads = resolve_num_threads(num_threads)
         self._kind = kinds.of(net.cell)
         self._kernels = BACKEND.kernels(self._kind)
-        self._plans = collections.OrderedDict()     # (T, N, zero_h0, zero_c0) -> _StepPlan
-        self._plans_lock = threading.Lock()
         self.refresh()
 
     def refresh(self):
@@ -123,51 +98,57 @@ class Stream:
         c0 = check_h(c0, "state c", topo, dtype, N, topo.hidden_size) if lstm else None
         L, S, H, G = topo.num_layers, topo.state_size, topo.hidden_size, net.cell.gates
         kernels = self._kernels
-        step_plan = self._plan(T, N, h0 is None, c0 is None)
+        frozen = self._frozen
+        step_plan = self._plan(frozen, T, N, h0 is None, c0 is None)
         hy = BACKEND.empty((L, N, S), dtype)
         cy = BACKEND.empty((L, N, H), dtype) if lstm else None
         y = BACKEND.empty((T, N, S), dtype)
         X = np.ascontiguousarray(x3).reshape(T * N, topo.input_size)
-        # the temporaries, one block, as an inference forward's: the input projection, the
-        # zero states, the inner layers' outputs (ping-pong) and the loops' scratch
-        buf = step_plan.layout.borrow()
+        runner = step_plan.runner(frozen) if step_plan.runnable else None
+        if runner is not None and runner.run(X, h0, c0, y, hy, cy):
+            return (y[0] if one_step else y), ((hy, cy) if lstm else hy)
+        # the general way (the step's first call, a busy runner, a large step): the
+        # temporaries, one block, as an inference forward's — the input projection, the zero
+        # states, the inner layers' outputs (ping-pong) and the loops' scratch
+        lengths = validate.full_lengths(T, N)
+        buf = step_plan.space.borrow()
         try:
             h0, c0 = engine.initial_states(buf, h0, c0)
-            Tb = step_plan.block
+            Tb = step_plan.Tb
             for layer, fixed in enumerate(self._layers):
                 out = y if layer == L - 1 else buf[f"out{layer % 2}"]
                 for s0 in range(0, T, Tb):          # in blocks of time, as cgru.forward
                     s1 = min(T, s0 + Tb)
                     rows = (s1 - s0) * N
                     gx = buf["gx0"][:rows]
-                    engine.input_projection(topo, G, layer, 0, self._frozen,
+                    engine.input_projection(topo, G, layer, 0, frozen,
                                             X[s0 * N:s0 * N + rows], gx, self.num_threads)
                     kw = dict(fixed, gx=gx, ldgx=G * H, h0=hy[layer] if s0 else h0[layer],
                               hy=hy[layer], row0=s0 * N)
                     if lstm:
                         kw.update(c0=cy[layer] if s0 else c0[layer], cy=cy[layer])
                     kernels.forward_layer(dtype, T, N, H, S, step_plan.chunks,
-                                          step_plan.threads, net.cell, step_plan.lengths, None,
+                                          step_plan.threads, net.cell, lengths, None,
                                           out, [kernels.Direction(**kw)], False,
                                           buf["scratch"], steps=(s0, s1))
                 X = out.reshape(T * N, S)
         finally:
-            step_plan.layout.give_back(buf)
+            step_plan.space.give_back(buf)
         return (y[0] if one_step else y), ((hy, cy) if lstm else hy)
 
-    def _plan(self, T, N, zero_h0, zero_c0):
-        """The ``_StepPlan`` of this shape (made on its first step; the stream keeps the
-        ``KEEP_SHAPES`` most recently used)."""
-        key = (T, N, zero_h0, zero_c0)
-        with self._plans_lock:
-            found = self._plans.get(key)
-            if found is not None:
-                self._plans.move_to_end(key)
-                return found
-        made = _StepPlan(self, T, N, zero_h0, zero_c0)
-        with self._plans_lock:
-            found = self._plans.setdefault(key, made)
-            self._plans.move_to_end(key)
-            while len(self._plans) > KEEP_SHAPES:
-                self._plans.popitem(last=False)
-        return found
+    def _plan(self, frozen, T, N, zero_h0, zero_c0):
+        """The plan of a step of this shape (``engine.ForwardPlan``, made at its first step and
+        kept with the snapshot's other plans: a forward of the same weights and shape shares
+        it)."""
+        net = self.net
+        return frozen.plan(
+            ("forward plan", frozen.cell_key(net.cell), T, N, self.num_threads, False,
+             zero_h0, zero_c0),
+            lambda: _step_plan(self, T, N, zero_h0, zero_c0))
+
+
+def _step_plan(stream, T, N, zero_h0, zero_c0):
+    net, topo = stream.net, stream.net.topology
+    validate.call_sizes(topo, net.cell.gates, T, N, "x")      # a function of the shape only
+    return engine.ForwardPlan(stream._kind, net.cell, topo, net.dtype, T, N, stream.num_threads,
+                              False, zero_h0, zero_c0)

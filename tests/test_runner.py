@@ -1,0 +1,222 @@
+"""The runner of repeated inference calls (``engine.ForwardPlan``, the kernels' ``Runner``).
+
+From the second inference call of a shape on, ``cgru.forward`` and ``cgru.Stream.step`` run on
+a runner made for that plan: each layer's loop arguments, a workspace of its own and the input
+projections' splits, made once.  Every test here compares its results bit for bit with the
+general path's (the shape's first call, or a call the runner does not serve), with the outputs
+and every workspace starting as NaN (``nan_blocks``) so that an element the runner leaves
+unwritten fails, and counts the runner's runs so that a test cannot pass on the general path
+alone.  Nothing here times anything.
+"""
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import cgru
+from cgru import GRUCell, LSTMCell, Network, RNNCell, Stream, Topology
+from cgru._kernels import loops
+from cgru.core import plan, weights
+
+CELLS = {"gru": (GRUCell(), 0), "gru_rb": (GRUCell(reset_after=False, g="softsign"), 0),
+         "lstm": (LSTMCell(), 0), "lstm_proj": (LSTMCell(), 4),
+         "lstm_peep": (LSTMCell(peepholes=True), 0), "rnn_relu": (RNNCell("relu"), 0)}
+STACKS = {"1": (1, "forward"), "2bi": (2, "bidirectional"), "3rev": (3, "reverse")}
+# (T, N): a step, a short chunk, and two blocks of time (plan.time_block) of a small batch
+SHAPES = [(1, 1), (7, 3), (300, 5)]
+
+
+@pytest.fixture
+def nan_blocks(monkeypatch):
+    """Every output and every workspace block NaN-filled (0xFF bytes) when made, the pool on —
+    unlike the ``poison`` fixture, which turns the pool off and with it the runner."""
+    from conftest import _poisoned_empty
+    monkeypatch.setattr(plan, "empty", _poisoned_empty)
+    monkeypatch.setattr(plan, "recycled",
+                        lambda nbytes, exact=False: np.full(nbytes, 0xFF, np.uint8))
+
+
+def _net(kind, stack, dtype):
+    cell, proj = CELLS[kind]
+    L, direction = STACKS[stack]
+    return Network.random(Topology(5, 6, L, direction, proj_size=proj), dtype, seed=1, cell=cell)
+
+
+def _states(net, N, rng):
+    topo, dtype = net.topology, net.dtype
+    h0 = rng.standard_normal((topo.num_layer_directions, N, topo.state_size)).astype(dtype)
+    c0 = rng.standard_normal((topo.num_layer_directions, N, topo.hidden_size)).astype(dtype) \
+        if net.cell.has_cell_state else None
+    return h0, c0
+
+
+def _runs(net):
+    """Runs of every runner the network's weights keep."""
+    return sum(p._runner.runs for p in weights.freeze(net)._plans.values()
+               if getattr(p, "_runner", None) is not None)
+
+
+def _plan(net, T, N, nt, h0, c0):
+    """The plan of an inference call of ``net`` of these shapes and states."""
+    frozen = weights.freeze(net)
+    return frozen._plans[("forward plan", frozen.cell_key(net.cell), T, N, nt, False,
+                          h0 is None, c0 is None)]
+
+
+def _same(got, want):
+    for a, b in zip(got, want):
+        if b is None:
+            assert a is None
+            continue
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, b)
+
+
+def _general(fn, *args, **kwargs):
+    """``fn(...)`` the general way: with the pool off no call takes a runner."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plan, "_reuse", False)
+        return fn(*args, **kwargs)
+
+
+@pytest.mark.usefixtures("nan_blocks")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("stack", list(STACKS))
+@pytest.mark.parametrize("kind", list(CELLS))
+def test_a_repeated_inference_runs_on_its_runner_with_the_general_paths_bits(kind, stack,
+                                                                            dtype):
+    """Every cell kind, stacks of one to three layers in each direction, a step, a chunk and
+    two blocks of time, one and two threads, given and zero initial states, both layouts,
+    sealed or not: the first call of a shape runs the general way, the next ones on the
+    runner, with the general path's bits."""
+    rng = np.random.default_rng(2)
+    for sealed in (False, True):
+        net = _net(kind, stack, dtype)
+        net = net.sealed() if sealed else net
+        for T, N in SHAPES:
+            x = rng.standard_normal((T, N, 5)).astype(dtype)
+            h0, c0 = _states(net, N, rng)
+            for nt in (1, 2):
+                states = [(None, None), (h0, None)]
+                if c0 is not None:
+                    states += [(h0, c0), (None, c0)]
+                for h, c in states:
+                    for batch_major in (False, True):       # one plan: the runs go on
+                        xin = np.ascontiguousarray(x.transpose(1, 0, 2)) if batch_major else x
+                        args = dict(c0=c, num_threads=nt, batch_major=batch_major)
+                        want = _general(cgru.forward, net, xin, h, **args)
+                        runs = _runs(net)
+                        for _ in range(2):
+                            _same(cgru.forward(net, xin, h, **args), want)
+                        if _plan(net, T, N, nt, h, c).runnable:
+                            assert _runs(net) == runs + (2 if batch_major else 1)
+                        else:       # a workspace larger than a step's: the general path
+                            assert _runs(net) == runs
+                            assert (T, N) == SHAPES[-1]
+        assert _runs(net) >= 8 * len(SHAPES)
+
+
+@pytest.mark.usefixtures("nan_blocks")
+@pytest.mark.parametrize("kind", ["gru", "lstm_proj", "rnn_relu"])
+def test_stream_steps_run_on_the_runner_with_the_whole_sequences_bits(kind):
+    """A stream's steps of one shape after the first run on the runner (shared with
+    ``cgru.forward`` of the same weights and shape), bit for bit the whole sequence's."""
+    N = 4
+    net = Network.random(Topology(5, 6, 3, proj_size=CELLS[kind][1]), np.float32, seed=1,
+                         cell=CELLS[kind][0])
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((9, N, 5)).astype(np.float32)
+    h0, c0 = _states(net, N, rng)
+    want = _general(cgru.forward, net, x, h0, c0=c0)
+    stream = Stream(net)
+    state = (h0, c0) if c0 is not None else h0
+    ys = []
+    for t in range(9):
+        y, state = stream.step(x[t], state)
+        ys.append(y)
+    runs = sum(p._runner.runs for p in stream._frozen._plans.values() if p._runner is not None)
+    assert runs == 8                 # every step after the first
+    np.testing.assert_array_equal(np.stack(ys), want.y)
+    _same(state if c0 is not None else (state,),
+          (want.hy, want.cy) if c0 is not None else (want.hy,))
+
+
+@pytest.mark.usefixtures("nan_blocks")
+def test_calls_the_runner_does_not_serve_run_the_general_way():
+    """Sequence lengths (padded or not), a state mask, a caller's workspace, training and a
+    skip input: never the runner, whatever ran before — each call's own bits."""
+    net = _net("gru", "2bi", np.float64)
+    rng = np.random.default_rng(4)
+    T, N = 6, 3
+    x = rng.standard_normal((T, N, 5))
+    for _ in range(3):
+        cgru.forward(net, x)                                 # the runner of this shape
+    runs = _runs(net)
+    lengths = np.array([6, 2, 4])
+    mask = (rng.random((T, N, 12)) > 0.3).astype(np.float64)
+    cases = [dict(lengths=lengths), dict(lengths=np.full(N, T)), dict(state_mask=mask)]
+    for kw in cases:
+        for _ in range(2):
+            _same(cgru.forward(net, x, **kw), _general(cgru.forward, net, x, **kw))
+    padded = cgru.forward(net, x, lengths=lengths)
+    assert not padded.y[T - 1, 1].any()                     # past a sequence's end: zeros
+    for _ in range(2):
+        _same(cgru.forward(net, x, training=True)[:2], _general(cgru.forward, net, x)[:2])
+    skip = Network.random(Topology(6, 6, 1, input_mode="skip"), np.float64, seed=1)
+    xs = rng.standard_normal((T, N, 6))
+    for _ in range(2):
+        _same(cgru.forward(skip, xs)[:2], _general(cgru.forward, skip, xs)[:2])
+    assert _runs(net) == runs
+    assert _runs(skip) == 0
+
+
+def test_a_busy_runner_leaves_the_call_to_the_general_path():
+    """A call that finds the runner held by another thread's call does not wait for it: it
+    runs the general way, with the same bits.  The test probe holds the first call inside the
+    runner (a rendezvous at step 3 of its loop) until the second call's loop arrives there too:
+    a second call that waited for the runner would never arrive, and the probe would time out."""
+    net = Network.random(Topology(5, 6), np.float32, seed=1).sealed()
+    x = np.random.default_rng(5).standard_normal((8, 2, 5)).astype(np.float32)
+    want = cgru.forward(net, x)
+    cgru.forward(net, x)                                    # the runner is made
+    runs = _runs(net)
+    got = {}
+    loops.set_probe(3, action=2, needed=2, timeout=30.0)
+    try:
+        t = threading.Thread(target=lambda: got.setdefault("runner", cgru.forward(net, x)))
+        t.start()
+        while loops.probe_state()["arrived"] < 1 and t.is_alive():
+            pass                                            # the thread waits in the runner
+        got["general"] = cgru.forward(net, x)               # arrives: both go on
+        t.join()
+        state = loops.probe_state()
+    finally:
+        loops.set_probe(-1)
+    assert not state["timed_out"] and state["arrived"] == 2
+    assert _runs(net) == runs + 1
+    for f in got.values():
+        _same(f, want)
+
+
+def test_an_interrupted_runner_is_free_for_the_next_call():
+    """Ctrl-C during a run on the runner raises KeyboardInterrupt; the runner is free again
+    and the next call runs on it with the usual bits."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are delivered to the main thread only")
+    net = Network.random(Topology(5, 6), np.float64, seed=1)
+    x = np.random.default_rng(6).standard_normal((40, 2, 5))
+    want = cgru.forward(net, x)
+    cgru.forward(net, x)
+    runs = _runs(net)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        loops.set_probe(10, action=1)
+        with pytest.raises(KeyboardInterrupt):
+            cgru.forward(net, x)
+        assert loops.probe_state()["steps"] == 11
+    finally:
+        loops.set_probe(-1)
+        signal.signal(signal.SIGINT, old)
+    _same(cgru.forward(net, x), want)
+    assert _runs(net) == runs + 1
