@@ -119,6 +119,34 @@ def test_a_repeated_inference_runs_on_its_runner_with_the_general_paths_bits(kin
 
 @pytest.mark.usefixtures("nan_blocks")
 @pytest.mark.parametrize("kind", ["gru", "lstm_proj", "rnn_relu"])
+def test_a_runner_on_two_threads_computes_the_bits_of_one(monkeypatch, kind):
+    """At two threads a runner's layers run as two work items (two batch chunks), or as one
+    loop whose per-step products a thread team shares (one chunk): the bits of one thread and
+    of the general path.  Counted: the runner's runs, and the teamed loops."""
+    monkeypatch.setattr(plan, "_MIN_PARALLEL_WORK", 0)        # threads for the loops …
+    old = loops.team_min_work(0)                              # … and a team wherever one fits
+    try:
+        cell, proj = CELLS[kind]
+        net = Network.random(Topology(5, 24, 2, proj_size=proj), np.float64, seed=1, cell=cell)
+        rng = np.random.default_rng(7)
+        for N in (16, 3):                # two chunks: two work items | one chunk: a team
+            x = rng.standard_normal((6, N, 5))
+            h0, c0 = _states(net, N, rng)
+            want = _general(cgru.forward, net, x, h0, c0=c0, num_threads=1)
+            for nt in (1, 2):
+                cgru.forward(net, x, h0, c0=c0, num_threads=nt)        # the plan's first call
+                runs, teams = _runs(net), loops.team_jobs()
+                for _ in range(2):
+                    _same(cgru.forward(net, x, h0, c0=c0, num_threads=nt), want)
+                assert _runs(net) == runs + 2
+                teamed = loops.team_jobs() - teams
+                assert teamed == (2 * 2 if nt == 2 and N == 3 else 0), (N, nt, teamed)
+    finally:
+        loops.team_min_work(old)
+
+
+@pytest.mark.usefixtures("nan_blocks")
+@pytest.mark.parametrize("kind", ["gru", "lstm_proj", "rnn_relu"])
 def test_stream_steps_run_on_the_runner_with_the_whole_sequences_bits(kind):
     """A stream's steps of one shape after the first run on the runner (shared with
     ``cgru.forward`` of the same weights and shape), bit for bit the whole sequence's."""

@@ -268,16 +268,18 @@ def run_forward(call, workspace=None, out=None):
                             c0 is None))
     chunks, threads, space, Tb = fp.chunks, fp.threads, fp.space, fp.Tb
     X = call.x.reshape(T * N, topo.input_size)
+    hy = _output(given, "hy", (L * D, N, S), dtype)
+    cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
+    # the last layer writes y time-major: into the caller's y unless it is batch-major
+    y = _output(given if not call.batch_major else {}, "y", (T, N, DS), dtype)
+    # a repeated inference of a step-sized shape: its plan's runner, unless another call
+    # holds it (``ForwardPlan``)
     runner = fp.runner(call.frozen) if workspace is None and fp.runnable and call.mask is None \
         and call.lengths is validate.full_lengths(T, N) else None
-    if runner is not None:
-        hy = _output(given, "hy", (L * D, N, S), dtype)
-        cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
-        y = _output(given if not call.batch_major else {}, "y", (T, N, DS), dtype)
-        if runner.run(X, h0, c0, y, hy, cy):
-            if call.batch_major:
-                y = _batch_major(y, given, "y")
-            return Forward(y, hy, None, cy)
+    if runner is not None and runner.run(X, h0, c0, y, hy, cy):
+        if call.batch_major:
+            y = _batch_major(y, given, "y")
+        return Forward(y, hy, None, cy)
     # the workspace: the caller's; a training step's one block (``_training_workspace``); an
     # inference's borrowed from the last call of this layout (``Workspace.borrow``)
     lent = None
@@ -290,10 +292,6 @@ def run_forward(call, workspace=None, out=None):
     else:
         buf = space.borrow()
     h0, c0 = initial_states(buf, h0, c0)
-    hy = _output(given, "hy", (L * D, N, S), dtype)
-    cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
-    # the last layer writes y time-major: into the caller's y unless it is batch-major
-    y = _output(given if not call.batch_major else {}, "y", (T, N, DS), dtype)
     rv, lds, xin = None, None, None
     if training:
         layout = reserve_mod.layout_of(topo, cell, T, N, dtype)
