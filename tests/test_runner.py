@@ -248,3 +248,20 @@ def test_an_interrupted_runner_is_free_for_the_next_call():
         signal.signal(signal.SIGINT, old)
     _same(cgru.forward(net, x), want)
     assert _runs(net) == runs + 1
+
+
+@pytest.mark.usefixtures("nan_blocks")
+def test_released_memory_and_changed_weights_never_reach_a_runner():
+    """``cgru.release_memory()`` between calls, and weights changed in place between calls
+    of a plain network: each call computes with the weights it is given (the runner belongs
+    to the ``Frozen`` of the bytes it was made from, which a changed network no longer finds),
+    bit for bit the general path's."""
+    net = _net("lstm", "2bi", np.float32)
+    x = np.random.default_rng(8).standard_normal((5, 2, 5)).astype(np.float32)
+    for step in range(4):
+        for _ in range(3):
+            _same(cgru.forward(net, x), _general(cgru.forward, net, x))
+        assert _runs(net) == 2                 # this weights' own runner, from its 2nd call
+        if step % 2:
+            cgru.release_memory()
+        net[0].W[0, 0] += 0.5                  # new bytes: a new Frozen, its own plans
