@@ -114,8 +114,8 @@ def backward_layer(dtype, int T, int N, int H, int S, int n_chunks, int num_thre
 
 cdef class Runner:
     """An inference forward of one shape over one set of weights, prepared once and run call
-    after call (the engine's per-call path for repeated calls, ``engine.Runner``'s docstring
-    says when): every layer's loop arguments (``make_layer``, with its directions' packs and
+    after call (the engine's per-call path for repeated calls; ``engine.ForwardPlan`` says
+    when): every layer's loop arguments (``make_layer``, with its directions' packs and
     bias sums), their workspace (the input projections' rows, the inner layers' outputs, the
     loops' scratch, the zero initial states — the runner's own), and the input projections'
     splits.  ``run`` then does what ``engine.run_forward`` does for such a call — each block

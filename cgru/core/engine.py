@@ -173,13 +173,12 @@ class ForwardPlan:
     general path; so does every call while the pool is off (``plan._reuse``: the tests'
     poisoning)."""
 
-    __slots__ = ("kind", "cell", "T", "N", "nt", "zero_h0", "zero_c0", "chunks", "threads",
-                 "space", "Tb", "runnable", "_uses", "_runner")
+    __slots__ = ("kind", "cell", "T", "N", "nt", "chunks", "threads", "space", "Tb",
+                 "runnable", "_uses", "_runner")
 
     def __init__(self, kind, cell, topo, dtype, T, N, nt, training, zero_h0, zero_c0):
         H, D, G = topo.hidden_size, topo.num_directions, cell.gates
         self.kind, self.cell, self.T, self.N, self.nt = kind, cell, T, N, nt
-        self.zero_h0, self.zero_c0 = zero_h0, zero_c0
         self.chunks = plan.n_chunks(N, H)
         self.threads = plan.loop_threads(nt, T, N, H, D, G)
         self.space = forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0,
