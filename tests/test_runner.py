@@ -118,6 +118,38 @@ def test_a_repeated_inference_runs_on_its_runner_with_the_general_paths_bits(kin
 
 
 @pytest.mark.usefixtures("nan_blocks")
+@pytest.mark.parametrize("stack", list(STACKS))
+@pytest.mark.parametrize("kind", list(CELLS))
+def test_a_runner_computes_what_the_numpy_reference_computes(kind, stack):
+    """Against an oracle of its own, not only the general path: every kind and stack, float64,
+    a runner's results (given states, and zeros) equal ``cgru.core.reference.forward``'s to
+    1e-12, with two blocks of time where the workspace allows a runner (a GRU of one layer)."""
+    from cgru.core import reference
+    net = _net(kind, stack, np.float64)
+    rng = np.random.default_rng(9)
+    for T, N in SHAPES:
+        x = rng.standard_normal((T, N, 5))
+        h0, c0 = _states(net, N, rng)
+        for h, c in ((h0, c0), (None, None)):
+            cgru.forward(net, x, h, c0=c)                   # the general path; then the runner
+            runs = _runs(net)
+            got = cgru.forward(net, x, h, c0=c)
+            if _plan(net, T, N, _nt(), h, c).runnable:
+                assert _runs(net) == runs + 1
+            want = reference.forward(net, x, h, c0=c)
+            for a, b in zip((got.y, got.hy, got.cy), want):        # (y, hy[, cy])
+                assert np.isfinite(a).all()
+                np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert _runs(net) >= 2 * len(SHAPES) - 2
+
+
+def _nt():
+    """The thread count a call without ``num_threads`` resolves to."""
+    from cgru._kernels.threads import resolve_num_threads
+    return resolve_num_threads(None)
+
+
+@pytest.mark.usefixtures("nan_blocks")
 @pytest.mark.parametrize("kind", ["gru", "lstm_proj", "rnn_relu"])
 def test_a_runner_on_two_threads_computes_the_bits_of_one(monkeypatch, kind):
     """At two threads a runner's layers run as two work items (two batch chunks), or as one
