@@ -140,6 +140,42 @@ def test_transposed_a_rows_do_not_depend_on_the_split(dtype):
         assert np.array_equal(C, whole), (blocks, threads, cols)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans_a", [False, True])
+def test_short_k_rows_are_the_micro_kernels_bits(isa, dtype, trans_a):
+    # An inner dimension of CGRU_SHORT_K or less (a weight gradient over one step of one
+    # sequence: k = 1) runs row after row (simd.h's _short), not on the micro-kernels: the same
+    # operations per element, so the same bytes — signed zeros, infinities and NaN included —
+    # on every level, for C set and added to, on strided views, with a last partial panel
+    rng = np.random.default_rng(13)
+    for k in (1, 2, 3, 5, K.SHORT_K):
+        for m, n in ((1, 1), (3, 7), (6, 33), (13, 64), (40, 70), (97, 257)):
+            bigA = rng.standard_normal(((k, m + 3) if trans_a else (m, k + 3))).astype(dtype)
+            A = bigA[:, 1:1 + m] if trans_a else bigA[:, 1:1 + k]
+            A[0, 0] = -0.0                        # −0 · b: the sum from +0 keeps +0
+            if m > 2 and k > 1:
+                A.flat[2] = np.inf if trans_a else np.nan
+            B = rng.standard_normal((k, n)).astype(dtype)
+            B[0, -1] = 0.0
+            Bp = K.pack_rhs(B, False)
+            for beta1 in (False, True):
+                bigC = rng.standard_normal((m, n + 5)).astype(dtype)
+                short, micro = bigC.copy(), bigC.copy()
+                K.gemm_packed_rm(A, Bp, n, short[:, 2:2 + n], beta1, isa=isa, trans_a=trans_a)
+                K.gemm_packed_rm(A, Bp, n, micro[:, 2:2 + n], beta1, isa=isa, trans_a=trans_a,
+                                 short_k=False)
+                assert short.tobytes() == micro.tobytes(), (k, m, n, beta1)
+                opA = A.T if trans_a else A
+                want = opA.astype(np.float64) @ B.astype(np.float64) + \
+                    (bigC[:, 2:2 + n] if beta1 else 0)
+                with np.errstate(invalid="ignore"):
+                    np.testing.assert_allclose(short[:, 2:2 + n], want, rtol=TOL[dtype],
+                                               atol=TOL[dtype] * k)
+                assert np.array_equal(short[:, :2], bigC[:, :2])    # around the window: as it was
+                assert np.array_equal(short[:, 2 + n:], bigC[:, 2 + n:])
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_packed_gemm_rows_do_not_depend_on_the_batch_split(dtype):
     # Every row is bitwise the same whether computed alone, in a block of 3, or among 20 rows:

@@ -37,6 +37,8 @@ cdef extern from "simd.h" nogil:
     void cgru_sigmoid_f64_at(int isa, int n, const double *x, double *y)
     void cgru_tanh_f64_at(int isa, int n, const double *x, double *y)
     int CGRU_NR_F
+    int CGRU_SHORT_K
+    int CGRU_GEMM_NO_SHORT
     int CGRU_NR_D
     int cgru_isa()
 

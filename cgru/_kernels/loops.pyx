@@ -303,13 +303,17 @@ cdef int _level(isa) except -1:
     return isa
 
 
-def gemm_packed_rm(A, Bp, int n, C, bint beta1, isa=None, bint trans_a=False):
+def gemm_packed_rm(A, Bp, int n, C, bint beta1, isa=None, bint trans_a=False,
+                   bint short_k=True):
     """``C[m, n] (+)= op(A)[m, k] · op(B)`` with ``op(B)`` from ``pack_rhs`` (the kernels'
     GEMM, single-threaded; for tests and tools — the engine runs it through
     ``blas.gemm_packed_blocks``): A (``[k, m]`` with ``trans_a``) and C 2-D views of one float
     dtype with unit inner stride (any row stride).  ``isa``: run the code of that level (4
-    AVX-512, 3 AVX2+FMA, 0 portable; at most ``cgru_isa()``)."""
+    AVX-512, 3 AVX2+FMA, 0 portable; at most ``cgru_isa()``).  ``short_k=False``: the
+    micro-kernels even for an inner dimension of ``CGRU_SHORT_K`` or less (which the engine's
+    calls run row after row), so that tests can compare the two."""
     cdef int level = _level(isa)
+    cdef int ta = (1 if trans_a else 0) | (0 if short_k else CGRU_GEMM_NO_SHORT)
     if not (isinstance(A, np.ndarray) and isinstance(C, np.ndarray) and isinstance(Bp, np.ndarray)):
         raise TypeError("A, Bp, C: expected NumPy arrays")
     if A.dtype not in (np.float32, np.float64) or C.dtype != A.dtype or Bp.dtype != A.dtype:
@@ -343,10 +347,10 @@ def gemm_packed_rm(A, Bp, int n, C, bint beta1, isa=None, bint trans_a=False):
     cdef void *pc = cnp.PyArray_DATA(c)
     with nogil:
         if f32:
-            cgru_gemm_packed_f32_t_at(level, trans_a, m, n, k, <const float *>pa, lda,
+            cgru_gemm_packed_f32_t_at(level, ta, m, n, k, <const float *>pa, lda,
                                       <const float *>pb, beta1, <float *>pc, ldc)
         else:
-            cgru_gemm_packed_f64_t_at(level, trans_a, m, n, k, <const double *>pa, lda,
+            cgru_gemm_packed_f64_t_at(level, ta, m, n, k, <const double *>pa, lda,
                                       <const double *>pb, beta1, <double *>pc, ldc)
 
 
@@ -586,6 +590,9 @@ cgru_isa()  # decide the ISA once, at import, before any thread can ask
 def simd_isa():
     """The vector code the time loops' GEMM runs: "AVX-512", "AVX2+FMA" or "baseline"."""
     return {4: "AVX-512", 3: "AVX2+FMA"}.get(cgru_isa(), "baseline")
+
+
+SHORT_K = CGRU_SHORT_K      # products over an inner dimension this short run row after row
 
 
 # --- fingerprints and byte comparison --------------------------------------------------------

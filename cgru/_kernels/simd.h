@@ -62,6 +62,8 @@ typedef int64_t cgru_vl2 __attribute__((vector_size(16)));
 #define CGRU_NR_D 16   /* packed panel width, double: likewise */
 #define CGRU_L2_ROWS_BYTES (192 << 10)   /* rows of A per block of a long product (see _body) */
 #define CGRU_L2_B_BYTES (1 << 20)        /* ... when packed B is at most this large */
+#define CGRU_SHORT_K 8                   /* k up to this: the short-k kernel (_short) */
+#define CGRU_GEMM_NO_SHORT 2             /* a flag of _t_at's ta: the micro-kernels at every k */
 /* When packed B is CGRU_PF_MIN_BYTES or more (a step's recurrent weights at H = 1024: 12 MiB
  * in float32, read from memory on every step), the first micro-kernel call over each of its
  * panels (its first rows block, the panel's first vectors; a whole block of rows or more)
@@ -176,6 +178,57 @@ CGRU_INLINE void NAME(const int ta, const int mr, const int nv, int ncols, int k
         }                                                                                      \
     }                                                                                          \
 }
+/* ---- C[m, n] (+)= A[m, k] · op(B) for a short k (at most CGRU_SHORT_K): row after row ------
+ * A weight gradient over a few rows of T·N (one step of one sequence: k = 1) writes a large C
+ * from almost no arithmetic, so C's traffic is its time: the micro-kernels' column strips down
+ * all of C, a call per 6 rows × 16 columns, took twice as long as a memset of C (768 × 256).
+ * Here each row of C is written whole, in order, from A's k values of that row and the panels
+ * of B (k·NR values each, in L1). Every element is the micro-kernel's: a sum from 0 of
+ * acc += a·b over kk in increasing order in the level's vector type, then + C when beta1 —
+ * the same operations, so the same bits (a test compares the two on every level).          */
+#define CGRU_DEFINE_SHORT_K(NAME, T, VT, L, NR, LOAD)                                          \
+CGRU_INLINE void NAME(const int ta, int m, int n, int k, const T *A, int lda, const T *Bp,     \
+                      int beta1, T *C, int ldc) {                                              \
+    enum { VP = NR / L };                                                                      \
+    size_t ps = (size_t)NR * k;                                                                \
+    int panels = (n + NR - 1) / NR;                                                            \
+    for (int i = 0; i < m; i++) {                                                              \
+        T a[CGRU_SHORT_K];                                                                     \
+        for (int kk = 0; kk < k; kk++)                                                         \
+            a[kk] = ta ? A[(size_t)kk * lda + i] : A[(size_t)i * lda + kk];                    \
+        T *c = C + (size_t)i * ldc;                                                            \
+        for (int p = 0; p < panels; p++) {                                                     \
+            const T *bp = Bp + (size_t)p * ps;                                                 \
+            VT acc[VP];                                                                        \
+            CGRU_UNROLL for (int q = 0; q < VP; q++) acc[q] = (VT){0};                         \
+            for (int kk = 0; kk < k; kk++) {                                                   \
+                T av = a[kk];                                                                  \
+                CGRU_UNROLL for (int q = 0; q < VP; q++)                                       \
+                    acc[q] += av * LOAD(bp + (size_t)kk * NR + q * L);                         \
+            }                                                                                  \
+            T *cp = c + p * NR;                                                                \
+            int ncols = n - p * NR;                                                            \
+            if (ncols >= NR) {                                                                 \
+                CGRU_UNROLL for (int q = 0; q < VP; q++) {                                     \
+                    VT v = acc[q];                                                             \
+                    if (beta1) v += LOAD(cp + q * L);                                          \
+                    memcpy(cp + q * L, &v, sizeof(VT));                                        \
+                }                                                                              \
+                continue;                                                                      \
+            }                                                                                  \
+            T part[VP][L];                                                                     \
+            CGRU_UNROLL for (int q = 0; q < VP; q++) memcpy(part[q], &acc[q], sizeof(VT));     \
+            for (int j = 0; j < ncols; j++)                                                    \
+                cp[j] = beta1 ? cp[j] + part[j / L][j % L] : part[j / L][j % L];               \
+        }                                                                                      \
+    }                                                                                          \
+}
+CGRU_DEFINE_SHORT_K(cgru_micro16_f32_short, float, cgru_vf, 16, CGRU_NR_F, cgru_loadf)
+CGRU_DEFINE_SHORT_K(cgru_micro8_f64_short, double, cgru_vd, 8, CGRU_NR_D, cgru_loadd)
+CGRU_DEFINE_SHORT_K(cgru_micro8_f32_short, float, cgru_vf8, 8, CGRU_NR_F, cgru_loadf8)
+CGRU_DEFINE_SHORT_K(cgru_micro4_f64_short, double, cgru_vd4, 4, CGRU_NR_D, cgru_loadd4)
+CGRU_DEFINE_SHORT_K(cgru_micro4_f32_short, float, cgru_vf4, 4, CGRU_NR_F, cgru_loadf4)
+CGRU_DEFINE_SHORT_K(cgru_micro2_f64_short, double, cgru_vd2, 2, CGRU_NR_D, cgru_loadd2)
 CGRU_DEFINE_MICRO(cgru_micro16_f32, float, cgru_vf, 16, CGRU_NR_F, cgru_loadf)
 CGRU_DEFINE_MICRO(cgru_micro8_f64, double, cgru_vd, 8, CGRU_NR_D, cgru_loadd)
 CGRU_DEFINE_MICRO(cgru_micro8_f32, float, cgru_vf8, 8, CGRU_NR_F, cgru_loadf8)
@@ -364,7 +417,13 @@ CGRU_INLINE void NAME##_rows(const int ISA, const int TA, int m, int n, int k, c
                      C + (size_t)i * ldc, ldc, pf);                                            \
 }                                                                                              \
 CGRU_INLINE void NAME##_body(const int ISA, const int TA, int m, int n, int k, const T *A,     \
-                             int lda, const T *Bp, int beta1, T *C, int ldc) {                 \
+                             int lda, const T *Bp, int beta1, T *C, int ldc, int sk) {         \
+    if (k >= 1 && k <= sk) {   /* a short k: row after row (see _short) */                     \
+        if (ISA == 4) MICRO16##_short(TA, m, n, k, A, lda, Bp, beta1, C, ldc);                 \
+        else if (ISA == 3) MICRO8##_short(TA, m, n, k, A, lda, Bp, beta1, C, ldc);             \
+        else MICRO4##_short(TA, m, n, k, A, lda, Bp, beta1, C, ldc);                           \
+        return;                                                                                \
+    }                                                                                          \
     size_t panel_bytes = (size_t)NR * (size_t)(k > 0 ? k : 1) * sizeof(T);                     \
     int panels = (n + NR - 1) / NR;                                                            \
     int per = (int)(CGRU_L2_B_BYTES / panel_bytes);                                            \
@@ -377,21 +436,25 @@ CGRU_INLINE void NAME##_body(const int ISA, const int TA, int m, int n, int k, c
     }                                                                                          \
 }                                                                                              \
 /* ta = 1: A is given transposed, A[kk, r] at A[kk·lda + r] (k rows of m): C = Aᵀ·op(B),       \
- * the weight gradients' dgᵀ·X; the same sums in the same order as for ta = 0.             */  \
+ * the weight gradients' dgᵀ·X; the same sums in the same order as for ta = 0. ta with        \
+ * CGRU_GEMM_NO_SHORT: never the short-k kernel (the tests' comparison of the two).        */  \
 CGRU_TARGET_V4 CGRU_LEVEL void NAME##_v4(int ta, int m, int n, int k, const T *A, int lda,     \
                                          const T *Bp, int beta1, T *C, int ldc) {              \
-    if (ta) NAME##_body(4, 1, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
-    else NAME##_body(4, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                \
+    int sk = ta & CGRU_GEMM_NO_SHORT ? 0 : CGRU_SHORT_K;                                        \
+    if (ta & 1) NAME##_body(4, 1, m, n, k, A, lda, Bp, beta1, C, ldc, sk);                       \
+    else NAME##_body(4, 0, m, n, k, A, lda, Bp, beta1, C, ldc, sk);                            \
 }                                                                                              \
 CGRU_TARGET_V3 CGRU_LEVEL void NAME##_v3(int ta, int m, int n, int k, const T *A, int lda,     \
                                          const T *Bp, int beta1, T *C, int ldc) {              \
-    if (ta) NAME##_body(3, 1, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
-    else NAME##_body(3, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                \
+    int sk = ta & CGRU_GEMM_NO_SHORT ? 0 : CGRU_SHORT_K;                                        \
+    if (ta & 1) NAME##_body(3, 1, m, n, k, A, lda, Bp, beta1, C, ldc, sk);                       \
+    else NAME##_body(3, 0, m, n, k, A, lda, Bp, beta1, C, ldc, sk);                            \
 }                                                                                              \
 CGRU_LEVEL void NAME##_base(int ta, int m, int n, int k, const T *A, int lda, const T *Bp,     \
                             int beta1, T *C, int ldc) {                                        \
-    if (ta) NAME##_body(0, 1, m, n, k, A, lda, Bp, beta1, C, ldc);                             \
-    else NAME##_body(0, 0, m, n, k, A, lda, Bp, beta1, C, ldc);                                \
+    int sk = ta & CGRU_GEMM_NO_SHORT ? 0 : CGRU_SHORT_K;                                        \
+    if (ta & 1) NAME##_body(0, 1, m, n, k, A, lda, Bp, beta1, C, ldc, sk);                       \
+    else NAME##_body(0, 0, m, n, k, A, lda, Bp, beta1, C, ldc, sk);                            \
 }                                                                                              \
 CGRU_API void NAME##_t_at(int isa, int ta, int m, int n, int k, const T *A, int lda,          \
                           const T *Bp, int beta1, T *C, int ldc) {                             \
