@@ -213,3 +213,75 @@ def test_the_common_call_is_checked_as_every_call_is(training, monkeypatch):
             got = calls.ForwardCall.check(net, x, h0, training=training)
         _same_call(got, want)
     assert fast == ["plain", "no h0"]
+
+
+def _backward_variants(x, dy, dhy):
+    """(dy, dhy) pairs of the backward's common call: plain ones, and every way of being not
+    quite plain (with the forward's x; x's own variants are the forward's)."""
+    yield "plain", dy, dhy
+    yield "no dy", None, dhy
+    yield "no dhy", dy, None
+    yield "neither", None, None
+    yield "dy Fortran-ordered", np.asfortranarray(dy), dhy
+    yield "dy a strided view", np.repeat(dy, 2, axis=2)[:, :, ::2], dhy
+    yield "dhy Fortran-ordered", dy, np.asfortranarray(dhy)
+    yield "dy float32", dy.astype(np.float32), dhy
+    yield "dhy float32", dy, dhy.astype(np.float32)
+    yield "dy of another width", dy[:, :, :-1], dhy
+    yield "dy of another length", dy[:-1], dhy
+    yield "dhy of another batch", dy, dhy[:, :2]
+    yield "dy a masked array", np.ma.masked_array(dy), dhy
+    yield "dy a list", dy.tolist(), dhy
+    yield "dhy a subclass", dy, dhy.view(_Sub)
+
+
+def _backward_value(call):
+    value = {name: getattr(call, name) for name in calls.BackwardCall.__slots__
+             if name != "opened"}
+    opened = call.opened
+    value.update(lengths=opened.lengths, dropout=opened.dropout, seed=opened.seed,
+                 header=list(opened.header))
+    return value
+
+
+def test_the_backward_common_call_is_checked_as_every_call_is(monkeypatch):
+    """``BackwardCall.check``'s fast path (x, reserve, dy and dhy only) gives the very value
+    the whole way gives (here forced by an equivalent ``batch_major=np.False_``), or leaves the
+    call to the whole way, which refuses it with the same error; the reserve is opened alike
+    (its checks: the reserve tests)."""
+    net = cgru.Network.random(cgru.Topology(4, 6, 2), np.float64, seed=12)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 3, 4))
+    f = cgru.forward(net, x, training=True)
+    dy, dhy = rng.standard_normal(f.y.shape), rng.standard_normal(f.hy.shape)
+    fast = []
+    cases = [(name, x, d, h) for name, d, h in _backward_variants(x, dy, dhy)]
+    cases += [("x Fortran-ordered", np.asfortranarray(x), dy, dhy),
+              ("x float32", x.astype(np.float32), dy, dhy), ("x a list", x.tolist(), dy, dhy)]
+    for name, xv, d, h in cases:
+        try:
+            want = calls.BackwardCall.check(net, xv, f.reserve, d, h, batch_major=np.False_)
+        except (TypeError, ValueError) as exc:
+            with pytest.raises(type(exc)) as got:
+                calls.BackwardCall.check(net, xv, f.reserve, d, h)
+            assert str(got.value) == str(exc), name
+            continue
+        got = None
+        with monkeypatch.context() as m:           # the whole way refused: the fast path only
+            m.setattr(calls, "_check_common", lambda *a: pytest.fail("the whole way"))
+            try:
+                got = calls.BackwardCall.check(net, xv, f.reserve, d, h)
+                fast.append(name)
+            except pytest.fail.Exception:
+                pass
+        if got is None:
+            got = calls.BackwardCall.check(net, xv, f.reserve, d, h)
+        va, vb = _backward_value(got), _backward_value(want)
+        for key in va:
+            a, b = va[key], vb[key]
+            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                assert type(a) is type(b) and np.array_equal(a, b) and a.dtype == b.dtype, \
+                    (name, key)
+            else:
+                assert a is b or a == b, (name, key)
+    assert fast == ["plain", "no dy", "no dhy", "neither"]

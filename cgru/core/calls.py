@@ -224,6 +224,13 @@ class BackwardCall:
               batch_major=False, dparams=None, accumulate=False, num_threads=None,
               stacklevel=4, frozen=None):
         """Every argument checked (in the core's words), then ``of`` (``frozen``: see there)."""
+        if cell is None and state_mask is None and dcy is None and batch_major is False and \
+                dparams is None and accumulate is False:
+            # the common call (x, reserve, dy, dhy, each C-contiguous and as the network wants
+            # them), checked at once; anything else — an error included — goes the whole way
+            call = cls._check_common_call(net, x, reserve, dy, dhy, num_threads, frozen)
+            if call is not None:
+                return call
         topo, dtype, cell, batch_major, T, N, mask = _check_common(
             net, x, cell, state_mask, batch_major, stacklevel + 1)
         accumulate = validate.flag(accumulate, "accumulate")
@@ -237,6 +244,30 @@ class BackwardCall:
         return cls.of(net, cell, time_major(x, batch_major), reserve, dy, dhy, dcy, mask,
                       batch_major, dparams, accumulate, resolve_num_threads(num_threads),
                       frozen=frozen)
+
+    @classmethod
+    def _check_common_call(cls, net, x, reserve, dy, dhy, num_threads, frozen):
+        """The call of ``check``'s common case, or None when anything about ``net``, ``x``,
+        ``dy`` or ``dhy`` is not plainly right (``check``'s whole way then decides, and words
+        the error): the same checks, the same value (the reserve is opened by ``of`` alike)."""
+        if type(net) is not Network or type(x) is not np.ndarray:
+            return None
+        topo, dtype = net.topology, net.dtype
+        if x.dtype != dtype or x.ndim != 3 or x.shape[2] != topo.input_size or \
+                not x.flags.c_contiguous:
+            return None
+        T, N = x.shape[0], x.shape[1]
+        if T == 0 or N == 0:
+            return None
+        cell = net.cell
+        validate.call_sizes(topo, cell.gates, T, N, "x")
+        for a, shape in ((dy, (T, N, topo.output_size)),
+                         (dhy, (topo.num_layer_directions, N, topo.state_size))):
+            if a is not None and (type(a) is not np.ndarray or a.dtype != dtype or
+                                  a.shape != shape or not a.flags.c_contiguous):
+                return None
+        return cls.of(net, cell, x, reserve, dy, dhy, None, None, False, None, False,
+                      resolve_num_threads(num_threads), frozen=frozen)
 
     @classmethod
     def of(cls, net, cell, x, reserve, dy, dhy, dcy, mask, batch_major, dparams, accumulate,

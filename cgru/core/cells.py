@@ -50,6 +50,30 @@ _ALIASES = {
 ACTIVATION_NAMES = tuple(_KINDS)
 
 
+def hash_once(cls):
+    """A frozen dataclass whose hash (its fields' hash, as the dataclass makes it) is computed
+    once per value and kept: the values of ``Topology`` and the cells key the engine's plan
+    caches several times a call, and hashing a cell's fields (its activations') took about a
+    microsecond each time.  The kept hash is not pickled or copied (string hashes differ from
+    process to process): a copy computes its own."""
+    fields_hash = cls.__hash__
+
+    def __hash__(self):
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = fields_hash(self)
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
+    cls.__hash__, cls.__getstate__ = __hash__, __getstate__
+    return cls
+
+
 def _canonical_name(name):
     if not isinstance(name, str):
         raise TypeError(f"activation: expected a name (str), got {type(name).__name__}")
@@ -61,6 +85,7 @@ def _canonical_name(name):
     return key
 
 
+@hash_once
 @dataclass(frozen=True)
 class Activation:
     """An activation function by name with its ``alpha``/``beta`` (``None`` → the default).
@@ -112,6 +137,7 @@ def _check_clip(cell):
         object.__setattr__(cell, "clip", float(c))
 
 
+@hash_once
 @dataclass(frozen=True)
 class GRUCell:
     """Which GRU: candidate form, interpolation direction, activations and clip.
@@ -152,6 +178,7 @@ class GRUCell:
 PEEPHOLE_FORMS = ("ifo", "ifgo")
 
 
+@hash_once
 @dataclass(frozen=True)
 class LSTMCell:
     """An LSTM cell: cuDNN's ``CUDNN_LSTM`` (= PyTorch's ``nn.LSTM``) by default.
@@ -230,6 +257,7 @@ class LSTMCell:
                 and not self.peepholes and not self.input_forget)
 
 
+@hash_once
 @dataclass(frozen=True)
 class RNNCell:
     """A vanilla (Elman) RNN cell: cuDNN's ``CUDNN_RNN_TANH`` / ``CUDNN_RNN_RELU``, PyTorch's

@@ -34,7 +34,7 @@ import warnings
 import numpy as np
 
 from cgru.core import kinds, validate
-from cgru.core.cells import GRUCell, is_cell
+from cgru.core.cells import GRUCell, hash_once, is_cell
 
 __all__ = ["Topology", "LayerParams", "Network", "Sealed", "DIRECTIONS", "INPUT_MODES", "DTYPES",
            "as_dtype"]
@@ -45,6 +45,7 @@ DTYPES = validate.DTYPES
 as_dtype = validate.as_dtype
 
 
+@hash_once
 @dataclass(frozen=True)
 class Topology:
     """The sizes of a stack.

@@ -51,6 +51,7 @@ import functools
 import hashlib
 import math
 import os
+import struct
 
 import numpy as np
 
@@ -101,28 +102,39 @@ class Layout:
         self.xin_offset = self.ld_offset + L * D * self.ld_bytes
         self.nbytes = self.xin_offset + (L - 1) * self.xin_bytes
         self._gaps = None             # made by the first zero_gaps (a size query makes none)
+        self._regions = None          # made by the first carve
+        self._digests = {}            # batch_major -> model_digest
 
     def carve(self, reserve):
-        """Views of ``reserve``: ``(header, lengths, [per layer-direction {name: view}],
-        {l: xin_l})``."""
-        buf = reserve
-        header = buf[:HEADER * 8].view(np.int64)
-        lengths = buf[self.lengths_offset:self.lengths_offset + 8 * self.N].view(np.int64)
-        item = self.dtype.itemsize
-        lds = []
-        for i in range(self.topology.num_layer_directions):
-            base = self.ld_offset + i * self.ld_bytes
-            views = {}
-            for name, shape, off in self.per_ld:
-                n = math.prod(shape) * item
-                views[name] = buf[base + off:base + off + n].view(self.dtype).reshape(shape)
-            lds.append(views)
-        xin = {}
-        n = math.prod(self.xin_shape) * item
-        for layer in range(1, self.topology.num_layers):
-            base = self.xin_offset + (layer - 1) * self.xin_bytes
-            xin[layer] = buf[base:base + n].view(self.dtype).reshape(self.xin_shape)
+        """Views of ``reserve`` (a 1-D uint8 array of ``nbytes``): ``(header, lengths, [per
+        layer-direction {name: view}], {l: xin_l})``."""
+        regions = self._regions
+        if regions is None:
+            regions = self._regions = self._find_regions()
+        lds_at, xin_at = regions
+        view, dt = np.ndarray, self.dtype
+        header = view((HEADER,), np.int64, reserve, 0)
+        lengths = view((self.N,), np.int64, reserve, self.lengths_offset)
+        lds = [{name: view(shape, dt, reserve, off) for name, shape, off in ld} for ld in lds_at]
+        xin = {layer: view(self.xin_shape, dt, reserve, off) for layer, off in xin_at}
         return header, lengths, lds, xin
+
+    def digest(self, batch_major):
+        """``model_digest`` of this layout's model and shapes with ``batch_major``."""
+        d = self._digests.get(batch_major)
+        if d is None:
+            d = self._digests[bool(batch_major)] = model_digest(
+                self.topology, self.cell, self.T, self.N, self.dtype, batch_major)
+        return d
+
+    def _find_regions(self):
+        """``([per layer-direction [(name, shape, offset)]], [(l, offset of xin_l)])``."""
+        lds = [[(name, shape, self.ld_offset + i * self.ld_bytes + off)
+                for name, shape, off in self.per_ld]
+               for i in range(self.topology.num_layer_directions)]
+        xin = [(layer, self.xin_offset + (layer - 1) * self.xin_bytes)
+               for layer in range(1, self.topology.num_layers)]
+        return lds, xin
 
     def zero_gaps(self, reserve):
         """Zero the alignment padding between regions, so that equal calls give equal bytes."""
@@ -204,6 +216,9 @@ def describe(a):
 
 def data_mac(label, *arrays):
     """The MAC of the arrays given, in order (``None`` entries recorded as absent)."""
+    if len(arrays) == 1:                    # (most calls: one array, or none)
+        a = arrays[0]
+        return _absent_mac(label, 1) if a is None else mac(label, describe(a))
     if all(a is None for a in arrays):
         return _absent_mac(label, len(arrays))
     return mac(label, *(b"-" if a is None else describe(a) for a in arrays))
@@ -220,10 +235,12 @@ def weights_mac(frozen):
     return frozen.memo(("weights mac",), lambda: mac(b"weights", *frozen.fingerprints()))
 
 
+_HEAD_WORDS = struct.Struct(f"={_SEAL}q")     # the slots before the seal, as int64 bytes
+
+
 def _seal(header, lengths):
-    """The MAC of a header's slots before the seal (an int64 array or Python ints) and the
-    lengths."""
-    return mac(b"header", np.asarray(header[:_SEAL], np.int64).tobytes(),
+    """The MAC of a header's slots before the seal (Python ints) and the lengths."""
+    return mac(b"header", _HEAD_WORDS.pack(*header[:_SEAL]),
                np.ascontiguousarray(lengths).tobytes())
 
 
@@ -242,13 +259,12 @@ def create(layout, *, lengths, dropout, seed, seed2, batch_major, x, weights, h0
         reserve = block
     layout.zero_gaps(reserve)
     header, lens, lds, xin = layout.carve(reserve)
-    header[:] = [MAGIC, VERSION, layout.T, layout.N, layout.dtype.itemsize,
-                 model_digest(layout.topology, layout.cell, layout.T, layout.N, layout.dtype,
-                              batch_major),
-                 int(np.float64(dropout).view(np.int64)), seed, seed2, x, weights, h0,
-                 state_mask, _FLAG_BATCH_MAJOR if batch_major else 0] + [0] * (HEADER - 14)
+    words = [MAGIC, VERSION, layout.T, layout.N, layout.dtype.itemsize,
+             layout.digest(batch_major), int(np.float64(dropout).view(np.int64)), seed, seed2,
+             x, weights, h0, state_mask, _FLAG_BATCH_MAJOR if batch_major else 0]
     lens[:] = lengths
-    header[_SEAL] = _seal(header, lens)
+    words += [_seal(words, lens)] + [0] * (HEADER - _SEAL - 1)
+    header[:] = words
     return reserve, (header, lens, lds, xin)
 
 
@@ -313,16 +329,18 @@ def read(reserve, layout, *, batch_major, what="reserve", inference_hint=None):
                          f"matching training forward")
     if head[_SEAL] != _seal(head, lengths):
         raise ValueError(_UNSEALED.format(what=what))
-    if head[5] != model_digest(layout.topology, layout.cell, layout.T, layout.N, layout.dtype,
-                               batch_major):
+    if head[5] != layout.digest(batch_major):
         if bool(head[13] & _FLAG_BATCH_MAJOR) != bool(batch_major):
             raise ValueError(f"{what}: written by a forward with batch_major="
                              f"{bool(head[13] & _FLAG_BATCH_MAJOR)}, this backward has "
                              f"batch_major={bool(batch_major)}")
         raise ValueError(f"{what}: written by a forward with a different topology, cell, "
                          f"sizes or dtype than this backward")
-    if ((lengths < 0) | (lengths > layout.T)).any():
+    lo, hi = validate.length_range(lengths)
+    if lo < 0 or hi > layout.T:
         raise ValueError(f"{what}: corrupt sequence lengths")
+    if lo == layout.T:      # every sequence whole: the calls' shared array of such lengths
+        lengths = validate.full_lengths(layout.T, layout.N)
     opened = Opened((head, lengths) + views[2:], what)
     if not (0.0 <= opened.dropout < 1.0):
         raise ValueError(f"{what}: corrupt header (dropout field); pass the reserve of the "
@@ -340,15 +358,15 @@ def read_header(reserve, what="reserve"):
     """``{"dropout", "seed", "seed2", "batch_major", "T", "N"}`` of a reserve's header, for
     frontends that check their own attributes against the forward's (``reserve``: a 1-D uint8
     array that ``is_reserve``).  Refused (``ValueError``) when the header does not verify."""
-    head = np.frombuffer(reserve[:HEADER * 8].tobytes(), np.int64)
-    N = int(head[3])
+    head = np.frombuffer(reserve[:HEADER * 8].tobytes(), np.int64).tolist()
+    N = head[3]
     start = _up(HEADER * 8)
     if not 0 <= N <= (reserve.size - start) // 8:
         raise ValueError(_UNSEALED.format(what=what))
     lengths = np.frombuffer(reserve[start:start + 8 * N].tobytes(), np.int64)
     if head[_SEAL] != _seal(head, lengths):
         raise ValueError(_UNSEALED.format(what=what))
-    return {"T": int(head[2]), "N": int(head[3]),
+    return {"T": head[2], "N": head[3],
             "dropout": float(np.int64(head[6]).view(np.float64)),
-            "seed": int(head[7]), "seed2": int(head[8]),
+            "seed": head[7], "seed2": head[8],
             "batch_major": bool(head[13] & _FLAG_BATCH_MAJOR)}

@@ -241,6 +241,15 @@ def full_lengths(T, N):
     return out
 
 
+def length_range(lengths):
+    """``(min, max)`` of int64 ``lengths`` ``[N]`` (N ≥ 1) as Python ints: for a batch of a few
+    sequences through Python's own min and max (a NumPy reduction costs microseconds)."""
+    if lengths.shape[0] <= 64:
+        values = lengths.tolist()
+        return min(values), max(values)
+    return int(lengths.min()), int(lengths.max())
+
+
 def padded(lengths, T):
     """True when a sequence is shorter than ``T`` (``lengths``: checked int64 ``[N]``); the
     lengths of a call without any, ``full_lengths``, are known at once."""
