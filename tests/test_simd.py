@@ -140,6 +140,20 @@ def test_transposed_a_rows_do_not_depend_on_the_split(dtype):
         assert np.array_equal(C, whole), (blocks, threads, cols)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_transposed_pack_is_the_pack_of_the_transpose(dtype):
+    # pack_rhs(B, trans=True) packs op(B) = Bᵀ: whole panels in tiles transposed in registers
+    # (simd.h), a last partial panel and the k left over value by value — the same bytes as
+    # packing a transposed copy, for every panel and tile remainder
+    rng = np.random.default_rng(17)
+    for n in (1, 7, 16, 31, 32, 33, 64, 65, 100, 768):
+        for k in (1, 3, 4, 7, 8, 9, 17, 256, 259):
+            B = rng.standard_normal((n, k)).astype(dtype)
+            packed = K.pack_rhs(B, True)
+            assert packed.tobytes() == K.pack_rhs(np.ascontiguousarray(B.T), False).tobytes(), \
+                (n, k)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("trans_a", [False, True])
