@@ -491,8 +491,6 @@ def run_backward(call, workspace=None, out=None):
     kernels = BACKEND.kernels(kind)
 
     # --- plan
-    chunks = plan.n_chunks(N, H)
-    threads = plan.loop_threads(nt, T, N, H, D, G)
     padded = validate.padded(lengths, T)
     # [T·N, 1] active rows (t < len[b]), for the gradients the GEMMs do not give (peepholes)
     active = (np.arange(T)[:, None] < lengths[None, :]).reshape(T * N, 1) if padded else None
@@ -501,21 +499,19 @@ def run_backward(call, workspace=None, out=None):
     # h_prev rows for dR, written by the backward loop with zeros at padded steps (the saved
     # states there may hold h0 of an empty sequence, NaN included)
     need_hm = mask is not None or padded
-    space = backward_workspace(kind, cell, topo, dtype, T, N, need_hm)
+    bp = plan.shape_plan(BackwardPlan, kind, cell, topo, dtype, T, N, nt, need_hm)
+    chunks, threads, space, Tb = bp.chunks, bp.threads, bp.space, bp.Tb
     # the caller's workspace, else the training step's one block (the forward's, handed on)
     lent = None
     if workspace is not None:
         buf = space.allocate(workspace)
     else:
-        buf, lent = _training_workspace(space, _training_block_bytes(
-            kind, cell, topo, dtype, T, N, need_hm))
+        buf, lent = _training_workspace(space, bp.block_bytes)
     # the call's backend: the weight-gradient products' packs in the workspace
     backend = BACKEND.with_pack(buf["wpack"])
     # the backward's buffers by name, one per direction (None: the kind has none), each
     # holding one block of time
-    Tb = plan.time_block(T, N)
-    names = {name for d in range(D) for name, _ in kind.backward_buffers(cell, topo, d, Tb * N)}
-    ld = {name: [buf.get(f"{name}{d}") for d in range(D)] for name in names | {"hm"}}
+    ld = {name: [buf.get(key) for key in keys] for name, keys in bp.buffers}
     no_buffer = [None] * D
     dh0 = _output(given, "dh0", (L * D, N, S), dtype)
     dc0 = _output(given, "dc0", (L * D, N, H), dtype) if lstm else None
@@ -583,6 +579,31 @@ def run_backward(call, workspace=None, out=None):
                     b[...] = a
         grads = call.dparams
     return Gradients(dx, dh0, grads, dc0)
+
+
+class BackwardPlan:
+    """A backward's plan for one shape (``plan.shape_plan``): the loops' batch chunks and
+    threads, the workspace layout, its block's size in a training step, the steps per block
+    of time and the names of the kind's buffers — a function of the model and the shapes alone,
+    shared by every network of them (a training loop's weights change every step; its shapes
+    do not)."""
+
+    __slots__ = ("chunks", "threads", "space", "block_bytes", "Tb", "buffers")
+
+    def __init__(self, kind, cell, topo, dtype, T, N, nt, need_hm):
+        H, D = topo.hidden_size, topo.num_directions
+        self.chunks = plan.n_chunks(N, H)
+        self.threads = plan.loop_threads(nt, T, N, H, D, cell.gates)
+        self.space = backward_workspace(kind, cell, topo, dtype, T, N, need_hm)
+        self.block_bytes = _training_block_bytes(kind, cell, topo, dtype, T, N, need_hm)
+        self.Tb = plan.time_block(T, N)
+        names = {name for d in range(D)
+                 for name, _ in kind.backward_buffers(cell, topo, d, self.Tb * N)}
+        # (name, its workspace keys per direction), "hm" among them
+        self.buffers = tuple((name, tuple(f"{name}{d}" for d in range(D)))
+                             for name in sorted(names | {"hm"}))
+
+
 
 
 def _add_column_sums(out, a, first):

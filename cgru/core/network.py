@@ -361,11 +361,10 @@ class Network:
         """A network whose every array is ``allocate(shape, dtype)`` (``np.zeros``; the
         backward's gradients: ``plan.empty``, every element of which it writes)."""
         dt = as_dtype(dtype)
-        c = cell or _DEFAULT_CELL
         template = _allocated_template(cls, topology, dt, cell)    # checked once per model
-        return template.with_layers([LayerParams(**{k: allocate(s, dt) for k, s in
-                                                    _shapes(topology, c, i).items()})
-                                     for i in range(topology.num_layer_directions)])
+        return template.with_layers([LayerParams(**{k: allocate(a.shape, dt) for k, a in
+                                                    lp.arrays().items()})
+                                     for lp in template.layers])
 
     @classmethod
     def random(cls, topology, dtype=np.float32, seed=0, scale=None, *, cell=None):

@@ -63,9 +63,9 @@ def empty(shape, dtype):
     make the C library give their memory back to the system and fault it in again, page by
     page, in the next step (an LSTM's float64 gradients at H = 256, batch 1: about 500 page
     faults a step, half of its time)."""
-    dt = np.dtype(dtype)
+    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
     if _reuse:
-        nbytes = dt.itemsize * (shape if isinstance(shape, int) else math.prod(shape))
+        nbytes = dt.itemsize * (shape if type(shape) is int else math.prod(shape))
         if POOLED_OUTPUT_BYTES <= nbytes <= POOL_BYTES:
             return recycled(nbytes, exact=True).view(dt).reshape(shape)
     return np.empty(shape, dt)
@@ -165,6 +165,7 @@ def release_pool():
     returns to the allocator)."""
     global _idle_bytes
     shared_layout.cache_clear()
+    shape_plan.cache_clear()
     block_lender.cache_clear()
     release_spares()
     with _pool_lock:
@@ -422,6 +423,14 @@ class BlockLender:
 def block_lender(block_bytes):
     """The ``BlockLender`` of blocks of ``block_bytes`` (one per size, shared)."""
     return BlockLender(block_bytes)
+
+
+@functools.lru_cache(maxsize=256)
+def shape_plan(make, *args):
+    """``make(*args)``: a plan that is a function of a call's model and shapes alone (immutable
+    values), made once for every network of them — a training loop's weights, and with them its
+    ``Frozen``, change every step; its shapes do not.  ``release_pool`` empties it."""
+    return make(*args)
 
 
 @functools.lru_cache(maxsize=128)
