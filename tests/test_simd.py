@@ -140,18 +140,31 @@ def test_transposed_a_rows_do_not_depend_on_the_split(dtype):
         assert np.array_equal(C, whole), (blocks, threads, cols)
 
 
+def _numpy_pack(opB, nr):
+    """The packed layout of op(B) ``[k, n]``: panel p is op(B)'s columns p·nr … p·nr + nr − 1,
+    k rows of nr values, zero beyond n; the panels one after the other."""
+    k, n = opB.shape
+    panels = -(-n // nr)
+    out = np.zeros((panels, k, nr), opB.dtype)
+    for p in range(panels):
+        block = opB[:, p * nr:(p + 1) * nr]
+        out[p, :, :block.shape[1]] = block
+    return out.ravel()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_transposed_pack_is_the_pack_of_the_transpose(dtype):
-    # pack_rhs(B, trans=True) packs op(B) = Bᵀ: whole panels in tiles transposed in registers
-    # (simd.h), a last partial panel and the k left over value by value — the same bytes as
-    # packing a transposed copy, for every panel and tile remainder
+def test_packs_are_the_panel_layout(dtype):
+    # pack_rhs packs op(B) in panels: op(B) = B row by row of B (the whole panels) or Bᵀ (whole
+    # panels in tiles transposed in registers, simd.h), a last partial panel and the k left over
+    # value by value — the layout's bytes exactly, for every panel and tile remainder
     rng = np.random.default_rng(17)
+    nr = 32 if dtype == np.float32 else 16
     for n in (1, 7, 16, 31, 32, 33, 64, 65, 100, 768):
         for k in (1, 3, 4, 7, 8, 9, 17, 256, 259):
             B = rng.standard_normal((n, k)).astype(dtype)
-            packed = K.pack_rhs(B, True)
-            assert packed.tobytes() == K.pack_rhs(np.ascontiguousarray(B.T), False).tobytes(), \
-                (n, k)
+            assert K.pack_rhs(B, True).tobytes() == _numpy_pack(B.T, nr).tobytes(), (n, k)
+            Bt = np.ascontiguousarray(B.T)
+            assert K.pack_rhs(Bt, False).tobytes() == _numpy_pack(Bt, nr).tobytes(), (n, k)
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -165,14 +165,24 @@ __attribute__((target("avx"))) static inline void cgru_pack_tr_panel_f64(const d
 
 #define CGRU_DEFINE_PACK(NAME, T, NR)                                                          \
 static inline void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {                 \
-    int panels = (n + NR - 1) / NR;                                                            \
-    for (int p = 0; p < panels; p++) {                                                         \
+    int panels = (n + NR - 1) / NR, p = 0;                                                     \
+    if (!trans) {             /* the whole panels row by row of B: each read once, in order,  \
+                                 into one run of NR values per panel (copies of a constant   \
+                                 size: vector moves)                                      */ \
+        int whole = n / NR;                                                                    \
+        for (int kk = 0; kk < k; kk++)                                                         \
+            for (int q = 0; q < whole; q++)                                                    \
+                memcpy(Bp + (size_t)q * NR * k + (size_t)kk * NR, B + (size_t)kk * ldb + q * NR, \
+                       NR * sizeof(T));                                                        \
+        p = whole;                                                                             \
+    }                                                                                          \
+    for (; p < panels; p++) {                                                                  \
         T *dst = Bp + (size_t)p * NR * k;                                                      \
         int j0 = p * NR, w = n - j0 < NR ? n - j0 : NR;                                        \
         if (trans && w == NR && CGRU_PACK_TR_PANEL(T, B + (size_t)j0 * ldb, ldb, k, dst))     \
             continue;                       /* a whole panel of a transposed B, in tiles */    \
         if (w < NR) memset(dst, 0, (size_t)NR * k * sizeof(T));                                \
-        if (!trans) {         /* rows of op(B) are rows of B: copy w contiguous values */      \
+        if (!trans) {         /* the last panel's w columns, row by row of B */                \
             for (int kk = 0; kk < k; kk++)                                                     \
                 memcpy(dst + (size_t)kk * NR, B + (size_t)kk * ldb + j0, (size_t)w * sizeof(T)); \
         } else {              /* column c of the panel is row j0 + c of B: gather the w rows,  \
