@@ -112,6 +112,33 @@ def test_a_one_sign_change_is_seen_by_forward_and_refused_by_backward():
         cgru.backward(net, x, f.reserve, np.ones_like(f.y))
 
 
+@pytest.mark.parametrize("num_threads", [1, 2, 3, 8, 9])
+def test_a_shared_byte_comparison_sees_every_byte(num_threads):
+    """``same_bytes`` on up to ``num_threads`` threads (pieces from 256 KiB on): equal bytes
+    are equal, a change of one byte anywhere — each piece's first and last element, its lowest
+    byte or only its sign, a signed zero, a NaN's payload — is seen, whatever the pieces."""
+    from cgru._kernels.loops import same_bytes
+    rng = np.random.default_rng(21)
+    for n in (1, 1000, (1 << 15) + 3, 1 << 16, (1 << 17) + 7):     # float64: to 1 MiB
+        a = rng.standard_normal(n)
+        assert same_bytes(a, a.copy(), num_threads)
+        assert same_bytes(a[::-1], a[::-1].copy(), num_threads)      # a of any layout
+        pieces = min(num_threads, 8) if a.nbytes >= 1 << 18 else 1
+        edges = {0, n - 1} | {min(n - 1, i * -(-n // pieces) + d) for i in range(pieces)
+                              for d in (-1, 0)}
+        for i in sorted(e for e in edges if e >= 0):
+            for value in (a[i] * (1 + 2 ** -52), -a[i], np.nan):    # low byte, top byte
+                b = a.copy()
+                b[i] = value
+                assert not same_bytes(a, b, num_threads), (n, i, value)
+        b = np.full(n, np.nan)
+        c = b.copy()
+        c.view(np.uint64)[n // 2] ^= 1                                # another NaN payload
+        assert same_bytes(b, b.copy(), num_threads) and not same_bytes(b, c, num_threads)
+    b = np.zeros(4)
+    assert not same_bytes(b, -b, num_threads)
+
+
 def test_the_cache_proves_a_hit_by_the_bytes_alone(monkeypatch):
     """With every fingerprint made equal (a perfect collision of any hash), the kept copies
     still serve only the bytes they hold: the cache never consults a hash."""
@@ -346,7 +373,8 @@ def test_a_sealed_call_neither_compares_nor_copies_nor_packs_again(monkeypatch):
     packs = _count_packs(monkeypatch)
     proofs, copies = [], []
     real_same, real_copy = weights.same_bytes, weights._copy
-    monkeypatch.setattr(weights, "same_bytes", lambda a, b: proofs.append(1) or real_same(a, b))
+    monkeypatch.setattr(weights, "same_bytes",
+                        lambda a, b, nt=1: proofs.append(1) or real_same(a, b, nt))
     monkeypatch.setattr(weights, "_copy", lambda a: copies.append(1) or real_copy(a))
     net, sealed = _sealed_pair(cgru.GRUCell())
     x = np.random.default_rng(2).standard_normal((5, 3, 4))

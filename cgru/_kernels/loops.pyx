@@ -648,10 +648,32 @@ def array_key(cnp.ndarray a):
             cnp.PyArray_TYPE(a))
 
 
-def same_bytes(a, b):
+cdef enum:
+    _COMPARE_PIECES = 8             # at most this many pieces of a comparison on the team
+    _COMPARE_SHARED_BYTES = 1 << 18   # from this size on, two threads and more share one
+
+
+cdef struct _Compare:
+    const char *a
+    const char *b
+    size_t n, piece
+    int differ[_COMPARE_PIECES]
+
+
+cdef void _compare_piece(void *ctx, int item) noexcept nogil:
+    cdef _Compare *J = <_Compare *>ctx
+    cdef size_t lo = <size_t>item * J.piece
+    cdef size_t hi = lo + J.piece
+    if hi > J.n:
+        hi = J.n
+    J.differ[item] = lo < hi and memcmp(J.a + lo, J.b + lo, hi - lo) != 0
+
+
+def same_bytes(a, b, int num_threads=1):
     """True when the two arrays hold the same bytes in C order (``b`` C-contiguous, of the same
     dtype and shape as ``a``; ``a`` of any memory layout).  No tolerance: -0.0 and 0.0 differ,
-    a NaN equals the same NaN."""
+    a NaN equals the same NaN.  ``num_threads``: from 256 KiB on, the comparison is shared by up
+    to that many of cgru's threads (a memory pass: two cores read it faster than one)."""
     if a.dtype != b.dtype or a.shape != b.shape or not b.flags.c_contiguous:
         return False
     cdef cnp.ndarray x = np.ascontiguousarray(a)
@@ -659,7 +681,17 @@ def same_bytes(a, b):
     cdef const void *px = cnp.PyArray_DATA(x)
     cdef const void *py = cnp.PyArray_DATA(y)
     cdef size_t n = <size_t>x.nbytes
-    cdef int r
+    cdef int r = 0, i, pieces
+    cdef _Compare J
+    if num_threads > 1 and n >= _COMPARE_SHARED_BYTES:
+        pieces = min(num_threads, _COMPARE_PIECES)
+        J.a, J.b, J.n = <const char *>px, <const char *>py, n
+        J.piece = (n + pieces - 1) // pieces
+        with nogil:
+            parallel_for(pieces, num_threads, _compare_piece, &J, NULL, NULL)
+        for i in range(pieces):
+            r |= J.differ[i]
+        return r == 0
     with nogil:
         r = memcmp(px, py, n) if n else 0
     return r == 0

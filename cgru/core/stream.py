@@ -66,7 +66,7 @@ class Stream:
 
     def refresh(self):
         """Take a new snapshot of the network's weights (after they changed in place)."""
-        frozen = weights.freeze(self.net)
+        frozen = weights.freeze(self.net, self.num_threads)
         self._frozen = frozen
         # per layer, the time loop's fixed arguments (its recurrent packs among them)
         self._layers = []

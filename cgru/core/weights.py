@@ -140,9 +140,10 @@ def _drop(key, kept, _ref=None):
             _cached_bytes -= kept.nbytes
 
 
-def keep(a):
+def keep(a, num_threads=1):
     """The ``Kept`` copy of array ``a``'s current bytes: the one kept for ``a`` when its bytes
-    are still ``a``'s, else a new copy (kept in its place when it fits)."""
+    are still ``a``'s (compared on up to ``num_threads`` of cgru's threads), else a new copy
+    (kept in its place when it fits)."""
     global _cached_bytes
     if not _reuse:
         return Kept(_copy(a))
@@ -154,7 +155,7 @@ def keep(a):
         kept = _cache.get(key)
         if kept is not None:
             _cache.move_to_end(key)
-    if kept is not None and same_bytes(a, kept.array):
+    if kept is not None and same_bytes(a, kept.array, num_threads):
         return kept
     kept = Kept(_copy(a))
     if kept.nbytes > CACHE_BYTES // 8:
@@ -271,13 +272,15 @@ class Frozen:
         return self.kept[i][name].derived(("pack", bool(forward), rows), make)
 
 
-def freeze(net):
-    """The ``Frozen`` weights of ``net`` for one call (see the module docstring)."""
+def freeze(net, num_threads=1):
+    """The ``Frozen`` weights of ``net`` for one call (see the module docstring);
+    ``num_threads``: the call's, which share each byte comparison."""
     memo = _frozen_sealed.get(net) if _reuse else None
     if memo is not None and memo[0] is net.layers and \
             memo[2] == tuple(map(array_key, memo[1])):
         return memo[3]
-    kept = [{name: keep(a) for name, a in lp.arrays().items()} for lp in net.layers]
+    kept = [{name: keep(a, num_threads) for name, a in lp.arrays().items()}
+            for lp in net.layers]
     frozen = _memo(net, kept)
     if frozen is not None:
         return frozen
