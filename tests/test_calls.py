@@ -151,7 +151,11 @@ def _call_value(call):
 
 
 def _same_call(a, b):
-    va, vb = _call_value(a), _call_value(b)
+    _same_values(_call_value(a), _call_value(b))
+
+
+def _same_values(va, vb):
+    """Two call values' fields, ``{name: value}``, the same (arrays: type, dtype and values)."""
     for name in va:
         x, y = va[name], vb[name]
         if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
@@ -175,6 +179,7 @@ def _variants():
     yield "x 2-D", x[0], h0
     yield "x of another width", rng.standard_normal((5, 3, 5)), h0
     yield "x empty", x[:0], h0
+    yield "x of no sequence", x[:, :0], h0[:, :0]
     yield "h0 of another batch", x, h0[:, :2]
     yield "x a masked array", np.ma.masked_array(x), h0
     yield "x a list", x.tolist(), h0
@@ -194,25 +199,35 @@ def test_the_common_call_is_checked_as_every_call_is(training, monkeypatch):
     net = cgru.Network.random(cgru.Topology(4, 6, 2), np.float64, seed=12)
     fast = []
     for name, x, h0 in _variants():
-        try:
-            want = calls.ForwardCall.check(net, x, h0, training=training, seed=(0, 0))
-        except (TypeError, ValueError) as exc:
-            with pytest.raises(type(exc)) as got:
-                calls.ForwardCall.check(net, x, h0, training=training)
-            assert str(got.value) == str(exc), name
-            continue
-        got = None
-        with monkeypatch.context() as m:           # the whole way refused: the fast path only
-            m.setattr(calls, "_check_common", lambda *a: pytest.fail("the whole way"))
-            try:
-                got = calls.ForwardCall.check(net, x, h0, training=training)
-                fast.append(name)
-            except pytest.fail.Exception:
-                pass
-        if got is None:
-            got = calls.ForwardCall.check(net, x, h0, training=training)
-        _same_call(got, want)
+        _checked_alike(
+            monkeypatch, name, fast, lambda: calls.ForwardCall.check(
+                net, x, h0, training=training, seed=(0, 0)),
+            lambda: calls.ForwardCall.check(net, x, h0, training=training), _same_call)
     assert fast == ["plain", "no h0"]
+
+
+def _checked_alike(monkeypatch, name, fast, whole, common, same):
+    """``common()`` (a call that may take the fast path) gives what ``whole()`` (the same call
+    forced the whole way) gives — the same value (``same``) or the same error; ``name`` joins
+    ``fast`` when the fast path alone made it (the whole way refused)."""
+    try:
+        want = whole()
+    except (TypeError, ValueError) as exc:
+        with pytest.raises(type(exc)) as got:
+            common()
+        assert str(got.value) == str(exc), name
+        return
+    got = None
+    with monkeypatch.context() as m:
+        m.setattr(calls, "_check_common", lambda *a: pytest.fail("the whole way"))
+        try:
+            got = common()
+            fast.append(name)
+        except pytest.fail.Exception:
+            pass
+    if got is None:
+        got = common()
+    same(got, want)
 
 
 def _backward_variants(x, dy, dhy):
@@ -257,31 +272,15 @@ def test_the_backward_common_call_is_checked_as_every_call_is(monkeypatch):
     fast = []
     cases = [(name, x, d, h) for name, d, h in _backward_variants(x, dy, dhy)]
     cases += [("x Fortran-ordered", np.asfortranarray(x), dy, dhy),
+              ("x of no sequence", x[:, :0], dy[:, :0], dhy[:, :0]),
               ("x float32", x.astype(np.float32), dy, dhy), ("x a list", x.tolist(), dy, dhy)]
     for name, xv, d, h in cases:
-        try:
-            want = calls.BackwardCall.check(net, xv, f.reserve, d, h, batch_major=np.False_)
-        except (TypeError, ValueError) as exc:
-            with pytest.raises(type(exc)) as got:
-                calls.BackwardCall.check(net, xv, f.reserve, d, h)
-            assert str(got.value) == str(exc), name
-            continue
-        got = None
-        with monkeypatch.context() as m:           # the whole way refused: the fast path only
-            m.setattr(calls, "_check_common", lambda *a: pytest.fail("the whole way"))
-            try:
-                got = calls.BackwardCall.check(net, xv, f.reserve, d, h)
-                fast.append(name)
-            except pytest.fail.Exception:
-                pass
-        if got is None:
-            got = calls.BackwardCall.check(net, xv, f.reserve, d, h)
-        va, vb = _backward_value(got), _backward_value(want)
-        for key in va:
-            a, b = va[key], vb[key]
-            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-                assert type(a) is type(b) and np.array_equal(a, b) and a.dtype == b.dtype, \
-                    (name, key)
-            else:
-                assert a is b or a == b, (name, key)
+        _checked_alike(
+            monkeypatch, name, fast, lambda: calls.BackwardCall.check(
+                net, xv, f.reserve, d, h, batch_major=np.False_),
+            lambda: calls.BackwardCall.check(net, xv, f.reserve, d, h), _same_backward)
     assert fast == ["plain", "no dy", "no dhy", "neither"]
+
+
+def _same_backward(a, b):
+    _same_values(_backward_value(a), _backward_value(b))

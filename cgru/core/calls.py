@@ -162,22 +162,11 @@ class ForwardCall:
         """The call of ``check``'s common case, or None when anything about ``net``, ``x`` or
         ``h0`` is not plainly right (``check``'s whole way then decides, and words the
         error): the same checks, the same value."""
-        if type(net) is not Network or type(x) is not np.ndarray:
+        T, N = _plain_x(net, x)
+        topo = net.topology
+        if not T or not _plain(h0, net.dtype, (topo.num_layer_directions, N, topo.state_size)):
             return None
-        topo, dtype = net.topology, net.dtype
-        if x.dtype != dtype or x.ndim != 3 or x.shape[2] != topo.input_size or \
-                not x.flags.c_contiguous:
-            return None
-        T, N = x.shape[0], x.shape[1]
-        if T == 0 or N == 0:
-            return None
-        cell = net.cell
-        validate.call_sizes(topo, cell.gates, T, N, "x")
-        if h0 is not None and (type(h0) is not np.ndarray or h0.dtype != dtype or
-                               h0.shape != (topo.num_layer_directions, N, topo.state_size) or
-                               not h0.flags.c_contiguous):
-            return None
-        return cls.of(net, cell, x, h0, None, validate.full_lengths(T, N), None, 0.0, 0, 0,
+        return cls.of(net, net.cell, x, h0, None, validate.full_lengths(T, N), None, 0.0, 0, 0,
                       training, False, resolve_num_threads(num_threads))
 
     @classmethod
@@ -197,6 +186,28 @@ class ForwardCall:
         self.training, self.batch_major, self.num_threads = training, batch_major, num_threads
         self.frozen = weights.freeze(net, num_threads)
         return self
+
+
+def _plain_x(net, x):
+    """``(T, N)`` of a common call's ``x`` — a plain, C-contiguous ``[T, N, I]`` array of the
+    network's dtype and input size, ``T, N ≥ 1``, on a plain ``Network`` (its sizes within the
+    kernels' ints: refused here as the whole way refuses them) —, else ``(0, 0)``."""
+    if type(net) is not Network or type(x) is not np.ndarray:
+        return 0, 0
+    if x.dtype != net.dtype or x.ndim != 3 or x.shape[2] != net.topology.input_size or \
+            not x.flags.c_contiguous:
+        return 0, 0
+    T, N = x.shape[0], x.shape[1]
+    if not (T and N):
+        return 0, 0
+    validate.call_sizes(net.topology, net.cell.gates, T, N, "x")
+    return T, N
+
+
+def _plain(a, dtype, shape):
+    """True when ``a`` is None or a plain, C-contiguous array of ``dtype`` and ``shape``."""
+    return a is None or (type(a) is np.ndarray and a.dtype == dtype and a.shape == shape and
+                         a.flags.c_contiguous)
 
 
 def _check_common(net, x, cell, state_mask, batch_major, stacklevel):
@@ -250,23 +261,12 @@ class BackwardCall:
         """The call of ``check``'s common case, or None when anything about ``net``, ``x``,
         ``dy`` or ``dhy`` is not plainly right (``check``'s whole way then decides, and words
         the error): the same checks, the same value (the reserve is opened by ``of`` alike)."""
-        if type(net) is not Network or type(x) is not np.ndarray:
+        T, N = _plain_x(net, x)
+        topo = net.topology
+        if not T or not _plain(dy, net.dtype, (T, N, topo.output_size)) or \
+                not _plain(dhy, net.dtype, (topo.num_layer_directions, N, topo.state_size)):
             return None
-        topo, dtype = net.topology, net.dtype
-        if x.dtype != dtype or x.ndim != 3 or x.shape[2] != topo.input_size or \
-                not x.flags.c_contiguous:
-            return None
-        T, N = x.shape[0], x.shape[1]
-        if T == 0 or N == 0:
-            return None
-        cell = net.cell
-        validate.call_sizes(topo, cell.gates, T, N, "x")
-        for a, shape in ((dy, (T, N, topo.output_size)),
-                         (dhy, (topo.num_layer_directions, N, topo.state_size))):
-            if a is not None and (type(a) is not np.ndarray or a.dtype != dtype or
-                                  a.shape != shape or not a.flags.c_contiguous):
-                return None
-        return cls.of(net, cell, x, reserve, dy, dhy, None, None, False, None, False,
+        return cls.of(net, net.cell, x, reserve, dy, dhy, None, None, False, None, False,
                       resolve_num_threads(num_threads), frozen=frozen)
 
     @classmethod
