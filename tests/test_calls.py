@@ -204,6 +204,8 @@ def test_the_common_call_is_checked_as_every_call_is(training, monkeypatch):
                 net, x, h0, training=training, seed=(0, 0)),
             lambda: calls.ForwardCall.check(net, x, h0, training=training), _same_call)
     assert fast == ["plain", "no h0"]
+    with pytest.raises(TypeError, match="net: expected a cgru.Network, got list"):
+        calls.ForwardCall.check([net], np.zeros((5, 3, 4)), training=training)
 
 
 def _checked_alike(monkeypatch, name, fast, whole, common, same):
@@ -280,6 +282,8 @@ def test_the_backward_common_call_is_checked_as_every_call_is(monkeypatch):
                 net, xv, f.reserve, d, h, batch_major=np.False_),
             lambda: calls.BackwardCall.check(net, xv, f.reserve, d, h), _same_backward)
     assert fast == ["plain", "no dy", "no dhy", "neither"]
+    with pytest.raises(TypeError, match="net: expected a cgru.Network, got list"):
+        calls.BackwardCall.check([net], x, f.reserve, dy, dhy)
 
 
 def _same_backward(a, b):

@@ -163,8 +163,10 @@ class ForwardCall:
         ``h0`` is not plainly right (``check``'s whole way then decides, and words the
         error): the same checks, the same value."""
         T, N = _plain_x(net, x)
+        if not T:
+            return None
         topo = net.topology
-        if not T or not _plain(h0, net.dtype, (topo.num_layer_directions, N, topo.state_size)):
+        if not _plain(h0, net.dtype, (topo.num_layer_directions, N, topo.state_size)):
             return None
         return cls.of(net, net.cell, x, h0, None, validate.full_lengths(T, N), None, 0.0, 0, 0,
                       training, False, resolve_num_threads(num_threads))
@@ -262,8 +264,10 @@ class BackwardCall:
         ``dy`` or ``dhy`` is not plainly right (``check``'s whole way then decides, and words
         the error): the same checks, the same value (the reserve is opened by ``of`` alike)."""
         T, N = _plain_x(net, x)
+        if not T:
+            return None
         topo = net.topology
-        if not T or not _plain(dy, net.dtype, (T, N, topo.output_size)) or \
+        if not _plain(dy, net.dtype, (T, N, topo.output_size)) or \
                 not _plain(dhy, net.dtype, (topo.num_layer_directions, N, topo.state_size)):
             return None
         return cls.of(net, net.cell, x, reserve, dy, dhy, None, None, False, None, False,
