@@ -604,8 +604,6 @@ class BackwardPlan:
                              for name in sorted(names | {"hm"}))
 
 
-
-
 def _add_column_sums(out, a, first):
     """``out`` = (``first``) or += the sums of ``a``'s columns."""
     if first:
