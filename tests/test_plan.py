@@ -801,3 +801,27 @@ def test_a_lent_block_keeps_the_views_of_a_few_layouts_only():
             assert lent[1][ws] is views
             lender.give_back(lent)
     plan.release_spares()
+
+
+def test_a_training_loop_makes_its_plans_once_whatever_its_weights(monkeypatch):
+    """A training step's forward and backward plans are functions of the model and shapes:
+    a loop that changes its weights every step (a new ``Frozen`` each time) makes them at its
+    first step and finds them at every later one — and an inference of those weights keeps
+    its own plan (its runner computes with them)."""
+    from cgru.core import engine
+    made = []
+    for cls in (engine.ForwardPlan, engine.BackwardPlan):
+        monkeypatch.setattr(cls, "__init__", lambda self, *a, _init=cls.__init__:
+                            made.append(type(self).__name__) or _init(self, *a))
+    net, x = _net_and_x()
+    arrays = [a for lp in net.layers for a in lp.arrays().values()]
+    for step in range(4):
+        f = cgru.forward(net, x, training=True)
+        g = cgru.backward(net, x, f.reserve, dy=np.ones_like(f.y))
+        for a, d in zip(arrays, [d for lp in g.dparams.layers for d in lp.arrays().values()]):
+            a -= 0.01 * d                                   # new weights: a new Frozen
+        if step == 0:
+            assert sorted(made) == ["BackwardPlan", "ForwardPlan"]
+    assert sorted(made) == ["BackwardPlan", "ForwardPlan"]
+    cgru.forward(net, x)
+    assert sorted(made) == ["BackwardPlan", "ForwardPlan", "ForwardPlan"]

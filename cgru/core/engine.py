@@ -157,10 +157,12 @@ def _forward_layout(kind, cell, topo, dtype, T, N, Tb, training, zero_h0, zero_c
 
 
 class ForwardPlan:
-    """A forward's plan for one shape, made once and kept by the call's ``Frozen`` (the
-    ``PLANS`` most recent shapes): the loops' batch chunks and threads, the workspace layout,
-    the steps per block of time — and, for an inference of one layer-stack whose workspace is
-    step-sized, a ``Runner`` from the shape's second call on.
+    """A forward's plan for one shape: the loops' batch chunks and threads, the workspace
+    layout, the steps per block of time, the shapes of the outputs — and, for an inference of
+    one layer-stack whose workspace is step-sized, a ``Runner`` from the shape's second call
+    on.  An inference's plan is made once and kept by the call's ``Frozen`` (the ``PLANS``
+    most recent shapes); a training forward's, which never has a runner, once per model and
+    shapes (``plan.shape_plan``).
 
     **The runner** (the kernels' ``Runner``) holds everything such a call would otherwise
     build again in Python: every layer's loop arguments over the packs and bias sums of this
@@ -174,7 +176,7 @@ class ForwardPlan:
     poisoning)."""
 
     __slots__ = ("kind", "cell", "T", "N", "nt", "chunks", "threads", "space", "Tb",
-                 "runnable", "_uses", "_runner")
+                 "runnable", "outputs", "_uses", "_runner")
 
     def __init__(self, kind, cell, topo, dtype, T, N, nt, training, zero_h0, zero_c0):
         H, D, G = topo.hidden_size, topo.num_directions, cell.gates
@@ -186,6 +188,11 @@ class ForwardPlan:
         self.Tb = plan.time_block(T, N)
         self.runnable = not training and topo.input_mode == "linear" and \
             self.space.block_bytes <= plan.SPARE_BLOCK_BYTES
+        # (shape of hy, of cy or None, of y (time-major), dtype): a runner's call's outputs
+        LD = topo.num_layer_directions
+        self.outputs = ((LD, N, topo.state_size),
+                        (LD, N, H) if kind.has_cell_state else None,
+                        (T, N, topo.output_size), np.dtype(dtype))
         self._uses = 0
         self._runner = None
 
@@ -251,34 +258,49 @@ def run_forward(call, workspace=None, out=None):
     dtype — the reserve a uint8 array of ``reserve_nbytes`` —, apart from every input: the C
     ABI's buffers)."""
     given = out or {}
-    kind, cell, topo, net = call.kind, call.cell, call.net.topology, call.frozen.net
-    dtype, T, N, nt, training = net.dtype, call.T, call.N, call.num_threads, call.training
+    cell, frozen, T, N, nt, training = (call.cell, call.frozen, call.T, call.N,
+                                        call.num_threads, call.training)
+    h0, c0 = call.h0, call.c0
+
+    # --- plan: an inference's kept by the call's ``Frozen`` for the calls of the same shapes
+    # (its runner computes with those weights); a training forward's, which has no runner,
+    # shared by every network of the model and shapes, as a backward's is (a training loop
+    # makes a new ``Frozen`` every step)
+    if training:
+        fp = plan.shape_plan(ForwardPlan, call.kind, cell, call.net.topology, frozen.net.dtype,
+                             T, N, nt, True, h0 is None, c0 is None)
+    else:
+        fp = frozen.plan(
+            ("forward plan", frozen.cell_key(cell), T, N, nt, False, h0 is None, c0 is None),
+            lambda: ForwardPlan(call.kind, cell, call.net.topology, frozen.net.dtype, T, N,
+                                nt, False, h0 is None, c0 is None))
+    # a repeated inference of a step-sized shape: its plan's runner, unless another call
+    # holds it (``ForwardPlan``) — before anything else is looked up or made
+    runner = fp.runner(frozen) if workspace is None and fp.runnable and call.mask is None \
+        and call.lengths is validate.full_lengths(T, N) else None
+    if runner is not None:
+        hy_shape, cy_shape, y_shape, dtype = fp.outputs
+        hy = _output(given, "hy", hy_shape, dtype)
+        cy = None if cy_shape is None else _output(given, "cy", cy_shape, dtype)
+        # the last layer writes y time-major: into the caller's y unless it is batch-major
+        y = _output(given if not call.batch_major else {}, "y", y_shape, dtype)
+        if runner.run(call.x.reshape(T * N, call.x.shape[2]), h0, c0, y, hy, cy):
+            if call.batch_major:
+                y = _batch_major(y, given, "y")
+            return Forward(y, hy, None, cy)
+
+    kind, topo, net = call.kind, call.net.topology, frozen.net
+    dtype = net.dtype
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
     G, DS = cell.gates, topo.output_size
     lstm = kind.has_cell_state
-    h0, c0 = call.h0, call.c0
     kernels = BACKEND.kernels(kind)
-
-    # --- plan (the call's ``Frozen`` keeps it for the calls of the same shapes)
-    fp = call.frozen.plan(
-        ("forward plan", call.frozen.cell_key(cell), T, N, nt, training, h0 is None,
-         c0 is None),
-        lambda: ForwardPlan(kind, cell, topo, dtype, T, N, nt, training, h0 is None,
-                            c0 is None))
     chunks, threads, space, Tb = fp.chunks, fp.threads, fp.space, fp.Tb
     X = call.x.reshape(T * N, topo.input_size)
-    hy = _output(given, "hy", (L * D, N, S), dtype)
-    cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
-    # the last layer writes y time-major: into the caller's y unless it is batch-major
-    y = _output(given if not call.batch_major else {}, "y", (T, N, DS), dtype)
-    # a repeated inference of a step-sized shape: its plan's runner, unless another call
-    # holds it (``ForwardPlan``)
-    runner = fp.runner(call.frozen) if workspace is None and fp.runnable and call.mask is None \
-        and call.lengths is validate.full_lengths(T, N) else None
-    if runner is not None and runner.run(X, h0, c0, y, hy, cy):
-        if call.batch_major:
-            y = _batch_major(y, given, "y")
-        return Forward(y, hy, None, cy)
+    if runner is None:
+        hy = _output(given, "hy", (L * D, N, S), dtype)
+        cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
+        y = _output(given if not call.batch_major else {}, "y", (T, N, DS), dtype)
     # the workspace: the caller's; a training step's one block (``_training_workspace``); an
     # inference's borrowed from the last call of this layout (``Workspace.borrow``)
     lent = None
