@@ -208,6 +208,57 @@ def test_the_common_call_is_checked_as_every_call_is(training, monkeypatch):
         calls.ForwardCall.check([net], np.zeros((5, 3, 4)), training=training)
 
 
+def _cell_state_variants(c):
+    """Variants of an LSTM's ``c0`` (or ``dcy``): plain, absent, and not quite plain."""
+    yield "plain", c
+    yield "none", None
+    yield "Fortran-ordered", np.asfortranarray(c)
+    yield "a strided view", np.repeat(c, 2, axis=2)[:, :, ::2]
+    yield "float32", c.astype(np.float32)
+    yield "of another batch", c[:, :2]
+    yield "of the state width", c[:, :, :-1]
+    yield "a masked array", np.ma.masked_array(c)
+    yield "a subclass", c.view(_Sub)
+    yield "a list", c.tolist()
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_an_lstms_cell_state_is_checked_on_the_common_call_as_every_call_is(training,
+                                                                            monkeypatch):
+    """The forward's fast path takes an LSTM's ``c0`` and the backward's its ``dcy`` — the
+    very values the whole way gives, or the whole way's own error (a GRU's ``c0``, say)."""
+    net = cgru.Network.random(cgru.Topology(4, 6, 2, proj_size=3), np.float64, seed=12,
+                              cell=cgru.LSTMCell())
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((5, 3, 4))
+    h0, c = rng.standard_normal((2, 3, 3)), rng.standard_normal((2, 3, 6))
+    fast = []
+    for name, c0 in _cell_state_variants(c):
+        _checked_alike(
+            monkeypatch, name, fast, lambda: calls.ForwardCall.check(
+                net, x, h0, c0=c0, training=training, seed=(0, 0)),
+            lambda: calls.ForwardCall.check(net, x, h0, c0=c0, training=training), _same_call)
+    assert fast == ["plain", "none"]
+    gru = cgru.Network.random(cgru.Topology(4, 6, 2), np.float64, seed=12)
+    with pytest.raises(ValueError, match="only LSTM cells have a cell state"):
+        calls.ForwardCall.check(gru, x, c0=c)
+    if not training:
+        return
+    f = cgru.forward(net, x, h0, c0=c, training=True)
+    dy, dhy = rng.standard_normal(f.y.shape), rng.standard_normal(f.hy.shape)
+    fast = []
+    for name, dcy in _cell_state_variants(c):
+        _checked_alike(
+            monkeypatch, name, fast, lambda: calls.BackwardCall.check(
+                net, x, f.reserve, dy, dhy, dcy=dcy, batch_major=np.False_),
+            lambda: calls.BackwardCall.check(net, x, f.reserve, dy, dhy, dcy=dcy),
+            _same_backward)
+    assert fast == ["plain", "none"]
+    fg = cgru.forward(gru, x, training=True)
+    with pytest.raises(ValueError, match="only LSTM cells have a cell state"):
+        calls.BackwardCall.check(gru, x, fg.reserve, dcy=c)
+
+
 def _checked_alike(monkeypatch, name, fast, whole, common, same):
     """``common()`` (a call that may take the fast path) gives what ``whole()`` (the same call
     forced the whole way) gives — the same value (``same``) or the same error; ``name`` joins

@@ -136,12 +136,13 @@ class ForwardCall:
               state_mask=None, training=False, dropout=0.0, seed=0, num_threads=None,
               stacklevel=4):
         """Every argument checked (in the core's words), then ``of``."""
-        if cell is None and lengths is None and state_mask is None and c0 is None and \
+        if cell is None and lengths is None and state_mask is None and \
                 batch_major is False and (training is False or training is True) and \
                 type(dropout) is float and dropout == 0.0 and type(seed) is int and seed == 0:
-            # the common call (x and h0 only, C-contiguous and as the network wants them),
-            # checked at once; anything else — an error included — goes the whole way
-            call = cls._check_common_call(net, x, h0, training, num_threads)
+            # the common call (x, h0 and an LSTM's c0 only, C-contiguous and as the network
+            # wants them), checked at once; anything else — an error included — goes the
+            # whole way
+            call = cls._check_common_call(net, x, h0, c0, training, num_threads)
             if call is not None:
                 return call
         topo, dtype, cell, batch_major, T, N, mask = _check_common(
@@ -158,17 +159,18 @@ class ForwardCall:
                       resolve_num_threads(num_threads))
 
     @classmethod
-    def _check_common_call(cls, net, x, h0, training, num_threads):
-        """The call of ``check``'s common case, or None when anything about ``net``, ``x`` or
-        ``h0`` is not plainly right (``check``'s whole way then decides, and words the
-        error): the same checks, the same value."""
+    def _check_common_call(cls, net, x, h0, c0, training, num_threads):
+        """The call of ``check``'s common case, or None when anything about ``net``, ``x``,
+        ``h0`` or ``c0`` is not plainly right (``check``'s whole way then decides, and words
+        the error): the same checks, the same value."""
         T, N = _plain_x(net, x)
         if not T:
             return None
         topo = net.topology
-        if not _plain(h0, net.dtype, (topo.num_layer_directions, N, topo.state_size)):
+        if not _plain(h0, net.dtype, (topo.num_layer_directions, N, topo.state_size)) or \
+                not _plain_c(net, c0, N):
             return None
-        return cls.of(net, net.cell, x, h0, None, validate.full_lengths(T, N), None, 0.0, 0, 0,
+        return cls.of(net, net.cell, x, h0, c0, validate.full_lengths(T, N), None, 0.0, 0, 0,
                       training, False, resolve_num_threads(num_threads))
 
     @classmethod
@@ -212,6 +214,14 @@ def _plain(a, dtype, shape):
                          a.flags.c_contiguous)
 
 
+def _plain_c(net, c, N):
+    """True when ``c`` is None, or a plain cell state ``[L·D, N, H]`` (``_plain``) of a
+    network whose cell has one."""
+    topo = net.topology
+    return c is None or (kinds.of(net.cell).has_cell_state and
+                         _plain(c, net.dtype, (topo.num_layer_directions, N, topo.hidden_size)))
+
+
 def _check_common(net, x, cell, state_mask, batch_major, stacklevel):
     """What a forward and a backward check alike: ``(topology, dtype, cell, batch_major, T,
     N, mask)``."""
@@ -237,11 +247,12 @@ class BackwardCall:
               batch_major=False, dparams=None, accumulate=False, num_threads=None,
               stacklevel=4, frozen=None):
         """Every argument checked (in the core's words), then ``of`` (``frozen``: see there)."""
-        if cell is None and state_mask is None and dcy is None and batch_major is False and \
+        if cell is None and state_mask is None and batch_major is False and \
                 dparams is None and accumulate is False:
-            # the common call (x, reserve, dy, dhy, each C-contiguous and as the network wants
-            # them), checked at once; anything else — an error included — goes the whole way
-            call = cls._check_common_call(net, x, reserve, dy, dhy, num_threads, frozen)
+            # the common call (x, reserve, dy, dhy and an LSTM's dcy, each C-contiguous and as
+            # the network wants them), checked at once; anything else — an error included —
+            # goes the whole way
+            call = cls._check_common_call(net, x, reserve, dy, dhy, dcy, num_threads, frozen)
             if call is not None:
                 return call
         topo, dtype, cell, batch_major, T, N, mask = _check_common(
@@ -259,18 +270,20 @@ class BackwardCall:
                       frozen=frozen)
 
     @classmethod
-    def _check_common_call(cls, net, x, reserve, dy, dhy, num_threads, frozen):
+    def _check_common_call(cls, net, x, reserve, dy, dhy, dcy, num_threads, frozen):
         """The call of ``check``'s common case, or None when anything about ``net``, ``x``,
-        ``dy`` or ``dhy`` is not plainly right (``check``'s whole way then decides, and words
-        the error): the same checks, the same value (the reserve is opened by ``of`` alike)."""
+        ``dy``, ``dhy`` or ``dcy`` is not plainly right (``check``'s whole way then decides,
+        and words the error): the same checks, the same value (the reserve is opened by ``of``
+        alike)."""
         T, N = _plain_x(net, x)
         if not T:
             return None
         topo = net.topology
         if not _plain(dy, net.dtype, (T, N, topo.output_size)) or \
-                not _plain(dhy, net.dtype, (topo.num_layer_directions, N, topo.state_size)):
+                not _plain(dhy, net.dtype, (topo.num_layer_directions, N, topo.state_size)) or \
+                not _plain_c(net, dcy, N):
             return None
-        return cls.of(net, net.cell, x, reserve, dy, dhy, None, None, False, None, False,
+        return cls.of(net, net.cell, x, reserve, dy, dhy, dcy, None, False, None, False,
                       resolve_num_threads(num_threads), frozen=frozen)
 
     @classmethod
