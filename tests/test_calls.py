@@ -23,9 +23,9 @@ def counts(monkeypatch):
     real_copy, real_same, real_mac = weights._copy, weights.same_bytes, reserve.data_mac
     real_lengths, real_freeze = validate.lengths, weights.freeze
 
-    def copy(a):
+    def copy(a, fingerprinted=False):
         seen["copies"] += 1
-        return real_copy(a)
+        return real_copy(a, fingerprinted)
 
     def same(a, b, num_threads=1):
         seen["proofs"] += 1
@@ -39,9 +39,9 @@ def counts(monkeypatch):
         seen["lengths"] += 1
         return real_lengths(*args, **kw)
 
-    def freeze(net, num_threads=1):
+    def freeze(net, num_threads=1, fingerprinted=False):
         seen["freeze"] += 1
-        return real_freeze(net, num_threads)
+        return real_freeze(net, num_threads, fingerprinted)
     monkeypatch.setattr(weights, "_copy", copy)
     monkeypatch.setattr(weights, "same_bytes", same)
     monkeypatch.setattr(reserve, "data_mac", mac)

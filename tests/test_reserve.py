@@ -99,6 +99,62 @@ def test_fingerprint_is_the_same_on_every_isa_path():
         fingerprint(a, isa=5)
 
 
+def test_a_fingerprinted_copy_is_the_array_and_its_fingerprint_the_copys():
+    """``copy_fingerprint`` (a training call's new weights: copied and fingerprinted in one
+    pass) gives a new C-contiguous copy and ``fingerprint`` of it, on every ISA path, for
+    sizes around its blocks, dtypes and views."""
+    from cgru._kernels.loops import copy_fingerprint, fingerprint, simd_isa
+    levels = {"AVX-512": [0, 3, 4], "AVX2+FMA": [0, 3], "baseline": [0]}[simd_isa()]
+    rng = np.random.default_rng(4)
+    for n in (0, 1, 7, 255, 256, 257, 1023, 1024, 1025, 4096, 10_007):
+        for dtype in (np.uint8, np.float32, np.float64):
+            a = (rng.standard_normal(n) * 100).astype(dtype)
+            for isa in levels:
+                copy, fp = copy_fingerprint(a, isa)
+                assert type(copy) is np.ndarray and copy.dtype == a.dtype, (n, dtype, isa)
+                assert copy.flags.c_contiguous and copy.ctypes.data != a.ctypes.data
+                np.testing.assert_array_equal(copy, a)
+                assert fp == fingerprint(a), (n, dtype, isa)
+    m = rng.standard_normal((12, 40))
+    for view in (m[:, ::3], m.T, m[2:9]):
+        copy, fp = copy_fingerprint(view)
+        np.testing.assert_array_equal(copy, view)
+        assert copy.flags.c_contiguous and fp == fingerprint(np.ascontiguousarray(view))
+
+
+def test_a_fingerprinted_copy_is_consistent_while_its_source_is_written():
+    """The fingerprint is the copy's, whatever another thread writes to the source during the
+    pass: a thread rewrites 256 bytes of it thousands of times per call (each time with the
+    other of two patterns), so that many copies catch it mid-write — each copy's fingerprint
+    must still be that of its own bytes (the vector code hashes the very register it stores;
+    a reload of the source for the hash fails this)."""
+    import threading
+    from cgru._kernels.loops import copy_fingerprint, fingerprint
+    src = np.arange(1 << 14, dtype=np.float32) + 1          # 64 KiB
+    hot = src[64:128]
+    pattern = np.tile(np.stack([hot.copy(), -hot]), (2000, 1))
+    target = np.lib.stride_tricks.as_strided(hot, shape=pattern.shape, strides=(0, 4))
+    stop = threading.Event()
+
+    def writer():
+        while not stop.is_set():
+            np.copyto(target, pattern)          # (NumPy lets the GIL go while it copies)
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    torn = 0
+    try:
+        for _ in range(20_000):
+            copy, fp = copy_fingerprint(src)
+            assert fp == fingerprint(copy)
+            part = copy[64:128]
+            torn += not (np.array_equal(part, pattern[0]) or np.array_equal(part, pattern[1]))
+    finally:
+        stop.set()
+        t.join()
+    if not torn:
+        pytest.skip("no copy caught the writer mid-write (no concurrency on this run)")
+
+
 def test_the_key_is_drawn_per_process():
     """Nobody outside the process can compute its fingerprints: another process gets other
     values for the same bytes (so a collision cannot be crafted in advance)."""

@@ -375,7 +375,8 @@ def test_a_sealed_call_neither_compares_nor_copies_nor_packs_again(monkeypatch):
     real_same, real_copy = weights.same_bytes, weights._copy
     monkeypatch.setattr(weights, "same_bytes",
                         lambda a, b, nt=1: proofs.append(1) or real_same(a, b, nt))
-    monkeypatch.setattr(weights, "_copy", lambda a: copies.append(1) or real_copy(a))
+    monkeypatch.setattr(weights, "_copy", lambda a, fingerprinted=False:
+                        copies.append(1) or real_copy(a, fingerprinted))
     net, sealed = _sealed_pair(cgru.GRUCell())
     x = np.random.default_rng(2).standard_normal((5, 3, 4))
     arrays = sum(len(lp.arrays()) for lp in net.layers)
@@ -429,3 +430,31 @@ def test_a_stream_of_a_sealed_network_steps_as_forward():
         y, state = stream.step(x[t], state)
         steps.append(y)
     assert np.allclose(np.stack(steps), cgru.forward(net, x).y, rtol=1e-5, atol=1e-6)
+
+
+def test_a_training_call_fingerprints_new_weights_as_it_copies_them(monkeypatch):
+    """A training forward's new copies come with their fingerprints (one pass each: no
+    fingerprint of the copies after), the reserve's MAC is the one of separate fingerprints,
+    and its backward takes it; an inference copies without fingerprinting."""
+    from cgru.core import reserve
+    passes = []
+    real = weights.fingerprint
+    monkeypatch.setattr(weights, "fingerprint", lambda a: passes.append(a.nbytes) or real(a))
+    net = cgru.Network.random(cgru.Topology(4, 6, 2), np.float64, seed=3)
+    x = np.random.default_rng(5).standard_normal((5, 3, 4))
+    f = cgru.forward(net, x, training=True)
+    assert passes == []
+    frozen = weights.freeze(net)
+    mac = reserve.mac(b"weights", *[name.encode() + k.fingerprint for layer in frozen.kept
+                                    for name, k in layer.items()])
+    assert frozen.fingerprints() == [name.encode() + reserve.describe(k.array)
+                                     for layer in frozen.kept for name, k in layer.items()]
+    assert reserve.weights_mac(frozen) == mac
+    g = cgru.backward(net, x, f.reserve, np.ones_like(f.y))
+    assert passes == [] and np.isfinite(g.dx).all()
+    net.layers[0].W[0, 0] += 1.0
+    cgru.forward(net, x)                                     # new weights, an inference
+    frozen = weights.freeze(net)
+    assert passes == [] and frozen.kept[0]["W"]._fingerprint is None
+    frozen.fingerprints()               # asked for: a pass of its own, for the one new copy
+    assert passes == [net.layers[0].W.nbytes]

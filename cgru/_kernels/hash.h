@@ -52,8 +52,17 @@ CGRU_INLINE uint64_t cgru_fp_poly(uint64_t h, uint64_t r, uint64_t m) {
 }
 
 /* the two NH values of one 1 KiB block: portable code, and AVX2 / AVX-512 (vpmuludq: four or
- * eight 32×32→64-bit products per instruction), all giving the same sums */
-static void cgru_fp_block_base(const unsigned char *p, const cgru_fp_key *key, uint64_t out[2]) {
+ * eight 32×32→64-bit products per instruction), all giving the same sums. With copy non-NULL
+ * the block is also copied there, and the values summed are the copy's: the vector levels
+ * store each loaded vector to the copy and sum that same register (one load feeds both, so a
+ * thread writing the source meanwhile cannot make them differ); the portable code copies the
+ * block first and reads the copy. */
+static void cgru_fp_block_base(const unsigned char *p, const cgru_fp_key *key, uint64_t out[2],
+                               unsigned char *copy) {
+    if (copy) {
+        memcpy(copy, p, 4 * CGRU_FP_WORDS);
+        p = copy;
+    }
     uint64_t s1 = 0, s2 = 0;
     for (int i = 0; i < CGRU_FP_WORDS; i += 2) {
         uint32_t a, b;
@@ -70,10 +79,11 @@ static void cgru_fp_block_base(const unsigned char *p, const cgru_fp_key *key, u
 #include <immintrin.h>
 
 CGRU_TARGET_V4 static void cgru_fp_block_v4(const unsigned char *p, const cgru_fp_key *key,
-                                            uint64_t out[2]) {
+                                            uint64_t out[2], unsigned char *copy) {
     __m512i acc1 = _mm512_setzero_si512(), acc2 = _mm512_setzero_si512();
     for (int i = 0; i < CGRU_FP_WORDS; i += 16) {
         __m512i w = _mm512_loadu_si512((const void *)(p + 4 * (size_t)i));
+        if (copy) _mm512_storeu_si512((void *)(copy + 4 * (size_t)i), w);
         __m512i v1 = _mm512_add_epi32(w, _mm512_loadu_si512((const void *)(key->nh + i)));
         __m512i v2 = _mm512_add_epi32(w, _mm512_loadu_si512((const void *)(key->nh + i + 4)));
         acc1 = _mm512_add_epi64(acc1, _mm512_mul_epu32(v1, _mm512_srli_epi64(v1, 32)));
@@ -84,10 +94,11 @@ CGRU_TARGET_V4 static void cgru_fp_block_v4(const unsigned char *p, const cgru_f
 }
 
 CGRU_TARGET_V3 static void cgru_fp_block_v3(const unsigned char *p, const cgru_fp_key *key,
-                                            uint64_t out[2]) {
+                                            uint64_t out[2], unsigned char *copy) {
     __m256i acc1 = _mm256_setzero_si256(), acc2 = _mm256_setzero_si256();
     for (int i = 0; i < CGRU_FP_WORDS; i += 8) {
         __m256i w = _mm256_loadu_si256((const __m256i *)(p + 4 * (size_t)i));
+        if (copy) _mm256_storeu_si256((__m256i *)(copy + 4 * (size_t)i), w);
         __m256i v1 = _mm256_add_epi32(w, _mm256_loadu_si256((const __m256i *)(key->nh + i)));
         __m256i v2 = _mm256_add_epi32(w, _mm256_loadu_si256((const __m256i *)(key->nh + i + 4)));
         acc1 = _mm256_add_epi64(acc1, _mm256_mul_epu32(v1, _mm256_srli_epi64(v1, 32)));
@@ -102,25 +113,30 @@ CGRU_TARGET_V3 static void cgru_fp_block_v3(const unsigned char *p, const cgru_f
 #endif
 
 static void cgru_fp_block(const unsigned char *p, const cgru_fp_key *key, uint64_t out[2],
-                          int isa) {
+                          int isa, unsigned char *copy) {
 #if CGRU_X86
     switch (isa) {
-    case 4: cgru_fp_block_v4(p, key, out); return;
-    case 3: cgru_fp_block_v3(p, key, out); return;
+    case 4: cgru_fp_block_v4(p, key, out, copy); return;
+    case 3: cgru_fp_block_v3(p, key, out, copy); return;
     default: break;
     }
 #endif
-    cgru_fp_block_base(p, key, out);
+    cgru_fp_block_base(p, key, out, copy);
 }
 
 /* The fingerprint of p[0..n): out[0], out[1] < p, one per stream (isa: cgru_isa()'s value of
- * the code to run, or lower — every choice gives the same result). */
-static void cgru_fingerprint(const unsigned char *p, size_t n, const cgru_fp_key *key,
-                             uint64_t out[2], int isa) {
+ * the code to run, or lower — every choice gives the same result).
+ * With copy non-NULL, p[0..n) is also copied there, and what is fingerprinted is the copy's
+ * bytes (cgru_fp_block): one pass over the source instead of a copy and then a fingerprint of
+ * it — a training loop's new weights take both, and the copy's stores come free beside the
+ * fingerprint's arithmetic. (A copy of each block before fingerprinting it was three times
+ * slower than the two passes: the loads waited on the copy's stores still in flight.) */
+static void cgru_fingerprint_copy(const unsigned char *p, unsigned char *copy, size_t n,
+                                  const cgru_fp_key *key, uint64_t out[2], int isa) {
     uint64_t h[2] = {1, 1}, nh[2];
     size_t i = 0;
     for (; i + 4 * CGRU_FP_WORDS <= n; i += 4 * CGRU_FP_WORDS) {
-        cgru_fp_block(p + i, key, nh, isa);
+        cgru_fp_block(p + i, key, nh, isa, copy ? copy + i : NULL);
         for (int s = 0; s < 2; s++) {
             h[s] = cgru_fp_poly(h[s], key->r[s], nh[s] >> 32);
             h[s] = cgru_fp_poly(h[s], key->r[s], nh[s] & 0xFFFFFFFFULL);
@@ -129,8 +145,13 @@ static void cgru_fingerprint(const unsigned char *p, size_t n, const cgru_fp_key
     if (i < n) {                                   /* the last, partial block: zero-padded */
         unsigned char last[4 * CGRU_FP_WORDS];
         memset(last, 0, sizeof last);
-        memcpy(last, p + i, n - i);
-        cgru_fp_block(last, key, nh, isa);
+        if (copy) {                                /* (the copy's bytes, as above) */
+            memcpy(copy + i, p + i, n - i);
+            memcpy(last, copy + i, n - i);
+        } else {
+            memcpy(last, p + i, n - i);
+        }
+        cgru_fp_block(last, key, nh, isa, NULL);
         for (int s = 0; s < 2; s++) {
             h[s] = cgru_fp_poly(h[s], key->r[s], nh[s] >> 32);
             h[s] = cgru_fp_poly(h[s], key->r[s], nh[s] & 0xFFFFFFFFULL);
@@ -140,6 +161,11 @@ static void cgru_fingerprint(const unsigned char *p, size_t n, const cgru_fp_key
         h[s] = cgru_fp_poly(h[s], key->r[s], (uint64_t)n >> 32);
         out[s] = cgru_fp_poly(h[s], key->r[s], (uint64_t)n & 0xFFFFFFFFULL);
     }
+}
+
+static void cgru_fingerprint(const unsigned char *p, size_t n, const cgru_fp_key *key,
+                             uint64_t out[2], int isa) {
+    cgru_fingerprint_copy(p, NULL, n, key, out, isa);
 }
 
 #endif

@@ -52,6 +52,8 @@ cdef extern from "hash.h" nogil:
         uint64_t r[2]
     void cgru_fingerprint(const unsigned char *p, size_t n, const cgru_fp_key *key,
                           uint64_t out[2], int isa)
+    void cgru_fingerprint_copy(const unsigned char *p, unsigned char *copy, size_t n,
+                               const cgru_fp_key *key, uint64_t out[2], int isa)
 
 
 cdef extern from *:
@@ -633,6 +635,27 @@ def fingerprint(a, isa=None):
     with nogil:
         cgru_fingerprint(p, n, &_fp_key, out, level)
     return (<bytes>(<char *>out)[:16])
+
+
+def copy_fingerprint(a, isa=None):
+    """``(copy, fingerprint)``: a new C-contiguous copy of array ``a`` and ``fingerprint`` of
+    the copy's bytes, taken in one pass (each KiB fingerprinted as it is copied).  The
+    fingerprint is the copy's whatever another thread writes to ``a`` meanwhile.  ``a`` not
+    C-contiguous: copied first, then fingerprinted."""
+    cdef cnp.ndarray src = <cnp.ndarray?>a
+    cdef cnp.ndarray copy
+    if not src.flags.c_contiguous:
+        copy = np.array(src, order="C", copy=True)
+        return copy, fingerprint(copy, isa)
+    copy = np.empty_like(src, order="C", subok=False)
+    cdef const unsigned char *p = <const unsigned char *>cnp.PyArray_DATA(src)
+    cdef unsigned char *q = <unsigned char *>cnp.PyArray_DATA(copy)
+    cdef size_t n = <size_t>src.nbytes
+    cdef uint64_t out[2]
+    cdef int level = _level(isa)
+    with nogil:
+        cgru_fingerprint_copy(p, q, n, &_fp_key, out, level)
+    return copy, (<bytes>(<char *>out)[:16])
 
 
 def address(cnp.ndarray a):

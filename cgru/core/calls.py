@@ -188,7 +188,7 @@ class ForwardCall:
         self.h0, self.c0, self.lengths, self.mask = h0, c0, lengths, mask
         self.dropout, self.seed, self.seed2 = dropout, seed, seed2
         self.training, self.batch_major, self.num_threads = training, batch_major, num_threads
-        self.frozen = weights.freeze(net, num_threads)
+        self.frozen = weights.freeze(net, num_threads, fingerprinted=training)
         return self
 
 
@@ -309,7 +309,8 @@ class BackwardCall:
         self.dy, self.dhy, self.dcy, self.mask = dy, dhy, dcy, mask
         self.batch_major, self.dparams, self.accumulate = batch_major, dparams, accumulate
         self.num_threads = num_threads
-        self.frozen = weights.freeze(net, num_threads) if frozen is None else frozen
+        self.frozen = weights.freeze(net, num_threads, fingerprinted=True) if frozen is None \
+            else frozen
         self.opened = _open(self, reserve, h0, c0, lengths, what, inference_hint)
         return self
 

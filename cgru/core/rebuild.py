@@ -74,7 +74,7 @@ def reserve_from_gates(net, x, gates, y, h0=None, *, cell=None, state_mask=None)
     if h0 is None:
         h0 = np.zeros((D, N, H), dtype)
     mask = check_state_mask(state_mask, topo, dtype, T, N, False)
-    frozen = weights.freeze(net)
+    frozen = weights.freeze(net, fingerprinted=True)
     rv, lds = _new_reserve(net, cell, x, T, N, h0, None, mask, frozen)
     for d in range(D):
         kind.rebuild_from_gates(BACKEND, lds[d], frozen.net[d], cell, topo, d, gates[d], y, h0[d], mask)
@@ -126,7 +126,7 @@ def reserve_from_saved(net, x, saved, *, h0=None, c0=None, state_mask=None):
     elif c0 is not None:
         raise ValueError("c0: only an LSTM has a cell state")
     mask = check_state_mask(state_mask, topo, dtype, T, N, False)
-    frozen = weights.freeze(net)
+    frozen = weights.freeze(net, fingerprinted=True)
     rv, lds = _new_reserve(net, cell, x, T, N, h0, c0, mask, frozen)
     for d in range(D):
         kind.rebuild_from_saved(BACKEND, lds[d], frozen.net[d], cell, topo, d, x, saved, h0[d],

@@ -49,7 +49,7 @@ import weakref
 import numpy as np
 
 from cgru.core.network import LayerParams, Network, Sealed, memory_owner as _owner
-from cgru._kernels.loops import array_key, fingerprint, pack_rhs, same_bytes
+from cgru._kernels.loops import array_key, copy_fingerprint, fingerprint, pack_rhs, same_bytes
 
 __all__ = ["freeze", "Frozen", "Kept", "release", "CACHE_BYTES"]
 
@@ -89,13 +89,28 @@ class Kept:
                 _grow(self, value.nbytes)
         return first
 
+    @classmethod
+    def of_copy(cls, a, fingerprinted):
+        """The ``Kept`` of a new copy of ``a``; ``fingerprinted``: with its fingerprint, taken
+        in the same pass as the copy (a training call needs it)."""
+        copy, fp = _copy(a, fingerprinted)
+        kept = cls(copy)
+        if fp is not None:
+            kept._fingerprint = _described(copy, fp)
+        return kept
+
     @property
     def fingerprint(self):
         """The copy's dtype, shape and keyed fingerprint (``reserve.describe``'s bytes)."""
         if self._fingerprint is None:
             a = self.array
-            self._fingerprint = f"{a.dtype.str}{a.shape}".encode() + fingerprint(a)
+            self._fingerprint = _described(a, fingerprint(a))
         return self._fingerprint
+
+
+def _described(a, fp):
+    """What a MAC covers of array ``a`` of fingerprint ``fp`` (``reserve.describe``)."""
+    return f"{a.dtype.str}{a.shape}".encode() + fp
 
 
 def _grow(kept, nbytes):
@@ -140,13 +155,13 @@ def _drop(key, kept, _ref=None):
             _cached_bytes -= kept.nbytes
 
 
-def keep(a, num_threads=1):
+def keep(a, num_threads=1, fingerprinted=False):
     """The ``Kept`` copy of array ``a``'s current bytes: the one kept for ``a`` when its bytes
     are still ``a``'s (compared on up to ``num_threads`` of cgru's threads), else a new copy
-    (kept in its place when it fits)."""
+    (kept in its place when it fits; ``fingerprinted``: fingerprinted as it is copied)."""
     global _cached_bytes
     if not _reuse:
-        return Kept(_copy(a))
+        return Kept.of_copy(a, fingerprinted)
     owner = _owner(a)
     if type(owner) is Sealed and a.flags.c_contiguous and a.flags.aligned:
         return _sealed(a, owner)
@@ -157,7 +172,7 @@ def keep(a, num_threads=1):
             _cache.move_to_end(key)
     if kept is not None and same_bytes(a, kept.array, num_threads):
         return kept
-    kept = Kept(_copy(a))
+    kept = Kept.of_copy(a, fingerprinted)
     if kept.nbytes > CACHE_BYTES // 8:
         return kept
     try:
@@ -187,10 +202,15 @@ def _sealed(a, memory):
     return found
 
 
-def _copy(a):
-    copy = np.array(a, order="C", copy=True)
+def _copy(a, fingerprinted=False):
+    """``(copy, fingerprint)``: a read-only C-contiguous copy of ``a`` and, ``fingerprinted``,
+    the copy's fingerprint taken in the same pass (``copy_fingerprint``), else None."""
+    if fingerprinted:
+        copy, fp = copy_fingerprint(a)
+    else:
+        copy, fp = np.array(a, order="C", copy=True), None
     copy.flags.writeable = False
-    return copy
+    return copy, fp
 
 
 class Frozen:
@@ -272,14 +292,16 @@ class Frozen:
         return self.kept[i][name].derived(("pack", bool(forward), rows), make)
 
 
-def freeze(net, num_threads=1):
+def freeze(net, num_threads=1, fingerprinted=False):
     """The ``Frozen`` weights of ``net`` for one call (see the module docstring);
-    ``num_threads``: the call's, which share each byte comparison."""
+    ``num_threads``: the call's, which share each byte comparison; ``fingerprinted``: the call
+    makes or reads a reserve, whose MAC covers the copies' fingerprints — a new copy is
+    fingerprinted as it is made (one pass over the array, not two)."""
     memo = _frozen_sealed.get(net) if _reuse else None
     if memo is not None and memo[0] is net.layers and \
             memo[2] == tuple(map(array_key, memo[1])):
         return memo[3]
-    kept = [{name: keep(a, num_threads) for name, a in lp.arrays().items()}
+    kept = [{name: keep(a, num_threads, fingerprinted) for name, a in lp.arrays().items()}
             for lp in net.layers]
     frozen = _memo(net, kept)
     if frozen is not None:
