@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cgru
-from cgru.core import plan, reference, weights
+from cgru.core import plan, reference, reserve, weights
 from cgru._kernels import loops
 
 CELLS = [cgru.GRUCell(), cgru.GRUCell(reset_after=False), cgru.LSTMCell(),
@@ -142,7 +142,7 @@ def test_a_shared_byte_comparison_sees_every_byte(num_threads):
 def test_the_cache_proves_a_hit_by_the_bytes_alone(monkeypatch):
     """With every fingerprint made equal (a perfect collision of any hash), the kept copies
     still serve only the bytes they hold: the cache never consults a hash."""
-    monkeypatch.setattr(weights, "fingerprint", lambda a: b"\0" * 16)
+    monkeypatch.setattr(reserve, "fingerprint", lambda a: b"\0" * 16)
     net = cgru.Network.random(cgru.Topology(4, 8, 1), np.float64, seed=8)
     x = np.random.default_rng(9).standard_normal((6, 2, 4))
     cgru.forward(net, x)
@@ -436,10 +436,14 @@ def test_a_training_call_fingerprints_new_weights_as_it_copies_them(monkeypatch)
     """A training forward's new copies come with their fingerprints (one pass each: no
     fingerprint of the copies after), the reserve's MAC is the one of separate fingerprints,
     and its backward takes it; an inference copies without fingerprinting."""
-    from cgru.core import reserve
-    passes = []
-    real = weights.fingerprint
-    monkeypatch.setattr(weights, "fingerprint", lambda a: passes.append(a.nbytes) or real(a))
+    passes = []                         # fingerprint passes over kept copies (read-only)
+    real = reserve.fingerprint
+
+    def counted(a):
+        if not a.flags.writeable:
+            passes.append(a.nbytes)
+        return real(a)
+    monkeypatch.setattr(reserve, "fingerprint", counted)
     net = cgru.Network.random(cgru.Topology(4, 6, 2), np.float64, seed=3)
     x = np.random.default_rng(5).standard_normal((5, 3, 4))
     f = cgru.forward(net, x, training=True)
@@ -447,7 +451,7 @@ def test_a_training_call_fingerprints_new_weights_as_it_copies_them(monkeypatch)
     frozen = weights.freeze(net)
     mac = reserve.mac(b"weights", *[name.encode() + k.fingerprint for layer in frozen.kept
                                     for name, k in layer.items()])
-    assert frozen.fingerprints() == [name.encode() + reserve.describe(k.array)
+    assert frozen.fingerprints() == [name.encode() + reserve.describe(k.array, real(k.array))
                                      for layer in frozen.kept for name, k in layer.items()]
     assert reserve.weights_mac(frozen) == mac
     g = cgru.backward(net, x, f.reserve, np.ones_like(f.y))

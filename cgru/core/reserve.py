@@ -209,9 +209,10 @@ def mac(label, *parts):
     return int.from_bytes(h.digest(), "little", signed=True)
 
 
-def describe(a):
-    """What a MAC covers of one array: its dtype, shape and keyed fingerprint (bytes)."""
-    return f"{a.dtype.str}{a.shape}".encode() + fingerprint(a)
+def describe(a, fp=None):
+    """What a MAC covers of one array: its dtype, shape and keyed fingerprint (bytes; ``fp``:
+    the fingerprint of ``a`` when the caller has taken it already)."""
+    return f"{a.dtype.str}{a.shape}".encode() + (fingerprint(a) if fp is None else fp)
 
 
 def data_mac(label, *arrays):

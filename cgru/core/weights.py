@@ -48,8 +48,9 @@ import weakref
 
 import numpy as np
 
-from cgru.core.network import LayerParams, Network, Sealed, memory_owner as _owner
-from cgru._kernels.loops import array_key, copy_fingerprint, fingerprint, pack_rhs, same_bytes
+from cgru.core.network import LayerParams, Sealed, memory_owner as _owner
+from cgru.core.reserve import describe
+from cgru._kernels.loops import array_key, copy_fingerprint, pack_rhs, same_bytes
 
 __all__ = ["freeze", "Frozen", "Kept", "release", "CACHE_BYTES"]
 
@@ -96,21 +97,15 @@ class Kept:
         copy, fp = _copy(a, fingerprinted)
         kept = cls(copy)
         if fp is not None:
-            kept._fingerprint = _described(copy, fp)
+            kept._fingerprint = describe(copy, fp)
         return kept
 
     @property
     def fingerprint(self):
         """The copy's dtype, shape and keyed fingerprint (``reserve.describe``'s bytes)."""
         if self._fingerprint is None:
-            a = self.array
-            self._fingerprint = _described(a, fingerprint(a))
+            self._fingerprint = describe(self.array)
         return self._fingerprint
-
-
-def _described(a, fp):
-    """What a MAC covers of array ``a`` of fingerprint ``fp`` (``reserve.describe``)."""
-    return f"{a.dtype.str}{a.shape}".encode() + fp
 
 
 def _grow(kept, nbytes):
