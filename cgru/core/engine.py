@@ -188,7 +188,7 @@ class ForwardPlan:
         self.Tb = plan.time_block(T, N)
         self.runnable = not training and topo.input_mode == "linear" and \
             self.space.block_bytes <= plan.SPARE_BLOCK_BYTES
-        # (shape of hy, of cy or None, of y (time-major), dtype): a runner's call's outputs
+        # (shape of hy, of cy or None, of y (time-major), dtype): the call's outputs
         LD = topo.num_layer_directions
         self.outputs = ((LD, N, topo.state_size),
                         (LD, N, H) if kind.has_cell_state else None,
@@ -266,41 +266,32 @@ def run_forward(call, workspace=None, out=None):
     # (its runner computes with those weights); a training forward's, which has no runner,
     # shared by every network of the model and shapes, as a backward's is (a training loop
     # makes a new ``Frozen`` every step)
-    if training:
-        fp = plan.shape_plan(ForwardPlan, call.kind, cell, call.net.topology, frozen.net.dtype,
-                             T, N, nt, True, h0 is None, c0 is None)
-    else:
-        fp = frozen.plan(
-            ("forward plan", frozen.cell_key(cell), T, N, nt, False, h0 is None, c0 is None),
-            lambda: ForwardPlan(call.kind, cell, call.net.topology, frozen.net.dtype, T, N,
-                                nt, False, h0 is None, c0 is None))
+    shapes = (T, N, nt, training, h0 is None, c0 is None)
+    args = (call.kind, cell, call.net.topology, frozen.net.dtype) + shapes
+    fp = plan.shape_plan(ForwardPlan, *args) if training else \
+        frozen.plan(("forward plan", frozen.cell_key(cell)) + shapes, lambda: ForwardPlan(*args))
+    hy_shape, cy_shape, y_shape, dtype = fp.outputs
+    hy = _output(given, "hy", hy_shape, dtype)
+    cy = None if cy_shape is None else _output(given, "cy", cy_shape, dtype)
+    # the last layer writes y time-major: into the caller's y unless it is batch-major
+    y = _output(given if not call.batch_major else {}, "y", y_shape, dtype)
     # a repeated inference of a step-sized shape: its plan's runner, unless another call
-    # holds it (``ForwardPlan``) — before anything else is looked up or made
+    # holds it (``ForwardPlan``) — before the general path looks anything else up
     runner = fp.runner(frozen) if workspace is None and fp.runnable and call.mask is None \
         and call.lengths is validate.full_lengths(T, N) else None
-    if runner is not None:
-        hy_shape, cy_shape, y_shape, dtype = fp.outputs
-        hy = _output(given, "hy", hy_shape, dtype)
-        cy = None if cy_shape is None else _output(given, "cy", cy_shape, dtype)
-        # the last layer writes y time-major: into the caller's y unless it is batch-major
-        y = _output(given if not call.batch_major else {}, "y", y_shape, dtype)
-        if runner.run(call.x.reshape(T * N, call.x.shape[2]), h0, c0, y, hy, cy):
-            if call.batch_major:
-                y = _batch_major(y, given, "y")
-            return Forward(y, hy, None, cy)
+    if runner is not None and runner.run(call.x.reshape(T * N, call.x.shape[2]), h0, c0, y,
+                                         hy, cy):
+        if call.batch_major:
+            y = _batch_major(y, given, "y")
+        return Forward(y, hy, None, cy)
 
-    kind, topo, net = call.kind, call.net.topology, frozen.net
-    dtype = net.dtype
+    kind, topo = call.kind, call.net.topology
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
     G, DS = cell.gates, topo.output_size
     lstm = kind.has_cell_state
     kernels = BACKEND.kernels(kind)
     chunks, threads, space, Tb = fp.chunks, fp.threads, fp.space, fp.Tb
     X = call.x.reshape(T * N, topo.input_size)
-    if runner is None:
-        hy = _output(given, "hy", (L * D, N, S), dtype)
-        cy = _output(given, "cy", (L * D, N, H), dtype) if lstm else None
-        y = _output(given if not call.batch_major else {}, "y", (T, N, DS), dtype)
     # the workspace: the caller's; a training step's one block (``_training_workspace``); an
     # inference's borrowed from the last call of this layout (``Workspace.borrow``)
     lent = None
@@ -507,7 +498,7 @@ def run_backward(call, workspace=None, out=None):
     kind, cell, topo, net = call.kind, call.cell, call.net.topology, call.frozen.net
     dtype, T, N, nt, opened = net.dtype, call.T, call.N, call.num_threads, call.opened
     H, D, L, S = topo.hidden_size, topo.num_directions, topo.num_layers, topo.state_size
-    G, DS = cell.gates, topo.output_size
+    DS = topo.output_size
     lstm = kind.has_cell_state
     lengths, mask, dhy, dcy = opened.lengths, call.mask, call.dhy, call.dcy
     kernels = BACKEND.kernels(kind)
