@@ -55,7 +55,7 @@ def products(problem):
     rng = np.random.default_rng(2)
     T, N, H, S, GH = c.T, c.N, c.H, c.S, c.G * c.H
     width = c.layer_width(0)
-    Tb = plan.time_block(T, N)
+    Tb = plan.time_block(T, N, plan.wgrad_size(problem.net.topology, c.G))
     rows, blocks = Tb * N, T / Tb       # blocks: full blocks' worth of rows (T·N in all)
 
     def u(*shape):

@@ -133,8 +133,8 @@ def forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0=True, zer
     layers' outputs of an inference and the time loops' scratch.  One shared layout per
     distinct arguments (``plan.shared_layout``)."""
     return plan.shared_layout(_forward_layout, kind, cell, topo, np.dtype(dtype), int(T), int(N),
-                              plan.time_block(T, N), bool(training), bool(zero_h0),
-                              bool(zero_c0))
+                              plan.time_block(T, N, plan.wgrad_size(topo, cell.gates)),
+                              bool(training), bool(zero_h0), bool(zero_c0))
 
 
 def _forward_layout(kind, cell, topo, dtype, T, N, Tb, training, zero_h0, zero_c0):
@@ -185,7 +185,7 @@ class ForwardPlan:
         self.threads = plan.loop_threads(nt, T, N, H, D, G)
         self.space = forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0,
                                        zero_c0)
-        self.Tb = plan.time_block(T, N)
+        self.Tb = plan.time_block(T, N, plan.wgrad_size(topo, G))
         self.runnable = not training and topo.input_mode == "linear" and \
             self.space.block_bytes <= plan.SPARE_BLOCK_BYTES
         # (shape of hy, of cy or None, of y (time-major), dtype): the call's outputs
@@ -316,6 +316,10 @@ def run_forward(call, workspace=None, out=None):
     masks = dropout_mod.dropout_masks(topo, T, N, dropout=call.dropout,
                                       seed=(call.seed, call.seed2), dtype=dtype) \
         if call.dropout > 0 else None
+    # a long training forward's packs go with it (``weights.OneCall``), so that the backward
+    # after it does not hold them beside its own
+    frozen = call.frozen.for_one_call() if training and T * N >= plan.ONE_CALL_PACK_ROWS \
+        else call.frozen
 
     # --- run
     for layer in range(L):
@@ -339,11 +343,11 @@ def run_forward(call, workspace=None, out=None):
                 saved = lds[i] if training else {}
                 rev = topo.reversed_direction(d)
                 r0 = (T - s1 if rev else s0) * N
-                gx, ldgx = input_projection(topo, G, layer, d, call.frozen, X[r0:r0 + rows],
+                gx, ldgx = input_projection(topo, G, layer, d, frozen, X[r0:r0 + rows],
                                             buf[f"gx{d}"][:rows], nt)
                 common = dict(reverse=rev, gx=gx, ldgx=ldgx, h0=hy[i] if s0 else h0[i],
                               hy=hy[i], states=saved.get("states"), pre=saved.get("pre"),
-                              row0=r0, **call.frozen.direction_args(kind, cell, i, True))
+                              row0=r0, **frozen.direction_args(kind, cell, i, True))
                 dirs.append(kind.forward_direction(
                     kernels, common, cell, saved,
                     (cy[i] if s0 else c0[i]) if lstm else None, cy[i] if lstm else None))
@@ -428,7 +432,8 @@ def backward_workspace(kind, cell, topo, dtype, T, N, need_hm=True):
     block of time (``plan.time_block`` steps), not all ``T``.  Shared as
     ``forward_workspace``'s."""
     return plan.shared_layout(_backward_layout, kind, cell, topo, np.dtype(dtype), int(T), int(N),
-                              plan.time_block(T, N), bool(need_hm))
+                              plan.time_block(T, N, plan.wgrad_size(topo, cell.gates)),
+                              bool(need_hm))
 
 
 def _backward_layout(kind, cell, topo, dtype, T, N, Tb, need_hm):
@@ -609,7 +614,7 @@ class BackwardPlan:
         self.threads = plan.loop_threads(nt, T, N, H, D, cell.gates)
         self.space = backward_workspace(kind, cell, topo, dtype, T, N, need_hm)
         self.block_bytes = _training_block_bytes(kind, cell, topo, dtype, T, N, need_hm)
-        self.Tb = plan.time_block(T, N)
+        self.Tb = plan.time_block(T, N, plan.wgrad_size(topo, cell.gates))
         names = {name for d in range(D)
                  for name, _ in kind.backward_buffers(cell, topo, d, self.Tb * N)}
         # (name, its workspace keys per direction), "hm" among them

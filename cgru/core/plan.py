@@ -14,14 +14,17 @@ Every buffer cgru allocates comes from ``empty`` (the tests poison it with NaN t
 every element is written).  The workspace blocks and the reserves come from ``recycled``: a
 small pool that hands a block out again once nothing refers to it any more (the views of a
 workspace are gone, the caller dropped the reserve), so that a training loop does not fault
-fresh pages in on every step.  Blocks come in size classes (quarter steps between powers of
-two, so at most a quarter of a block is unused), so that calls of varying sizes — dynamic
-padding — share them.  A block handed out is a NumPy array over memory the pool owns; every
+fresh pages in on every step.  A new block is made at about the size asked for (steps of a
+thirty-second between powers of two: at most a thirty-second of it unused, so a training
+step's peak memory is not a size class's rounding away from its buffers), and an idle block serves any
+later request it holds with at most a quarter to spare — the smallest such block — so that
+calls of varying sizes (dynamic padding) share them.  A block handed out is a NumPy array over memory the pool owns; every
 view of it keeps that array alive, and when the last one goes, a ``weakref.finalize`` puts the
 memory back (no reference counting by hand).  The pool keeps at most ``POOL_BYTES`` of idle
 blocks (the least recently returned leave first); ``cgru.release_memory()`` empties it, and
 the cache of the weights' kept copies (``weights``) too.
 """
+import bisect
 import collections
 import functools
 import math
@@ -75,41 +78,50 @@ POOL_BYTES = 256 << 20
 POOLED_OUTPUT_BYTES = 1 << 20
 _MIN_CLASS = 4096
 _reuse = True                # False: every block fresh from ``empty`` (the tests' poisoning)
-_idle = collections.OrderedDict()       # id(raw) -> (size class, raw), least recently freed first
-_idle_by_class = collections.defaultdict(list)   # size class -> [id(raw)], most recent last
+_idle = collections.OrderedDict()       # id(raw) -> (size, raw), least recently freed first
+_idle_by_size = collections.defaultdict(list)    # size -> [id(raw)], most recent last
+_idle_sizes = []                        # the sizes with idle blocks, ascending
 _idle_bytes = 0
 _pool_lock = threading.RLock()
 
 
 def size_class(nbytes):
-    """The block size that holds ``nbytes``: ``m·2^e`` with ``m`` in 4…7 (at least 4 KiB)."""
+    """The size of a new block that holds ``nbytes``: ``m·2^e`` with ``m`` in 32…63 (at least
+    4 KiB), so at most a thirty-second larger."""
     if nbytes <= _MIN_CLASS:
         return _MIN_CLASS
-    e = (nbytes - 1).bit_length() - 3            # 2^(e+2) < nbytes ≤ 2^(e+3)
+    e = (nbytes - 1).bit_length() - 6            # 2^(e+5) < nbytes ≤ 2^(e+6)
     return -(-nbytes >> e) << e
 
 
 def recycled(nbytes, exact=False):
-    """A uint8 array of ``nbytes`` over a pooled block of its size class when one is idle, else
-    over a new one; the block returns to the pool when the array and every view of it are
-    gone.  ``exact``: a block of ``nbytes`` rounded up to whole pages only (an output the
-    caller keeps: the next call of the same shapes asks for the same size)."""
+    """A uint8 array of ``nbytes`` over an idle block of the pool that holds it with at most a
+    quarter to spare (the smallest there is), else over a new block of its ``size_class``; the
+    block returns to the pool when the array and every view of it are gone.  ``exact``: a
+    block of ``nbytes`` rounded up to whole pages only, new or idle (an output the caller
+    keeps: the next call of the same shapes asks for the same size)."""
     if not _reuse:
         return empty(nbytes, np.uint8)
-    cls = -(-max(nbytes, 1) // _MIN_CLASS) * _MIN_CLASS if exact else size_class(nbytes)
+    if exact:
+        size = -(-max(nbytes, 1) // _MIN_CLASS) * _MIN_CLASS
+        most = size
+    else:
+        size = size_class(nbytes)
+        most = max(size, nbytes + nbytes // 4)
     # blocks up to the pool's bound are kept: a training loop's reserve is one (69 MiB for two
     # bidirectional layers at T·N = 3200, H = 256 in float32, 138 MiB in float64)
-    if cls > POOL_BYTES:
+    if size > POOL_BYTES:
         return _fresh_block(nbytes)
     raw = None
     with _pool_lock:
-        ids = _idle_by_class.get(cls)
-        if ids:
-            raw = _take_idle(ids.pop())
+        i = bisect.bisect_left(_idle_sizes, nbytes if not exact else size)
+        if i < len(_idle_sizes) and _idle_sizes[i] <= most:
+            size = _idle_sizes[i]
+            raw = _take_idle(_idle_by_size[size][-1])
     if raw is None:
-        raw = _fresh_block(cls)
+        raw = _fresh_block(size)
     block = np.frombuffer(memoryview(raw), np.uint8, nbytes)
-    weakref.finalize(block, _give_back, raw, cls).atexit = False
+    weakref.finalize(block, _give_back, raw, size).atexit = False
     return block
 
 
@@ -120,27 +132,35 @@ def _fresh_block(nbytes):
 
 
 def _take_idle(key):
+    """Take idle block ``key`` out of the pool (under ``_pool_lock``): its memory."""
     global _idle_bytes
-    cls, raw = _idle.pop(key)
-    _idle_bytes -= cls
+    size, raw = _idle.pop(key)
+    ids = _idle_by_size[size]
+    ids.remove(key)
+    if not ids:
+        del _idle_by_size[size]
+        del _idle_sizes[bisect.bisect_left(_idle_sizes, size)]
+    _idle_bytes -= size
     return raw
 
 
-def _give_back(raw, cls):
+def _give_back(raw, size):
     """``raw`` is idle again (the finalizer of the array handed out over it).  At the
     interpreter's exit the array may outlive this module's globals (torn down to ``None``):
     the block then simply goes."""
     global _idle_bytes
-    if _pool_lock is None or _idle is None or _idle_by_class is None or _take_idle is None:
+    if (_pool_lock is None or _idle is None or _idle_by_size is None or _idle_sizes is None
+            or _take_idle is None or bisect is None):
         return
     with _pool_lock:
-        _idle[id(raw)] = (cls, raw)
-        _idle_by_class[cls].append(id(raw))
-        _idle_bytes += cls
+        _idle[id(raw)] = (size, raw)
+        ids = _idle_by_size[size]
+        if not ids:
+            bisect.insort(_idle_sizes, size)
+        ids.append(id(raw))
+        _idle_bytes += size
         while _idle_bytes > POOL_BYTES:
-            key, (old_cls, _) = next(iter(_idle.items()))
-            _idle_by_class[old_cls].remove(key)
-            _take_idle(key)
+            _take_idle(next(iter(_idle)))
 
 
 def pool_state():
@@ -170,7 +190,8 @@ def release_pool():
     release_spares()
     with _pool_lock:
         _idle.clear()
-        _idle_by_class.clear()
+        _idle_by_size.clear()
+        _idle_sizes.clear()
         _idle_bytes = 0
 
 
@@ -192,15 +213,32 @@ def loop_threads(nt, T, N, H, D, gates):
 # The forward and the backward run in blocks of time of about this many rows of T·N: the
 # forward's input projection and the backward's gate gradients (and their kin) are held a
 # block at a time, instead of all T·N, each block's weight gradients taken before the next, so
-# a training step's peak memory stays near its reserve, inputs and outputs.
-_BLOCK_ROWS = 1024
+# a training step's peak memory stays near its reserve, inputs and outputs.  Twice as many
+# rows when a layer-direction's weight gradients, which every block reads and adds to, have
+# _LARGE_WGRAD elements or more (H = 512 and up): there the smaller blocks cost 1–3 % of a
+# step in those passes, where at H = 256 they run 1–2 % faster.
+_BLOCK_ROWS = 512
+_LARGE_WGRAD = 1 << 20
+
+# A training forward of at least this many rows of T·N makes its weights' packs for itself
+# only (``weights.OneCall``): packing them again in the next step of the same weights costs
+# about half a percent of such a step, and its backward then holds its own packs alone.
+ONE_CALL_PACK_ROWS = 2048
 
 
-def time_block(T, N):
-    """Steps per block of time of the forward and the backward: a function of the shapes only
-    (never of the thread count, so the results are not either), the blocks as even as whole
-    steps allow."""
-    per = max(1, -(-_BLOCK_ROWS // max(N, 1)))
+def wgrad_size(topo, gates):
+    """Elements of the largest weight gradients of one layer-direction of ``topo`` (input and
+    recurrent sides: ``gates·H × (input width + S)``)."""
+    width = max(topo.input_size, topo.output_size if topo.num_layers > 1 else 0)
+    return gates * topo.hidden_size * (width + topo.state_size)
+
+
+def time_block(T, N, wgrad=0):
+    """Steps per block of time of the forward and the backward of a network whose
+    ``wgrad_size`` is ``wgrad``: a function of the shapes only (never of the thread count, so
+    the results are not either), the blocks as even as whole steps allow."""
+    rows = _BLOCK_ROWS * (2 if wgrad >= _LARGE_WGRAD else 1)
+    per = max(1, -(-rows // max(N, 1)))
     blocks = -(-T // per) if T else 1
     return max(1, -(-T // blocks))
 

@@ -52,7 +52,7 @@ from cgru.core.network import LayerParams, Sealed, memory_owner as _owner
 from cgru.core.reserve import describe
 from cgru._kernels.loops import array_key, copy_fingerprint, pack_rhs, same_bytes
 
-__all__ = ["freeze", "Frozen", "Kept", "release", "CACHE_BYTES"]
+__all__ = ["freeze", "Frozen", "Kept", "OneCall", "release", "CACHE_BYTES"]
 
 CACHE_BYTES = 256 << 20
 _reuse = True                 # False: nothing is kept between calls (the tests' poisoning)
@@ -281,10 +281,51 @@ class Frozen:
     def packed(self, i, name, forward, rows=None):
         """Layer-direction ``i``'s array ``name`` (rows ``rows = (r0, r1)`` of it, or all)
         packed for the time loop's GEMM (``pack_rhs``), once per kept copy."""
-        def make(a):
-            block = a if rows is None else np.ascontiguousarray(a[rows[0]:rows[1]])
-            return pack_rhs(block, forward)
-        return self.kept[i][name].derived(("pack", bool(forward), rows), make)
+        return self.kept[i][name].derived(("pack", bool(forward), rows),
+                                          functools.partial(_pack, forward=forward, rows=rows))
+
+    def for_one_call(self):
+        """These weights for one call whose packs are not to outlast it (``OneCall``)."""
+        return OneCall(self)
+
+
+def _pack(a, forward, rows):
+    """Rows ``rows`` of ``a`` (all when None) packed for the kernels' GEMM."""
+    block = a if rows is None else np.ascontiguousarray(a[rows[0]:rows[1]])
+    return pack_rhs(block, forward)
+
+
+class OneCall:
+    """A ``Frozen`` as one call sees it when what it packs is to go with the call: the packs
+    and kernel arguments its weights already keep serve; any other is made once for this call
+    and held by it alone, not kept with the copies.  A long training forward runs on one, so
+    that its packs are not held beside the backward's (the training step's peak memory), at
+    the cost of packing again in the next step of fixed weights — about half a percent of a
+    step of that length (``plan.ONE_CALL_PACK_ROWS``)."""
+
+    __slots__ = ("net", "kept", "_frozen", "_made")
+
+    def __init__(self, frozen):
+        self.net, self.kept, self._frozen, self._made = frozen.net, frozen.kept, frozen, {}
+
+    def packed(self, i, name, forward, rows=None):
+        key = ("pack", bool(forward), rows)
+        found = self.kept[i][name]._derived.get(key)
+        if found is None:
+            found = self._made.get((i, name) + key)
+            if found is None:
+                found = self._made[(i, name) + key] = _pack(self.kept[i][name].array,
+                                                            forward, rows)
+        return found
+
+    def direction_args(self, kind, cell, i, forward):
+        key = ("direction", self._frozen.cell_key(cell), i, bool(forward))
+        found = self._frozen._args.get(key)
+        if found is None:
+            found = self._made.get(key)
+            if found is None:
+                found = self._made[key] = Frozen._direction_args(self, kind, cell, i, forward)
+        return found
 
 
 def freeze(net, num_threads=1, fingerprinted=False):
