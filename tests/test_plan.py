@@ -185,11 +185,15 @@ def test_the_pool_does_not_count_references():
     assert plan.pool_state()[0] == 1
 
 
-def test_blocks_of_time_are_twice_as_long_for_large_weight_gradients():
-    small, large = (plan.wgrad_size(cgru.Topology(H, H), 3) for H in (256, 512))
-    assert small < plan._LARGE_WGRAD <= large
-    assert plan.time_block(100, 32, small) == 15 and plan.time_block(100, 32) == 15
-    assert plan.time_block(100, 32, large) == 25 and plan.time_block(7, 1, large) == 7
+def test_blocks_of_time_are_long_for_small_layers_and_for_large_weight_gradients():
+    def wgrad(H, G=3):
+        return plan.wgrad_size(cgru.Topology(H, H), G)
+    assert wgrad(256) < plan._LARGE_WGRAD <= wgrad(512)
+    assert plan.time_block(100, 32, wgrad(256)) == 15            # 480 rows
+    assert plan.time_block(100, 32, wgrad(512)) == 25            # 800 rows: large gradients
+    assert plan.time_block(200, 16, wgrad(128)) == 40            # 640 rows: 2^26 multiply-adds
+    assert plan.time_block(100, 32, wgrad(8)) == plan.time_block(100, 32) == 25
+    assert plan.time_block(7, 1, wgrad(512)) == 7
     assert plan.wgrad_size(cgru.Topology(8, 16, 2, "bidirectional"), 4) == 64 * (32 + 16)
 
 
@@ -759,8 +763,10 @@ def test_forward_and_backward_in_blocks_of_time(monkeypatch, case):
     whole, whole_fwd = run(1), forwards(1)[1]
     for rows in (N, 2 * N + 1):                   # blocks of 1 and of 2 steps (N rows each)
         monkeypatch.setattr(plan, "_BLOCK_ROWS", rows)
+        monkeypatch.setattr(plan, "_MAX_BLOCK_ROWS", rows)
         cgru.release_memory()                     # the layouts of the other block size go
-        assert plan.time_block(T, N) < T
+        assert plan.time_block(T, N, plan.wgrad_size(topo, cell.gates)) == \
+            plan.time_block(T, N) < T
         for a, w in zip(forwards(2)[1], whole_fwd):
             np.testing.assert_array_equal(a, w)
         one, two = run(1), run(2)

@@ -136,7 +136,9 @@ def test_steps_in_blocks_of_time_are_the_whole_sequences_bits(monkeypatch, kind)
     want = cgru.forward(net, x)
     for rows in (3, 9):
         monkeypatch.setattr(plan, "_BLOCK_ROWS", rows)
+        monkeypatch.setattr(plan, "_MAX_BLOCK_ROWS", rows)
         cgru.release_memory()
+        assert plan.time_block(17, 3, plan.wgrad_size(net.topology, cell.gates)) == rows // 3
         for cut in (1, 5, 17):
             stream, state, ys = Stream(net), None, []
             for t in range(0, 17, cut):

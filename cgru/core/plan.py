@@ -210,14 +210,18 @@ def loop_threads(nt, T, N, H, D, gates):
     return nt if T * N * D * H * (gates * H + 16) >= _MIN_PARALLEL_WORK else 1
 
 
-# The forward and the backward run in blocks of time of about this many rows of T·N: the
-# forward's input projection and the backward's gate gradients (and their kin) are held a
-# block at a time, instead of all T·N, each block's weight gradients taken before the next, so
-# a training step's peak memory stays near its reserve, inputs and outputs.  Twice as many
-# rows when a layer-direction's weight gradients, which every block reads and adds to, have
-# _LARGE_WGRAD elements or more (H = 512 and up): there the smaller blocks cost 1–3 % of a
-# step in those passes, where at H = 256 they run 1–2 % faster.
+# The forward and the backward run in blocks of time of _BLOCK_ROWS to _MAX_BLOCK_ROWS rows of
+# T·N: the forward's input projection and the backward's gate gradients (and their kin) are
+# held a block at a time, instead of all T·N, each block's weight gradients taken before the
+# next, so a training step's peak memory stays near its reserve, inputs and outputs.  A block
+# costs about 60 µs of fixed work (its Python, its threads' wake-ups), so it is made long
+# enough for _MIN_BLOCK_WORK multiply-adds of the forward's products (a small layer's blocks
+# are longer); and a layer-direction whose weight gradients, which every block reads and adds
+# to, have _LARGE_WGRAD elements or more (H = 512 and up) takes the longest blocks: there
+# shorter ones cost 1–3 % of a step in those passes.
 _BLOCK_ROWS = 512
+_MAX_BLOCK_ROWS = 1024
+_MIN_BLOCK_WORK = 1 << 26
 _LARGE_WGRAD = 1 << 20
 
 # A training forward of at least this many rows of T·N makes its weights' packs for itself
@@ -228,7 +232,8 @@ ONE_CALL_PACK_ROWS = 2048
 
 def wgrad_size(topo, gates):
     """Elements of the largest weight gradients of one layer-direction of ``topo`` (input and
-    recurrent sides: ``gates·H × (input width + S)``)."""
+    recurrent sides: ``gates·H × (input width + S)``): also the multiply-adds of its forward's
+    products per row of T·N."""
     width = max(topo.input_size, topo.output_size if topo.num_layers > 1 else 0)
     return gates * topo.hidden_size * (width + topo.state_size)
 
@@ -237,7 +242,10 @@ def time_block(T, N, wgrad=0):
     """Steps per block of time of the forward and the backward of a network whose
     ``wgrad_size`` is ``wgrad``: a function of the shapes only (never of the thread count, so
     the results are not either), the blocks as even as whole steps allow."""
-    rows = _BLOCK_ROWS * (2 if wgrad >= _LARGE_WGRAD else 1)
+    if wgrad >= _LARGE_WGRAD:
+        rows = _MAX_BLOCK_ROWS
+    else:
+        rows = min(_MAX_BLOCK_ROWS, max(_BLOCK_ROWS, -(-_MIN_BLOCK_WORK // max(wgrad, 1))))
     per = max(1, -(-rows // max(N, 1)))
     blocks = -(-T // per) if T else 1
     return max(1, -(-T // blocks))
