@@ -152,8 +152,16 @@ def _forward_layout(kind, cell, topo, dtype, T, N, Tb, training, zero_h0, zero_c
         # l − 1, so three layers and more take turns with two, two layers use one
         for i in sorted({layer % 2 for layer in range(min(L - 1, 2))}):
             ws.add(f"out{i}", (T, N, DS))
-    ws.add("scratch", (BACKEND.kernels(kind).scratch_size(True, N, H, S, plan.n_chunks(N, H), D),))
+    ws.add("scratch", (_scratch_size(kind, True, N, H, S, D),))
     return ws
+
+
+def _scratch_size(kind, forward, N, H, S, D):
+    """Elements of the time loops' scratch for a batch of ``N`` in ``n_chunks`` chunks or in
+    one (``plan.loop_chunks``: the layout serves every thread count)."""
+    kernels = BACKEND.kernels(kind)
+    return max(kernels.scratch_size(forward, N, H, S, chunks, D)
+               for chunks in {plan.n_chunks(N, H), 1})
 
 
 class ForwardPlan:
@@ -181,8 +189,8 @@ class ForwardPlan:
     def __init__(self, kind, cell, topo, dtype, T, N, nt, training, zero_h0, zero_c0):
         H, D, G = topo.hidden_size, topo.num_directions, cell.gates
         self.kind, self.cell, self.T, self.N, self.nt = kind, cell, T, N, nt
-        self.chunks = plan.n_chunks(N, H)
         self.threads = plan.loop_threads(nt, T, N, H, D, G)
+        self.chunks = plan.loop_chunks(N, H, self.threads)
         self.space = forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0,
                                        zero_c0)
         self.Tb = plan.time_block(T, N, plan.wgrad_size(topo, G))
@@ -450,8 +458,7 @@ def _backward_layout(kind, cell, topo, dtype, T, N, Tb, need_hm):
     # layers and more above the first take turns with two, one layer uses one
     for i in sorted({layer % 2 for layer in range(1, min(L, 3))}):      # (L may be huge)
         ws.add(f"dX{i}", (T * N, topo.output_size))
-    ws.add("scratch", (BACKEND.kernels(kind).scratch_size(False, N, H, S, plan.n_chunks(N, H),
-                                                          D),))
+    ws.add("scratch", (_scratch_size(kind, False, N, H, S, D),))
     # the pack of a weight-gradient product's right operand: a block of the layer's input,
     # of h (h ⊙ m), or of an LSTM's hf ([RB, n] with n at most the widest of them)
     widest = max(topo.input_size, topo.output_size, topo.state_size, H)
@@ -610,8 +617,8 @@ class BackwardPlan:
 
     def __init__(self, kind, cell, topo, dtype, T, N, nt, need_hm):
         H, D = topo.hidden_size, topo.num_directions
-        self.chunks = plan.n_chunks(N, H)
         self.threads = plan.loop_threads(nt, T, N, H, D, cell.gates)
+        self.chunks = plan.loop_chunks(N, H, self.threads)
         self.space = backward_workspace(kind, cell, topo, dtype, T, N, need_hm)
         self.block_bytes = _training_block_bytes(kind, cell, topo, dtype, T, N, need_hm)
         self.Tb = plan.time_block(T, N, plan.wgrad_size(topo, cell.gates))
