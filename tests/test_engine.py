@@ -382,22 +382,24 @@ def test_dropout_on_one_layer_warns_and_changes_nothing():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("cell", [Cell(), Cell(reset_after=False, flip_z=True, clip=1.5,
                                              g="softsign")], ids=["fast", "general"])
-def test_thread_count_does_not_change_results(dtype, cell, monkeypatch):
-    """num_threads=1 and 2 give bitwise identical y, hy, reserve and gradients (N = 40: 2
-    batch chunks per direction), also with lengths, mask and dropout; and run to run."""
+@pytest.mark.parametrize("D", [1, 2], ids=["uni", "bi"])
+def test_thread_count_does_not_change_results(dtype, cell, D, monkeypatch):
+    """num_threads=1 and 2 give bitwise identical y, hy, reserve and gradients, also with
+    lengths, mask and dropout; and run to run. N = 40: one direction runs as 2 batch chunks on
+    2 threads and as one on 1 thread; two directions as one chunk each on 1 and 2 threads."""
     T, N, I, H = 6, 40, 5, 8
-    assert plan.n_chunks(N) > 1           # the time loop really is split into batch chunks
-    monkeypatch.setattr(plan, "_MIN_PARALLEL_WORK", 0)   # and small work still gets threads
-    assert plan.loop_threads(2, T, N, H, 2, 3) == 2
-    topo = Topology(I, H, 2, "bidirectional")
+    monkeypatch.setattr(plan, "_MIN_PARALLEL_WORK", 0)   # small work still gets threads
+    assert plan.loop_threads(2, T, N, H, D, 3) == 2
+    assert [plan.loop_chunks(N, H, nt, D) for nt in (1, 2)] == [1, 2 if D == 1 else 1]
+    topo = Topology(I, H, 2, "bidirectional" if D == 2 else "forward")
     params = Network.random(topo, dtype, seed=13, cell=cell)
     rng = _rng(13)
     x = _std(rng, (T, N, I), dtype)
-    h0 = _std(rng, (4, N, H), dtype)
+    h0 = _std(rng, (2 * D, N, H), dtype)
     lengths = rng.integers(0, T + 1, N)
-    mask = rng.uniform(0.5, 1.5, (T, N, 2 * H)).astype(dtype)
-    dy = _std(rng, (T, N, 2 * H), dtype)
-    dhy = _std(rng, (4, N, H), dtype)
+    mask = rng.uniform(0.5, 1.5, (T, N, D * H)).astype(dtype)
+    dy = _std(rng, (T, N, D * H), dtype)
+    dhy = _std(rng, (2 * D, N, H), dtype)
 
     def run(nt):
         kw = dict(state_mask=mask, num_threads=nt)

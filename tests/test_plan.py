@@ -200,10 +200,11 @@ def test_blocks_of_time_are_long_for_small_layers_and_for_large_weight_gradients
 def test_n_chunks_and_loop_threads_depend_on_shapes_only():
     assert [plan.n_chunks(n) for n in (1, 15, 16, 32, 48, 64, 1000)] == [1, 1, 2, 2, 3, 4, 4]
     assert [plan.n_chunks(n, 1024) for n in (20, 47, 48)] == [1, 1, 3]
-    # one chunk on one thread (a row's bits do not depend on its chunk: test_engine's
+    # one chunk per thread or direction (a row's bits do not depend on its chunk: test_engine's
     # test_thread_count_does_not_change_results runs one and two chunks)
     assert [plan.loop_chunks(n, 256, 1) for n in (1, 32, 1000)] == [1, 1, 1]
     assert [plan.loop_chunks(n, 256, 2) for n in (1, 32, 1000)] == [1, 2, 4]
+    assert [plan.loop_chunks(n, 256, 2, 2) for n in (1, 32, 1000)] == [1, 1, 1]  # a thread each
     assert plan.loop_threads(2, 1, 1, 8, 1, 3) == 1           # too small for a second thread
     assert plan.loop_threads(2, 100, 32, 256, 1, 3) == 2
 
@@ -339,13 +340,12 @@ def test_the_time_loops_refuse_scratch_smaller_than_they_need(monkeypatch, cell,
     need = kernels.scratch_size(True, 40, 8, 8, 2, 2)
     assert need > 0 and need % 64 == 0
     assert need == 2 * kernels.scratch_size(True, 40, 8, 8, 2, 1)
-    net = cgru.Network.random(cgru.Topology(3, 8, 1, direction="bidirectional"), np.float64,
-                              seed=1, cell=cell)
+    net = cgru.Network.random(cgru.Topology(3, 8, 1), np.float64, seed=1, cell=cell)
     x = np.random.default_rng(0).standard_normal((4, 40, 3))
     monkeypatch.setattr(plan, "_MIN_PARALLEL_WORK", 0)
-    assert plan.loop_chunks(40, 8, plan.loop_threads(2, 4, 40, 8, 2, cell.gates)) == 2
-    assert kernels.scratch_size(training is False, 40, 8, 8, 1, 2) <= \
-        kernels.scratch_size(training is False, 40, 8, 8, 2, 2)
+    assert plan.loop_chunks(40, 8, plan.loop_threads(2, 4, 40, 8, 1, cell.gates)) == 2
+    assert kernels.scratch_size(training is False, 40, 8, 8, 1, 1) <= \
+        kernels.scratch_size(training is False, 40, 8, 8, 2, 1)
     f = cgru.forward(net, x, training=True, num_threads=2)
     real = kernels.scratch_size
     monkeypatch.setattr(kernels, "scratch_size", lambda forward, *a: real(forward, *a) - 1)

@@ -190,7 +190,7 @@ class ForwardPlan:
         H, D, G = topo.hidden_size, topo.num_directions, cell.gates
         self.kind, self.cell, self.T, self.N, self.nt = kind, cell, T, N, nt
         self.threads = plan.loop_threads(nt, T, N, H, D, G)
-        self.chunks = plan.loop_chunks(N, H, self.threads)
+        self.chunks = plan.loop_chunks(N, H, self.threads, D)
         self.space = forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0,
                                        zero_c0)
         self.Tb = plan.time_block(T, N, plan.wgrad_size(topo, G))
@@ -618,7 +618,7 @@ class BackwardPlan:
     def __init__(self, kind, cell, topo, dtype, T, N, nt, need_hm):
         H, D = topo.hidden_size, topo.num_directions
         self.threads = plan.loop_threads(nt, T, N, H, D, cell.gates)
-        self.chunks = plan.loop_chunks(N, H, self.threads)
+        self.chunks = plan.loop_chunks(N, H, self.threads, D)
         self.space = backward_workspace(kind, cell, topo, dtype, T, N, need_hm)
         self.block_bytes = _training_block_bytes(kind, cell, topo, dtype, T, N, need_hm)
         self.Tb = plan.time_block(T, N, plan.wgrad_size(topo, cell.gates))

@@ -2,7 +2,7 @@
 
 * **Work split** (where it could change a result, a function of the shapes only, never of the
   thread count, so results never depend on it): the time loop's batch chunks (``n_chunks``;
-  one on one thread, ``loop_chunks``: a row's bits do not depend on its chunk), when a loop is
+  one per thread or direction, ``loop_chunks``: a row's bits do not depend on its chunk), when a loop is
   worth a second thread (``loop_threads``), and the whole-sequence GEMMs as blocks on the pool: of
   single-threaded BLAS (``gemm``, the weight gradients) or of the kernels' packed GEMM
   (``gemm_packed``, the input projections and input gradients).
@@ -206,12 +206,13 @@ def n_chunks(N, H=0):
     return max(2, min(_MAX_CHUNKS, N // 16))
 
 
-def loop_chunks(N, H, threads):
-    """Batch chunks of a time loop on ``threads`` threads: ``n_chunks``, or one on a single
-    thread — each chunk's per-step product reads all of R, so two chunks on one thread read it
-    twice a step (1–3 % of a training step at N = 32…128, H = 256…512).  Every row is computed
-    alike in any chunk, so the bits do not depend on it."""
-    return n_chunks(N, H) if threads > 1 else 1
+def loop_chunks(N, H, threads, D=1):
+    """Batch chunks of each of the ``D`` directions of a time loop on ``threads`` threads:
+    ``n_chunks``, or one when there are no more threads than directions — each chunk's
+    per-step product reads all of R, so two chunks on one thread read it twice a step (1–3 %
+    of a training step at N = 32…128, H = 256…512, on one thread or two directions on two).
+    Every row is computed alike in any chunk, so the bits do not depend on it."""
+    return n_chunks(N, H) if threads > D else 1
 
 
 def loop_threads(nt, T, N, H, D, gates):
