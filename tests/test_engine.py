@@ -16,7 +16,7 @@ import pytest
 
 import cgru
 from cgru import Activation, Cell, Network, Topology
-from cgru.core import engine, reference
+from cgru.core import reference
 from cgru.core import plan
 from conftest import ACTIVATION_AB, ACTIVATION_KINDS, activation_cell
 
