@@ -2,10 +2,10 @@
 
 * **Work split** (where it could change a result, a function of the shapes only, never of the
   thread count, so results never depend on it): the time loop's batch chunks (``n_chunks``;
-  one per thread or direction, ``loop_chunks``: a row's bits do not depend on its chunk), when a loop is
-  worth a second thread (``loop_threads``), and the whole-sequence GEMMs as blocks on the pool: of
-  single-threaded BLAS (``gemm``, the weight gradients) or of the kernels' packed GEMM
-  (``gemm_packed``, the input projections and input gradients).
+  one per thread or direction, ``loop_chunks``: a row's bits do not depend on its chunk),
+  when a loop is worth a second thread (``loop_threads``), and the whole-sequence GEMMs as
+  blocks on the pool: of single-threaded BLAS (``gemm``, the weight gradients) or of the
+  kernels' packed GEMM (``gemm_packed``, the input projections and input gradients).
 * **Buffers**: ``Workspace`` sizes a call's temporaries (input projections, gate gradients,
   intermediate layers) and allocates them as one block, carved into views — as oneDNN's
   ``set_offsets`` and llm.c's ``fill_in_*`` do.  Outputs (``y``, ``hy``, ``dx``, ``dh0``,
@@ -17,13 +17,14 @@ small pool that hands a block out again once nothing refers to it any more (the 
 workspace are gone, the caller dropped the reserve), so that a training loop does not fault
 fresh pages in on every step.  A new block is made at about the size asked for (steps of a
 thirty-second between powers of two: at most a thirty-second of it unused, so a training
-step's peak memory is not a size class's rounding away from its buffers), and an idle block serves any
-later request it holds with at most a quarter to spare — the smallest such block — so that
-calls of varying sizes (dynamic padding) share them.  A block handed out is a NumPy array over memory the pool owns; every
-view of it keeps that array alive, and when the last one goes, a ``weakref.finalize`` puts the
-memory back (no reference counting by hand).  The pool keeps at most ``POOL_BYTES`` of idle
-blocks (the least recently returned leave first); ``cgru.release_memory()`` empties it, and
-the cache of the weights' kept copies (``weights``) too.
+step's peak memory is not a size class's rounding away from its buffers), and an idle block
+serves any later request it holds with at most a quarter to spare — the smallest such
+block — so that calls of varying sizes (dynamic padding) share them.  A block handed out is a
+NumPy array over memory the pool owns; every view of it keeps that array alive, and when the
+last one goes, a ``weakref.finalize`` puts the memory back (no reference counting by hand).
+The pool keeps at most ``POOL_BYTES`` of idle blocks (the least recently returned leave
+first); ``cgru.release_memory()`` empties it, and the cache of the weights' kept copies
+(``weights``) too.
 """
 import bisect
 import collections
