@@ -614,7 +614,9 @@ CGRU_DEFINE_GEMM_CALLS(cgru_gemm_packed_f64, double)
  * does not depend on the level that computed it (FMA contraction aside: the baseline has none).
  *
  * exp: x clamped to [−104, 89] (beyond, the float result is 0 or inf anyway); x = n·ln2 + r
- * with |r| ≤ ln2/2 (ln2 split in two so n·ln2_hi is exact); e^r by its Taylor series to r⁷
+ * with |r| ≤ ln2/2 (n = x·log2e rounded to the nearest integer by adding 1.5·2²³, whose
+ * float has no fraction bits left, and read from its low bits; ln2 split in two so n·ln2_hi
+ * is exact); e^r by its Taylor series to r⁷
  * (truncation < 6e-9 relative); 2ⁿ applied as 2^⌊n/2⌋·2^(n−⌊n/2⌋) so that results down to
  * the subnormals and up to inf come out right. About 2 ulp. NaN stays NaN.
  *
@@ -629,10 +631,9 @@ CGRU_INLINE VF cgru_vexpf##SUF(VF x) {                                          
     VI too_big = x > hi, too_small = x < lo;                                                   \
     x = (VF)(((VI)x & ~too_big) | ((VI)hi & too_big));                                         \
     x = (VF)(((VI)x & ~too_small) | ((VI)lo & too_small));                                     \
-    VF t = x * 1.44269504088896341f + 0.5f;                                                    \
-    VI n = __builtin_convertvector(t, VI);                                                     \
-    n -= (VI)(__builtin_convertvector(n, VF) > t) & 1;  /* floor */                            \
-    VF nf = __builtin_convertvector(n, VF);                                                    \
+    VF t = x * 1.44269504088896341f + 12582912.0f;  /* n = round(x·log2e) */                   \
+    VF nf = t - 12582912.0f;                                                                   \
+    VI n = (VI)t - 0x4B400000;                                                                 \
     VF r = x - nf * 0.693359375f;                                                              \
     r = r - nf * -2.12194440e-4f;                                                              \
     VF p = (VF){0} + 1.0f / 5040.0f;                                                           \
