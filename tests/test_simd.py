@@ -154,14 +154,13 @@ def _numpy_pack(opB, nr):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_packs_are_the_panel_layout(dtype):
-    # pack_rhs packs op(B) in panels: op(B) = B (the whole panels a block of 8 rows of B at a
-    # time, panel by panel) or Bᵀ (whole panels in tiles transposed in registers, simd.h), a
-    # last partial panel and the k left over value by value — the layout's bytes exactly, for
-    # every panel, row block and tile remainder
+    # pack_rhs packs op(B) in panels: op(B) = B row by row of B (the whole panels) or Bᵀ (whole
+    # panels in tiles transposed in registers, simd.h), a last partial panel and the k left over
+    # value by value — the layout's bytes exactly, for every panel and tile remainder
     rng = np.random.default_rng(17)
     nr = 32 if dtype == np.float32 else 16
     for n in (1, 7, 16, 31, 32, 33, 64, 65, 100, 768):
-        for k in (1, 3, 4, 7, 8, 9, 16, 17, 256, 259):
+        for k in (1, 3, 4, 7, 8, 9, 17, 256, 259):
             B = rng.standard_normal((n, k)).astype(dtype)
             assert K.pack_rhs(B, True).tobytes() == _numpy_pack(B.T, nr).tobytes(), (n, k)
             Bt = np.ascontiguousarray(B.T)

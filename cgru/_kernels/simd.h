@@ -163,23 +163,17 @@ __attribute__((target("avx"))) static inline void cgru_pack_tr_panel_f64(const d
 #define CGRU_PACK_TR_PANEL(T, src, ldb, k, dst) 0
 #endif
 
-#define CGRU_PACK_ROWS 8   /* rows of B a panel-by-panel pass of the non-transposed pack copies */
 #define CGRU_DEFINE_PACK(NAME, T, NR)                                                          \
 static inline void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {                 \
     int panels = (n + NR - 1) / NR, p = 0;                                                     \
-    if (!trans) {             /* the whole panels, CGRU_PACK_ROWS rows of B at a time (in    \
-                                 L1), panel by panel: each panel's part one run of stores    \
-                                 (copies of a constant size: vector moves). Row by row of B \
-                                 across every panel, the stores went to n / NR places at    \
-                                 once: float64 768 × 256 packed at 0.4 of a copy's speed  */ \
+    if (!trans) {             /* the whole panels row by row of B: each read once, in order,  \
+                                 into one run of NR values per panel (copies of a constant   \
+                                 size: vector moves)                                      */ \
         int whole = n / NR;                                                                    \
-        for (int k0 = 0; k0 < k; k0 += CGRU_PACK_ROWS) {                                       \
-            int k1 = k - k0 < CGRU_PACK_ROWS ? k : k0 + CGRU_PACK_ROWS;                        \
+        for (int kk = 0; kk < k; kk++)                                                         \
             for (int q = 0; q < whole; q++)                                                    \
-                for (int kk = k0; kk < k1; kk++)                                               \
-                    memcpy(Bp + (size_t)q * NR * k + (size_t)kk * NR,                          \
-                           B + (size_t)kk * ldb + q * NR, NR * sizeof(T));                     \
-        }                                                                                      \
+                memcpy(Bp + (size_t)q * NR * k + (size_t)kk * NR, B + (size_t)kk * ldb + q * NR, \
+                       NR * sizeof(T));                                                        \
         p = whole;                                                                             \
     }                                                                                          \
     for (; p < panels; p++) {                                                                  \
