@@ -385,6 +385,34 @@ def test_training_reaches_the_same_weights(optimizer):
     assert not torch.equal(ref.rnn.weight_hh_l0, Tagger().double().rnn.weight_hh_l0)
 
 
+@pytest.mark.parametrize("cls", [ct.GRU, ct.LSTM, ct.RNN])
+def test_a_training_loop_leaves_no_cyclic_garbage(cls):
+    """An optimizer's steps (weights changed in place every step) leave nothing for the cyclic
+    garbage collector: each step's copies, packs and autograd state are freed by reference
+    counting as the next step replaces them (a GRU of 768×256 weights held 90 MiB more at its
+    peak when they waited for the collector)."""
+    import gc
+    model = cls(8, 16, num_layers=2, bidirectional=True)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.ones(3, 2, 8)
+
+    def step():
+        opt.zero_grad()
+        y, _ = model(x)
+        y.sum().backward()
+        opt.step()
+
+    step()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(5):
+            step()
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
 def test_calls_of_a_module_share_what_cgru_made_for_its_weights(monkeypatch):
     # The second training step of a module makes nothing again for its unchanged weights (no
     # new network view, no new Frozen: plans, packs and the kernels' arguments are the first

@@ -127,8 +127,12 @@ def _evict():
 
 def _uncache(kept):
     """``kept`` leaves the cache (under ``_lock``): so does the ``Frozen`` made over it, which
-    would otherwise hold it (and the other copies of its network) beyond the cache's bound."""
+    would otherwise hold it (and the other copies of its network) beyond the cache's bound,
+    and so does its watch, whose callback refers back to it — a cycle that only the garbage
+    collector would break, keeping every replaced copy and its packs alive until it runs (a
+    training loop's weights, replaced every step, held tens of steps' copies)."""
     kept.cached = False
+    kept.watch = None
     memo = kept.frozen
     if memo is not None:
         for ks in memo[3]:
