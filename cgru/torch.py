@@ -239,15 +239,19 @@ def _cgru_cell(name):
 
 
 def _tensors_key(tensors):
-    """What identifies ``tensors`` and their contents' version (``None`` entries included),
-    or None when one of them has no memory of its own (inside ``vmap``)."""
+    """What identifies ``tensors`` and where their contents lie (``None`` entries included),
+    or None when one of them has no memory of its own (inside ``vmap``).  Not their version:
+    what the memory holds is proven by its bytes in every call, so an optimizer's in-place
+    step keeps the key (a new network of views every step was 75 µs of a 1 ms step).  While
+    the ``_Model`` holds the network, its views hold the tensors' storage, so no other tensor
+    can come to lie at the same address under a reused ``id``."""
     key = []
     for t in tensors:
         if t is None:
             key.append(None)
             continue
         try:
-            key.append((id(t), t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version))
+            key.append((id(t), t.data_ptr(), tuple(t.shape), t.stride(), t.dtype))
         except RuntimeError:
             return None
     return tuple(key)
@@ -298,11 +302,10 @@ class _Model:
     def weights_network(self, weights):
         """``self.network(weights, np.zeros)``, built once for the calls on the same weight
         tensors: the last one built is used again while every weight tensor is the same tensor
-        at the same storage, shape, strides, dtype and version.  It is a network of views, so
-        it is only ever the way to the tensors' memory: what the memory holds is proven by
-        cgru's byte comparison in every call (an optimizer's in-place step bumps the version
-        and gets a network of its own; a write through ``.data`` does not, and the comparison
-        sees it)."""
+        at the same storage, shape, strides and dtype.  It is a network of views, so it is
+        only ever the way to the tensors' memory: what the memory holds is proven by cgru's
+        byte comparison in every call (an optimizer's in-place step, a write through
+        ``.data``: the comparison sees the new bytes)."""
         key = _tensors_key(weights)
         last = self._weights_network
         if key is not None and last is not None and last[0] == key:

@@ -455,6 +455,17 @@ def test_calls_of_a_module_share_what_cgru_made_for_its_weights(monkeypatch):
     for a, b, what in zip(got[:2] + tuple(got[2]), want[:2] + tuple(want[2]),
                           ["y", "hy"] + [n for n, _ in ref.named_parameters()]):
         assert_close(a, b, torch.float64, what + " after a write through .data")
+    # an optimizer's in-place step (the version moves): the same network of views, new bytes
+    frozen = made["frozen"]
+    with torch.no_grad():
+        for model in (mine, ref):
+            for p in model.parameters():
+                p.add_(0.01)
+    got, want = step(mine), step(ref)
+    assert made["network"] == 0 and made["frozen"] > frozen
+    for a, b, what in zip(got[:2] + tuple(got[2]), want[:2] + tuple(want[2]),
+                          ["y", "hy"] + [n for n, _ in ref.named_parameters()]):
+        assert_close(a, b, torch.float64, what + " after an in-place step")
     monkeypatch.undo()
     # inside a torch.func transform, torch's own apply (with its binding) serves
     params = dict(mine.named_parameters())
