@@ -36,8 +36,9 @@ class Forward(NamedTuple):
 
 
 class Gradients(NamedTuple):
-    """``backward``'s result: ``dx`` (shaped like ``x``), ``dh0`` ``[L·D, N, S]``, ``dparams``
-    (a ``Network`` of weight gradients), ``dc0`` ``[L·D, N, H]`` (``None`` but for an LSTM)."""
+    """``backward``'s result: ``dx`` (shaped like ``x``; ``None`` with ``need_dx=False``),
+    ``dh0`` ``[L·D, N, S]``, ``dparams`` (a ``Network`` of weight gradients), ``dc0``
+    ``[L·D, N, H]`` (``None`` but for an LSTM)."""
     dx: _Array
     dh0: _Array
     dparams: Network
@@ -56,7 +57,7 @@ def backward(net: Network, x: npt.ArrayLike, reserve: npt.NDArray[np.uint8],
              dcy: Optional[npt.ArrayLike] = None, cell: Optional[_AnyCell] = None,
              state_mask: Optional[npt.ArrayLike] = None, batch_major: bool = False,
              dparams: Optional[Network] = None, accumulate: bool = False,
-             num_threads: Optional[int] = None) -> Gradients: ...
+             need_dx: bool = True, num_threads: Optional[int] = None) -> Gradients: ...
 def reserve_nbytes(topology: Union[Topology, Network], T: int, N: int, *,
                    cell: Optional[_AnyCell] = None,
                    dtype: npt.DTypeLike = np.float32) -> int: ...

@@ -377,10 +377,11 @@ class _Call:
         outs = (_tensor(r.y), _tensor(r.hy)) + ((_tensor(r.cy),) if self.lstm else ())
         return outs, r.reserve
 
-    def backward(self, x, weights, reserve, dy, dhy, dcy, need_weights):
+    def backward(self, x, weights, reserve, dy, dhy, dcy, need_weights, need_dx=True):
         """``(dx, dh0, dc0, [dweight or None])``: cgru's backward; the weight gradients are
         the engine's own result arrays as tensors (zero-copy), ``None`` where
-        ``need_weights`` says they are not needed.
+        ``need_weights`` says they are not needed; ``dx`` None when ``need_dx`` is false
+        (``x`` needs no gradient: its product is not computed).
 
         It computes with the weights its forward computed with (kept by this call's one
         training forward): the gradient of the function that forward computed, whatever the
@@ -392,7 +393,8 @@ class _Call:
         net = self.weights_network(weights) if frozen is None else frozen.net
         g = engine.run_backward(calls.BackwardCall.check(
             net, _numpy(x), _numpy(reserve), _numpy(dy), _numpy(dhy), dcy=_numpy(dcy),
-            batch_major=self.batch_major, num_threads=self.num_threads, frozen=frozen))
+            batch_major=self.batch_major, num_threads=self.num_threads, frozen=frozen,
+            need_dx=need_dx))
         grads = [_tensor(getattr(g.dparams[i], slot)) if need else None
                  for (i, slot), need in zip(self.weight_slots(), need_weights)]
         return _tensor(g.dx), _tensor(g.dh0), _tensor(g.dc0), grads
@@ -441,13 +443,16 @@ def _backward_op(sizes: list[int], cell: str, need_weights: list[bool], reserve:
     return dx, dh0, x.new_empty(0) if dc0 is None else dc0, flat
 
 
-def _direct_backward(call, need_weights, reserve, x, dy, dhy, dcy, weights):
-    """``(dx, dh0, dc0, dweights)``: ``cgru.backward`` on ordinary tensors."""
-    return call.backward(x, weights, reserve, dy, dhy, dcy, need_weights)
+def _direct_backward(call, need, reserve, x, dy, dhy, dcy, weights):
+    """``(dx, dh0, dc0, dweights)``: ``cgru.backward`` on ordinary tensors (``need``: whether
+    ``x``, then each weight, needs its gradient)."""
+    return call.backward(x, weights, reserve, dy, dhy, dcy, need[1:], need_dx=need[0])
 
 
-def _batched_backward(call, need_weights, reserve, x, dy, dhy, dcy, weights):
-    """``(dx, dh0, dc0, dweights)`` for a batch of upstream gradients (``_no_storage``)."""
+def _batched_backward(call, need, reserve, x, dy, dhy, dcy, weights):
+    """``(dx, dh0, dc0, dweights)`` for a batch of upstream gradients (``_no_storage``;
+    ``dx`` computed whether or not it is needed)."""
+    need_weights = need[1:]
     empty = x.new_empty(0)
     flat = torch.cat([w.reshape(-1) for w in weights])
     dx, dh0, dc0, dflat = _backward_op(call.sizes, call.cell_name, list(need_weights), reserve,
@@ -554,7 +559,7 @@ class _Recurrent(_Function):
             raise RuntimeError("cgru.torch: this forward ran without a reserve (inference), "
                                "so it has no backward")
         need = ctx.needs_input_grad          # (call, x, h0, c0, *weights)
-        args = (call, tuple(need[4:]), reserve, x, h0, c0, dy, dhy, dcy, *weights)
+        args = (call, (need[1],) + tuple(need[4:]), reserve, x, h0, c0, dy, dhy, dcy, *weights)
         if torch.is_grad_enabled() or (_transforms_active is None or _transforms_active()):
             dx, dh0, dc0, *dweights = _RecurrentGrad.apply(*args)
         else:       # a plain backward: no graph of the gradients for the Function to record
@@ -568,9 +573,10 @@ class _Recurrent(_Function):
 
 
 class _RecurrentGrad(_Function):
-    """``apply(call, need_weights, reserve, x, h0, c0, dy, dhy, dcy, *weights) -> (dx, dh0,
-    dc0, *dweights)``: ``cgru.backward`` on the reserve of a ``_Recurrent`` forward (a weight
-    gradient is ``None`` where ``need_weights`` says so).
+    """``apply(call, need, reserve, x, h0, c0, dy, dhy, dcy, *weights) -> (dx, dh0, dc0,
+    *dweights)``: ``cgru.backward`` on the reserve of a ``_Recurrent`` forward (``dx`` and a
+    weight gradient may be ``None`` where ``need`` — ``x``'s, then each weight's — says they
+    are not needed).
 
     A function of its own so that a backward with ``create_graph=True`` (which
     ``torch.func.grad`` always uses) gets correct first-order gradients that are part of the
@@ -578,10 +584,10 @@ class _RecurrentGrad(_Function):
     differentiating them again raises instead of silently treating them as constants."""
 
     @staticmethod
-    def forward(call, need_weights, reserve, x, h0, c0, dy, dhy, dcy, *weights):
+    def forward(call, need, reserve, x, h0, c0, dy, dhy, dcy, *weights):
         run = _batched_backward if any(_no_storage(t) for t in (dy, dhy, dcy)) else \
             _direct_backward
-        dx, dh0, dc0, dweights = run(call, need_weights, reserve, x, dy, dhy, dcy, weights)
+        dx, dh0, dc0, dweights = run(call, need, reserve, x, dy, dhy, dcy, weights)
         return (dx, dh0, dc0, *dweights)
 
     @staticmethod

@@ -278,3 +278,64 @@ def test_no_output_gradient_gives_zero_gradients(dtype, cell, input_mode):
         for a in [g.dx, g.dh0] + _arrays(g.dparams):
             assert a.dtype == dtype
             np.testing.assert_array_equal(a, np.zeros_like(a))
+
+
+_NEED_DX_CASES = [
+    pytest.param(np.float64, Cell(), "linear", id="gru-f64"),
+    pytest.param(np.float32, Cell(reset_after=False), "linear", id="gru-reset_before-f32"),
+    pytest.param(np.float64, Cell(reset_after=False, g="softsign"), "skip", id="gru-skip"),
+    pytest.param(np.float64, cgru.LSTMCell(), "linear", id="lstm-f64"),
+    pytest.param(np.float32, cgru.RNNCell(), "linear", id="rnn-f32"),
+]
+
+
+@pytest.mark.parametrize("dtype, cell, input_mode", _NEED_DX_CASES)
+@pytest.mark.parametrize("batch_major", [False, True], ids=["time_major", "batch_major"])
+def test_without_the_input_gradient_the_rest_is_the_same(dtype, cell, input_mode,
+                                                         batch_major):
+    """``need_dx=False``: ``dx`` is None, the first layer's input-gradient products are not
+    run, and ``dh0``, ``dc0`` and every weight gradient are those of the full backward, bit
+    for bit — two layers, both directions, padded sequences, a state mask, dropout."""
+    params, x, reserve, dy, dhy, kw = _small_training_problem(dtype, cell, input_mode)
+    if batch_major:
+        x, dy, mask = (np.ascontiguousarray(a.swapaxes(0, 1))
+                       for a in (x, dy, kw["state_mask"]))
+        kw = dict(state_mask=mask, batch_major=True)
+        reserve = cgru.forward(params, x, lengths=[4, 1, 3], training=True, dropout=0.2,
+                               seed=3, **kw).reserve
+    full = cgru.backward(params, x, reserve, dy, dhy, **kw)
+    from cgru.core import engine
+    products = []
+    real = engine.BACKEND.gemm_packed
+
+    def counted(A, Bp, C, beta1=False, nt=1):
+        products.append(C.shape)
+        return real(A, Bp, C, beta1, nt)
+    engine.BACKEND.gemm_packed = counted
+    try:
+        part = cgru.backward(params, x, reserve, dy, dhy, need_dx=False, **kw)
+        with_dx = len(products)
+        cgru.backward(params, x, reserve, dy, dhy, **kw)
+    finally:
+        del engine.BACKEND.gemm_packed
+    # the first layer's input gradient: one product per direction (none with input_mode
+    # "skip", whose input matrices are the identity)
+    assert len(products) - 2 * with_dx == (0 if input_mode == "skip" else 2)
+    assert part.dx is None and full.dx.shape == x.shape
+    np.testing.assert_array_equal(part.dh0, full.dh0)
+    if full.dc0 is not None:
+        np.testing.assert_array_equal(part.dc0, full.dc0)
+    for a, b in zip(_arrays(part.dparams), _arrays(full.dparams)):
+        np.testing.assert_array_equal(a, b)
+    dp = full.dparams.map(lambda a: np.full_like(a, np.nan))
+    g = cgru.backward(params, x, reserve, dy, dhy, dparams=dp, need_dx=False, **kw)
+    assert g.dx is None and g.dparams is dp
+    for a, b in zip(_arrays(dp), _arrays(full.dparams)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_need_dx_is_a_bool():
+    params, x, reserve, dy, dhy, kw = _small_training_problem(np.float64, Cell(), "linear")
+    for bad in (0, "no", None):
+        with pytest.raises(TypeError, match=r"need_dx: expected a bool, got"):
+            cgru.backward(params, x, reserve, dy, dhy, need_dx=bad, **kw)

@@ -413,6 +413,33 @@ def test_a_training_loop_leaves_no_cyclic_garbage(cls):
         gc.enable()
 
 
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+def test_an_input_without_grad_gets_no_input_gradient_computed(kind, monkeypatch):
+    """Data that needs no gradient (the usual first input): cgru's backward is asked for no
+    ``dx`` — the first layer's input-gradient product is not computed — and the parameters'
+    gradients are torch's; an input that needs one gets it."""
+    from cgru.core import calls
+    asked = []
+    check = calls.BackwardCall.check.__func__
+
+    def recorded(cls, *a, **k):
+        asked.append(k.get("need_dx", True))
+        return check(cls, *a, **k)
+    monkeypatch.setattr(calls.BackwardCall, "check", classmethod(recorded))
+    ref, mine = pair(kind, dtype=torch.float64, num_layers=2, bidirectional=True)
+    for needs in (False, True):
+        x, hx = make_inputs(ref, 5, 3, torch.float64)
+        x.requires_grad_(needs)
+        got = torch.autograd.grad(mine(x, hx)[0].square().sum(),
+                                  ([x] if needs else []) + list(mine.parameters()))
+        want = torch.autograd.grad(ref(x, hx)[0].square().sum(),
+                                   ([x] if needs else []) + list(ref.parameters()))
+        assert asked[-1] is needs
+        names = (["x"] if needs else []) + [n for n, _ in ref.named_parameters()]
+        for a, b, what in zip(got, want, names):
+            assert_close(a, b, torch.float64, what)
+
+
 def test_calls_of_a_module_share_what_cgru_made_for_its_weights(monkeypatch):
     # The second training step of a module makes nothing again for its unchanged weights (no
     # new network view, no new Frozen: plans, packs and the kernels' arguments are the first

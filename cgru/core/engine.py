@@ -60,9 +60,10 @@ class Forward(namedtuple("Forward", "y hy reserve")):
 
 
 class Gradients(namedtuple("Gradients", "dx dh0 dparams")):
-    """Result of ``backward``: ``dx`` (shaped like ``x``), ``dh0`` ``[L·D, N, S]`` and
-    ``dparams`` (a ``Network`` of gradients); ``dc0`` (an attribute, not unpacked) holds an
-    LSTM's initial cell-state gradient ``[L·D, N, H]`` (``None`` for the other kinds)."""
+    """Result of ``backward``: ``dx`` (shaped like ``x``; None with ``need_dx=False``),
+    ``dh0`` ``[L·D, N, S]`` and ``dparams`` (a ``Network`` of gradients); ``dc0`` (an
+    attribute, not unpacked) holds an LSTM's initial cell-state gradient ``[L·D, N, H]``
+    (``None`` for the other kinds)."""
 
     def __new__(cls, dx, dh0, dparams, dc0=None):
         self = super().__new__(cls, dx, dh0, dparams)
@@ -409,7 +410,8 @@ def _finite_padding(x, lengths):
 
 
 def backward(net, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, state_mask=None,
-             batch_major=False, dparams=None, accumulate=False, num_threads=None):
+             batch_major=False, dparams=None, accumulate=False, need_dx=True,
+             num_threads=None):
     """Gradients of a training ``forward``.
 
     Pass the same ``net``, ``x``, ``state_mask`` and ``batch_major`` as the forward, its
@@ -421,7 +423,11 @@ def backward(net, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, state_m
 
     Weight gradients are written into ``dparams`` when given (``accumulate=False``: overwrite,
     TF's semantics; ``accumulate=True``: add to what it holds, cuDNN's
-    ``CUDNN_WGRAD_MODE_ADD``), in place, else into a new ``Network``.
+    ``CUDNN_WGRAD_MODE_ADD``), in place, else into a new ``Network``.  ``need_dx=False``
+    leaves out the gradient with respect to ``x`` (``dx`` is then ``None``) when ``x`` is
+    data rather than something being trained: the first layer's input-gradient product, a
+    sixth of a one-layer GRU's backward arithmetic, is not computed.  Every other gradient is
+    the same, bit for bit.
 
     Returns ``Gradients(dx, dh0, dparams)`` (``.dc0`` for an LSTM): ``dx`` shaped like ``x``,
     ``dh0`` ``[L·D, N, S]``.
@@ -429,7 +435,7 @@ def backward(net, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, state_m
     return run_backward(BackwardCall.check(
         net, x, reserve, dy, dhy, dcy=dcy, cell=cell, state_mask=state_mask,
         batch_major=batch_major, dparams=dparams, accumulate=accumulate,
-        num_threads=num_threads))
+        num_threads=num_threads, need_dx=need_dx))
 
 
 def backward_workspace(kind, cell, topo, dtype, T, N, need_hm=True):
@@ -540,8 +546,10 @@ def run_backward(call, workspace=None, out=None):
     no_buffer = [None] * D
     dh0 = _output(given, "dh0", (L * D, N, S), dtype)
     dc0 = _output(given, "dc0", (L * D, N, H), dtype) if lstm else None
+    # no input gradient asked for (``need_dx=False``): the first layer's dX products are left
+    # out, nothing else changes (the layers above still need theirs)
     dx = _output(given if not call.batch_major else {}, "dx", (T, N, topo.input_size),
-                 dtype).reshape(T * N, topo.input_size)
+                 dtype).reshape(T * N, topo.input_size) if call.need_dx else None
     # Computed into a buffer of our own and handed over only when the call has succeeded, so
     # that a failing or interrupted call leaves the caller's dparams as they were.  Every
     # element is written (set by the first block of time, added by the others), so it starts
@@ -559,7 +567,7 @@ def run_backward(call, workspace=None, out=None):
     for layer in reversed(range(L)):
         X = x_tm if layer == 0 else opened.xin[layer].reshape(T * N, DS)
         dX = dx if layer == 0 else buf[f"dX{layer % 2}"]
-        if D > 1 or (layer == 0 and topo.input_mode == "skip"):
+        if dX is not None and (D > 1 or (layer == 0 and topo.input_mode == "skip")):
             dX[...] = 0             # every direction's blocks add their rows
         for s0 in range(0, T, Tb):
             s1 = min(T, s0 + Tb)
@@ -591,9 +599,10 @@ def run_backward(call, workspace=None, out=None):
                 d_out *= masks[layer - 1]
     if lent is not None:
         lent[0].give_back(lent[1])  # (a call that raised leaves its workspace to the pool)
-    dx = dx.reshape(T, N, topo.input_size)
-    if call.batch_major:
-        dx = _batch_major(dx, given, "dx")
+    if dx is not None:
+        dx = dx.reshape(T, N, topo.input_size)
+        if call.batch_major:
+            dx = _batch_major(dx, given, "dx")
     if call.dparams is not None:
         for mine, theirs in zip(grads, call.dparams):
             for name, a in mine.arrays().items():
@@ -640,8 +649,8 @@ def _add_column_sums(out, a, first):
 def _block_gradients(backend, topo, cell, kind, frozen, grads, layer, X, opened, bl, spans,
                      dX, nt, active=None, first=True):
     """After one block of a layer's backward loops: its weight gradients (added into
-    ``grads``; set by the first block) and its rows of the input gradient ``dX`` [T·N, in],
-    as GEMMs and column sums over the block's rows.  ``bl``: the block's operands by name,
+    ``grads``; set by the first block) and its rows of the input gradient ``dX`` [T·N, in]
+    (None: not wanted), as GEMMs and column sums over the block's rows.  ``bl``: the block's operands by name,
     one per direction; ``spans[d]``: the rows ``(r0, r1)`` of ``T·N`` direction ``d``'s block
     covers."""
     H, D, S, G = topo.hidden_size, topo.num_directions, topo.state_size, cell.gates
@@ -669,7 +678,7 @@ def _block_gradients(backend, topo, cell, kind, frozen, grads, layer, X, opened,
         if g.W.shape[1]:
             # dW[G·H, in] (+)= dgxᵀ · X
             backend.gemm(True, False, dgx[d], X[r0:r1], g.W, beta=beta, nt=nt)
-    for d in range(D):
+    for d in range(D if dX is not None else 0):
         r0, r1 = spans[d]
         if layer == 0 and topo.input_mode == "projected":
             dX[r0:r1, d * G * H:(d + 1) * G * H] = dgx[d]
