@@ -37,8 +37,8 @@ class Forward(NamedTuple):
 
 class Gradients(NamedTuple):
     """``backward``'s result: ``dx`` (shaped like ``x``; ``None`` with ``need_dx=False``),
-    ``dh0`` ``[L·D, N, S]``, ``dparams`` (a ``Network`` of weight gradients), ``dc0``
-    ``[L·D, N, H]`` (``None`` but for an LSTM)."""
+    ``dh0`` ``[L·D, N, S]``, ``dparams`` (a ``Network`` of weight gradients; ``None`` with
+    ``need_dparams=False``), ``dc0`` ``[L·D, N, H]`` (``None`` but for an LSTM)."""
     dx: _Array
     dh0: _Array
     dparams: Network
@@ -57,7 +57,8 @@ def backward(net: Network, x: npt.ArrayLike, reserve: npt.NDArray[np.uint8],
              dcy: Optional[npt.ArrayLike] = None, cell: Optional[_AnyCell] = None,
              state_mask: Optional[npt.ArrayLike] = None, batch_major: bool = False,
              dparams: Optional[Network] = None, accumulate: bool = False,
-             need_dx: bool = True, num_threads: Optional[int] = None) -> Gradients: ...
+             need_dx: bool = True, need_dparams: bool = True,
+             num_threads: Optional[int] = None) -> Gradients: ...
 def reserve_nbytes(topology: Union[Topology, Network], T: int, N: int, *,
                    cell: Optional[_AnyCell] = None,
                    dtype: npt.DTypeLike = np.float32) -> int: ...

@@ -380,8 +380,8 @@ class _Call:
     def backward(self, x, weights, reserve, dy, dhy, dcy, need_weights, need_dx=True):
         """``(dx, dh0, dc0, [dweight or None])``: cgru's backward; the weight gradients are
         the engine's own result arrays as tensors (zero-copy), ``None`` where
-        ``need_weights`` says they are not needed; ``dx`` None when ``need_dx`` is false
-        (``x`` needs no gradient: its product is not computed).
+        ``need_weights`` says they are not needed (none needed: none computed); ``dx`` None
+        when ``need_dx`` is false (``x`` needs no gradient: its product is not computed).
 
         It computes with the weights its forward computed with (kept by this call's one
         training forward): the gradient of the function that forward computed, whatever the
@@ -394,7 +394,7 @@ class _Call:
         g = engine.run_backward(calls.BackwardCall.check(
             net, _numpy(x), _numpy(reserve), _numpy(dy), _numpy(dhy), dcy=_numpy(dcy),
             batch_major=self.batch_major, num_threads=self.num_threads, frozen=frozen,
-            need_dx=need_dx))
+            need_dx=need_dx, need_dparams=any(need_weights)))
         grads = [_tensor(getattr(g.dparams[i], slot)) if need else None
                  for (i, slot), need in zip(self.weight_slots(), need_weights)]
         return _tensor(g.dx), _tensor(g.dh0), _tensor(g.dc0), grads

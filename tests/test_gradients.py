@@ -339,3 +339,39 @@ def test_need_dx_is_a_bool():
     for bad in (0, "no", None):
         with pytest.raises(TypeError, match=r"need_dx: expected a bool, got"):
             cgru.backward(params, x, reserve, dy, dhy, need_dx=bad, **kw)
+
+
+@pytest.mark.parametrize("dtype, cell, input_mode", _NEED_DX_CASES + [
+    pytest.param(np.float64, cgru.LSTMCell(peepholes="ifo"), "linear", id="lstm-peepholes")])
+def test_without_the_weight_gradients_the_rest_is_the_same(dtype, cell, input_mode):
+    """``need_dparams=False``: ``dparams`` is None, no weight-gradient product runs, and
+    ``dx``, ``dh0`` and ``dc0`` are those of the full backward, bit for bit; with ``need_dx``
+    False too, only ``dh0`` (and ``dc0``) are left."""
+    params, x, reserve, dy, dhy, kw = _small_training_problem(dtype, cell, input_mode)
+    full = cgru.backward(params, x, reserve, dy, dhy, **kw)
+    from cgru.core import engine
+    products = []
+    for name in ("gemm", "gemm_t"):
+        real = getattr(engine.BACKEND, name)
+        setattr(engine.BACKEND, name,
+                lambda *a, _real=real, _name=name, **k: (products.append(_name), _real(*a, **k)))
+    try:
+        part = cgru.backward(params, x, reserve, dy, dhy, need_dparams=False, **kw)
+        assert products == []
+        cgru.backward(params, x, reserve, dy, dhy, **kw)
+        assert products                  # (the counting sees the weight gradients' products)
+    finally:
+        del engine.BACKEND.gemm, engine.BACKEND.gemm_t
+    assert part.dparams is None
+    np.testing.assert_array_equal(part.dx, full.dx)
+    np.testing.assert_array_equal(part.dh0, full.dh0)
+    if full.dc0 is not None:
+        np.testing.assert_array_equal(part.dc0, full.dc0)
+    least = cgru.backward(params, x, reserve, dy, dhy, need_dparams=False, need_dx=False, **kw)
+    assert least.dx is None and least.dparams is None
+    np.testing.assert_array_equal(least.dh0, full.dh0)
+    with pytest.raises(ValueError, match="dparams: given, but need_dparams=False"):
+        cgru.backward(params, x, reserve, dy, dhy, dparams=full.dparams, need_dparams=False,
+                      **kw)
+    with pytest.raises(TypeError, match=r"need_dparams: expected a bool, got"):
+        cgru.backward(params, x, reserve, dy, dhy, need_dparams=1, **kw)

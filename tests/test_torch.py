@@ -414,28 +414,31 @@ def test_a_training_loop_leaves_no_cyclic_garbage(cls):
 
 
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
-def test_an_input_without_grad_gets_no_input_gradient_computed(kind, monkeypatch):
+def test_what_needs_no_gradient_gets_none_computed(kind, monkeypatch):
     """Data that needs no gradient (the usual first input): cgru's backward is asked for no
-    ``dx`` — the first layer's input-gradient product is not computed — and the parameters'
-    gradients are torch's; an input that needs one gets it."""
+    ``dx`` — the first layer's input-gradient product is not computed —, frozen weights for
+    no weight gradients; what is asked for equals torch's."""
     from cgru.core import calls
     asked = []
     check = calls.BackwardCall.check.__func__
 
     def recorded(cls, *a, **k):
-        asked.append(k.get("need_dx", True))
+        asked.append((k.get("need_dx", True), k.get("need_dparams", True)))
         return check(cls, *a, **k)
     monkeypatch.setattr(calls.BackwardCall, "check", classmethod(recorded))
     ref, mine = pair(kind, dtype=torch.float64, num_layers=2, bidirectional=True)
-    for needs in (False, True):
+    for x_needs, weights_need in ((False, True), (True, True), (True, False)):
+        for model in (ref, mine):
+            model.requires_grad_(weights_need)
         x, hx = make_inputs(ref, 5, 3, torch.float64)
-        x.requires_grad_(needs)
-        got = torch.autograd.grad(mine(x, hx)[0].square().sum(),
-                                  ([x] if needs else []) + list(mine.parameters()))
-        want = torch.autograd.grad(ref(x, hx)[0].square().sum(),
-                                   ([x] if needs else []) + list(ref.parameters()))
-        assert asked[-1] is needs
-        names = (["x"] if needs else []) + [n for n, _ in ref.named_parameters()]
+        x.requires_grad_(x_needs)
+        wrt = ([x] if x_needs else []) + (list(mine.parameters()) if weights_need else [])
+        got = torch.autograd.grad(mine(x, hx)[0].square().sum(), wrt)
+        wrt = ([x] if x_needs else []) + (list(ref.parameters()) if weights_need else [])
+        want = torch.autograd.grad(ref(x, hx)[0].square().sum(), wrt)
+        assert asked[-1] == (x_needs, weights_need)
+        names = (["x"] if x_needs else []) + \
+            ([n for n, _ in ref.named_parameters()] if weights_need else [])
         for a, b, what in zip(got, want, names):
             assert_close(a, b, torch.float64, what)
 

@@ -240,15 +240,21 @@ class BackwardCall:
     ``dparams`` (the caller's, or None), ``accumulate``."""
 
     __slots__ = ("net", "cell", "kind", "frozen", "x", "T", "N", "mask", "batch_major",
-                 "num_threads", "opened", "dy", "dhy", "dcy", "dparams", "accumulate", "need_dx")
+                 "num_threads", "opened", "dy", "dhy", "dcy", "dparams", "accumulate", "need_dx",
+                 "need_dparams")
 
     @classmethod
     def check(cls, net, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, state_mask=None,
               batch_major=False, dparams=None, accumulate=False, num_threads=None,
-              stacklevel=4, frozen=None, need_dx=True):
+              stacklevel=4, frozen=None, need_dx=True, need_dparams=True):
         """Every argument checked (in the core's words), then ``of`` (``frozen``: see there)."""
         if need_dx is not True:
             need_dx = validate.flag(need_dx, "need_dx")
+        if need_dparams is not True:
+            need_dparams = validate.flag(need_dparams, "need_dparams")
+            if not need_dparams and dparams is not None:
+                raise ValueError("dparams: given, but need_dparams=False asks for no weight "
+                                 "gradients")
         if cell is None and state_mask is None and batch_major is False and \
                 dparams is None and accumulate is False:
             # the common call (x, reserve, dy, dhy and an LSTM's dcy, each C-contiguous and as
@@ -256,7 +262,7 @@ class BackwardCall:
             # goes the whole way
             call = cls._check_common_call(net, x, reserve, dy, dhy, dcy, num_threads, frozen)
             if call is not None:
-                call.need_dx = need_dx
+                call.need_dx, call.need_dparams = need_dx, need_dparams
                 return call
         topo, dtype, cell, batch_major, T, N, mask = _check_common(
             net, x, cell, state_mask, batch_major, stacklevel + 1)
@@ -271,7 +277,7 @@ class BackwardCall:
         call = cls.of(net, cell, time_major(x, batch_major), reserve, dy, dhy, dcy, mask,
                       batch_major, dparams, accumulate, resolve_num_threads(num_threads),
                       frozen=frozen)
-        call.need_dx = need_dx
+        call.need_dx, call.need_dparams = need_dx, need_dparams
         return call
 
     @classmethod
@@ -315,6 +321,7 @@ class BackwardCall:
         self.batch_major, self.dparams, self.accumulate = batch_major, dparams, accumulate
         self.num_threads = num_threads
         self.need_dx = True             # False: no input gradient (``check``'s ``need_dx``)
+        self.need_dparams = True        # False: no weight gradients (``need_dparams``)
         self.frozen = weights.freeze(net, num_threads, fingerprinted=True) if frozen is None \
             else frozen
         self.opened = _open(self, reserve, h0, c0, lengths, what, inference_hint)

@@ -61,7 +61,8 @@ class Forward(namedtuple("Forward", "y hy reserve")):
 
 class Gradients(namedtuple("Gradients", "dx dh0 dparams")):
     """Result of ``backward``: ``dx`` (shaped like ``x``; None with ``need_dx=False``),
-    ``dh0`` ``[L·D, N, S]`` and ``dparams`` (a ``Network`` of gradients); ``dc0`` (an
+    ``dh0`` ``[L·D, N, S]`` and ``dparams`` (a ``Network`` of gradients; None with
+    ``need_dparams=False``); ``dc0`` (an
     attribute, not unpacked) holds an LSTM's initial cell-state gradient ``[L·D, N, H]``
     (``None`` for the other kinds)."""
 
@@ -411,7 +412,7 @@ def _finite_padding(x, lengths):
 
 def backward(net, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, state_mask=None,
              batch_major=False, dparams=None, accumulate=False, need_dx=True,
-             num_threads=None):
+             need_dparams=True, num_threads=None):
     """Gradients of a training ``forward``.
 
     Pass the same ``net``, ``x``, ``state_mask`` and ``batch_major`` as the forward, its
@@ -426,8 +427,10 @@ def backward(net, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, state_m
     ``CUDNN_WGRAD_MODE_ADD``), in place, else into a new ``Network``.  ``need_dx=False``
     leaves out the gradient with respect to ``x`` (``dx`` is then ``None``) when ``x`` is
     data rather than something being trained: the first layer's input-gradient product, a
-    sixth of a one-layer GRU's backward arithmetic, is not computed.  Every other gradient is
-    the same, bit for bit.
+    sixth of a one-layer GRU's backward arithmetic, is not computed.  ``need_dparams=False``
+    likewise leaves out the weight gradients (``dparams`` is then ``None``; not with a
+    ``dparams`` given) for weights that are not being trained: a third of the backward's
+    arithmetic.  Every other gradient is the same, bit for bit.
 
     Returns ``Gradients(dx, dh0, dparams)`` (``.dc0`` for an LSTM): ``dx`` shaped like ``x``,
     ``dh0`` ``[L·D, N, S]``.
@@ -435,7 +438,7 @@ def backward(net, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, state_m
     return run_backward(BackwardCall.check(
         net, x, reserve, dy, dhy, dcy=dcy, cell=cell, state_mask=state_mask,
         batch_major=batch_major, dparams=dparams, accumulate=accumulate,
-        num_threads=num_threads, need_dx=need_dx))
+        num_threads=num_threads, need_dx=need_dx, need_dparams=need_dparams))
 
 
 def backward_workspace(kind, cell, topo, dtype, T, N, need_hm=True):
@@ -554,7 +557,8 @@ def run_backward(call, workspace=None, out=None):
     # that a failing or interrupted call leaves the caller's dparams as they were.  Every
     # element is written (set by the first block of time, added by the others), so it starts
     # empty (poisoned under the tests: an element left unwritten shows as NaN).
-    grads = Network._allocated(topo, dtype, plan.empty, cell)
+    # (none at all with ``need_dparams=False``: the weight-gradient products are left out)
+    grads = Network._allocated(topo, dtype, plan.empty, cell) if call.need_dparams else None
     masks = dropout_mod.dropout_masks(topo, T, N, dropout=opened.dropout,
                                       seed=(opened.seed, opened.seed2), dtype=dtype) \
         if opened.dropout > 0 else None
@@ -603,7 +607,7 @@ def run_backward(call, workspace=None, out=None):
         dx = dx.reshape(T, N, topo.input_size)
         if call.batch_major:
             dx = _batch_major(dx, given, "dx")
-    if call.dparams is not None:
+    if call.dparams is not None and grads is not None:
         for mine, theirs in zip(grads, call.dparams):
             for name, a in mine.arrays().items():
                 b = getattr(theirs, name)
@@ -649,15 +653,15 @@ def _add_column_sums(out, a, first):
 def _block_gradients(backend, topo, cell, kind, frozen, grads, layer, X, opened, bl, spans,
                      dX, nt, active=None, first=True):
     """After one block of a layer's backward loops: its weight gradients (added into
-    ``grads``; set by the first block) and its rows of the input gradient ``dX`` [T·N, in]
-    (None: not wanted), as GEMMs and column sums over the block's rows.  ``bl``: the block's operands by name,
+    ``grads``; set by the first block; None: not wanted) and its rows of the input gradient
+    ``dX`` [T·N, in] (None: not wanted), as GEMMs and column sums over the block's rows.  ``bl``: the block's operands by name,
     one per direction; ``spans[d]``: the rows ``(r0, r1)`` of ``T·N`` direction ``d``'s block
     covers."""
     H, D, S, G = topo.hidden_size, topo.num_directions, topo.state_size, cell.gates
     TN = X.shape[0]
     beta = 0.0 if first else 1.0
     dgx = bl["dgx"]
-    for d in range(D):
+    for d in range(D if grads is not None else 0):
         i = layer * D + d
         g = grads[i]
         r0, r1 = spans[d]
