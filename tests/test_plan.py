@@ -242,9 +242,9 @@ def test_a_call_allocates_one_workspace_and_nothing_below_it(monkeypatch, cell, 
         allocations.append(self.nbytes)
         return real_allocate(self, block)
 
-    def pack_rhs(B, trans, out=None):
+    def pack_rhs(B, trans, out=None, num_threads=1):
         packs.append(out is not None)
-        return real_pack(B, trans, out)
+        return real_pack(B, trans, out, num_threads)
 
     monkeypatch.setattr(plan.Workspace, "allocate", allocate)
     monkeypatch.setattr(plan, "pack_rhs", pack_rhs)

@@ -39,6 +39,25 @@ def test_packed_gemm_matches_numpy(isa, dtype, trans, m, n, k, beta1, trans_a):
     np.testing.assert_allclose(C, want, rtol=TOL[dtype], atol=TOL[dtype] * k)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k,n", [(700, 100), (1300, 45), (2, 40_000), (3, 70_001), (5, 3)])
+def test_a_pack_shared_by_threads_is_the_pack(dtype, k, n):
+    """A non-transposed B packed by several of cgru's threads (each a range of its rows: from
+    256 KiB on) is the same bytes as one thread's pack, and both are the layout itself:
+    panels of NR columns, row after row, zeros after the last column."""
+    NR = K.packed_size(1, 1, dtype)                   # one panel of one row
+    B = np.random.default_rng(k + n).standard_normal((k, n)).astype(dtype)
+    panels = -(-n // NR)
+    padded = np.zeros((k, panels * NR), dtype)
+    padded[:, :n] = B
+    want = padded.reshape(k, panels, NR).transpose(1, 0, 2).ravel()
+    for nt in (1, 2, 3, 8):
+        out = np.full(K.packed_size(n, k, dtype) + 5, np.nan, dtype)
+        got = K.pack_rhs(B, False, out, num_threads=nt)
+        assert got.size == want.size and got.tobytes() == want.tobytes(), nt
+        assert np.isnan(out[want.size:]).all()        # nothing written past the pack
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_packed_gemm_with_transposed_a_on_strided_views(isa, dtype):

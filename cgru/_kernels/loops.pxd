@@ -12,6 +12,8 @@ cdef extern from "simd.h" nogil:
     size_t cgru_packed_size(int n, int k, int nr)
     void cgru_pack_f32(int trans, int n, int k, const float *B, int ldb, float *Bp)
     void cgru_pack_f64(int trans, int n, int k, const double *B, int ldb, double *Bp)
+    void cgru_pack_f32_rows(int n, int k, int k0, int k1, const float *B, int ldb, float *Bp)
+    void cgru_pack_f64_rows(int n, int k, int k0, int k1, const double *B, int ldb, double *Bp)
     void cgru_gemm_packed_f32(int m, int n, int k, const float *A, int lda, const float *Bp,
                               int beta1, float *C, int ldc)
     void cgru_gemm_packed_f64(int m, int n, int k, const double *A, int lda, const double *Bp,

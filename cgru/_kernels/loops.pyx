@@ -264,11 +264,37 @@ def packed_size(int n, int k, dtype):
     return cgru_packed_size(n, k, CGRU_NR_F if np.dtype(dtype) == np.float32 else CGRU_NR_D)
 
 
-def pack_rhs(B, bint trans, out=None):
+cdef enum:
+    _PACK_PIECES = 8                # at most this many pieces of a pack on the team
+    _PACK_SHARED_BYTES = 1 << 18    # from this size on, two threads and more share one
+
+
+cdef struct _Pack:
+    const char *B
+    char *Bp
+    int n, k, ldb, piece, f64
+
+
+cdef void _pack_piece(void *ctx, int item) noexcept nogil:
+    cdef _Pack *J = <_Pack *>ctx
+    cdef int k0 = item * J.piece
+    cdef int k1 = min(k0 + J.piece, J.k)
+    if k0 >= k1:
+        return
+    if J.f64:
+        cgru_pack_f64_rows(J.n, J.k, k0, k1, <const double *>J.B, J.ldb, <double *>J.Bp)
+    else:
+        cgru_pack_f32_rows(J.n, J.k, k0, k1, <const float *>J.B, J.ldb, <float *>J.Bp)
+
+
+def pack_rhs(B, bint trans, out=None, int num_threads=1):
     """Pack ``op(B)`` (``[k, n]``; ``B`` is ``[k, n]``, or ``[n, k]`` when ``trans``) for the
     time loop's GEMMs.  ``B`` is a C-contiguous 2-D float32/float64 array.  Returns a new array,
     or the first ``packed_size`` elements of ``out`` (a 1-D C-contiguous array of B's dtype:
-    a call's workspace) written."""
+    a call's workspace) written.  ``num_threads``: a non-transposed ``B`` of 256 KiB or more
+    is packed by up to that many of cgru's threads, each a range of its rows (a weight
+    gradient's right operand, packed in every call: alone on one thread it left the other
+    waiting); the bytes are the same."""
     if not isinstance(B, np.ndarray) or B.ndim != 2 or not B.flags.c_contiguous \
             or B.dtype not in (np.float32, np.float64):
         raise ValueError("pack_rhs: B must be a C-contiguous 2-D float32 or float64 array")
@@ -287,6 +313,16 @@ def pack_rhs(B, bint trans, out=None):
             raise ValueError(f"pack_rhs: out must be a writable 1-D C-contiguous {B.dtype} "
                              f"array of at least {size} elements")
         dst = out[:size]
+    cdef _Pack J
+    cdef int pieces
+    if not trans and num_threads > 1 and k > 1 and arr.nbytes >= _PACK_SHARED_BYTES:
+        pieces = min(num_threads, _PACK_PIECES, k)
+        J.B, J.Bp = <const char *>cnp.PyArray_DATA(arr), <char *>cnp.PyArray_DATA(dst)
+        J.n, J.k, J.ldb, J.f64 = n, k, ldb, B.dtype == np.float64
+        J.piece = (k + pieces - 1) // pieces
+        with nogil:
+            parallel_for(pieces, num_threads, _pack_piece, &J, NULL, NULL)
+        return dst
     if B.dtype == np.float32:
         cgru_pack_f32(trans, n, k, <const float *>cnp.PyArray_DATA(arr), ldb,
                       <float *>cnp.PyArray_DATA(dst))

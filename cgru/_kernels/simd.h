@@ -164,33 +164,40 @@ __attribute__((target("avx"))) static inline void cgru_pack_tr_panel_f64(const d
 #endif
 
 #define CGRU_DEFINE_PACK(NAME, T, NR)                                                          \
-static inline void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {                 \
-    int panels = (n + NR - 1) / NR, p = 0;                                                     \
-    if (!trans) {             /* the whole panels row by row of B: each read once, in order,  \
-                                 into one run of NR values per panel (copies of a constant   \
-                                 size: vector moves)                                      */ \
-        int whole = n / NR;                                                                    \
-        for (int kk = 0; kk < k; kk++)                                                         \
-            for (int q = 0; q < whole; q++)                                                    \
-                memcpy(Bp + (size_t)q * NR * k + (size_t)kk * NR, B + (size_t)kk * ldb + q * NR, \
-                       NR * sizeof(T));                                                        \
-        p = whole;                                                                             \
+/* rows k0 ≤ kk < k1 of a non-transposed B (each row of the pack is a function of the same row \
+ * of B alone: callers on several threads pack ranges of rows, with the same bytes)         */ \
+static inline void NAME##_rows(int n, int k, int k0, int k1, const T *B, int ldb, T *Bp) {     \
+    int whole = n / NR, w = n - whole * NR;                                                    \
+    for (int kk = k0; kk < k1; kk++) {  /* the whole panels row by row of B: each read once,  \
+                                          in order, into one run of NR values per panel      \
+                                          (copies of a constant size: vector moves)       */ \
+        for (int q = 0; q < whole; q++)                                                        \
+            memcpy(Bp + (size_t)q * NR * k + (size_t)kk * NR, B + (size_t)kk * ldb + q * NR,   \
+                   NR * sizeof(T));                                                            \
+        if (w) {                        /* the last panel's w columns, zeros after them */    \
+            T *dst = Bp + (size_t)whole * NR * k + (size_t)kk * NR;                            \
+            memcpy(dst, B + (size_t)kk * ldb + whole * NR, (size_t)w * sizeof(T));             \
+            memset(dst + w, 0, (size_t)(NR - w) * sizeof(T));                                  \
+        }                                                                                      \
     }                                                                                          \
-    for (; p < panels; p++) {                                                                  \
+}                                                                                              \
+static inline void NAME(int trans, int n, int k, const T *B, int ldb, T *Bp) {                 \
+    if (!trans) {                                                                              \
+        NAME##_rows(n, k, 0, k, B, ldb, Bp);                                                   \
+        return;                                                                                \
+    }                                                                                          \
+    int panels = (n + NR - 1) / NR;                                                            \
+    for (int p = 0; p < panels; p++) {                                                         \
         T *dst = Bp + (size_t)p * NR * k;                                                      \
         int j0 = p * NR, w = n - j0 < NR ? n - j0 : NR;                                        \
-        if (trans && w == NR && CGRU_PACK_TR_PANEL(T, B + (size_t)j0 * ldb, ldb, k, dst))     \
+        if (w == NR && CGRU_PACK_TR_PANEL(T, B + (size_t)j0 * ldb, ldb, k, dst))               \
             continue;                       /* a whole panel of a transposed B, in tiles */    \
         if (w < NR) memset(dst, 0, (size_t)NR * k * sizeof(T));                                \
-        if (!trans) {         /* the last panel's w columns, row by row of B */                \
-            for (int kk = 0; kk < k; kk++)                                                     \
-                memcpy(dst + (size_t)kk * NR, B + (size_t)kk * ldb + j0, (size_t)w * sizeof(T)); \
-        } else {              /* column c of the panel is row j0 + c of B: gather the w rows,  \
-                                 writing the panel in order (the w source lines stay in L1) */ \
-            const T *src = B + (size_t)j0 * ldb;                                               \
-            for (int kk = 0; kk < k; kk++)                                                     \
-                for (int c = 0; c < w; c++) dst[(size_t)kk * NR + c] = src[(size_t)c * ldb + kk]; \
-        }                                                                                      \
+        /* column c of the panel is row j0 + c of B: gather the w rows, writing the panel in   \
+         * order (the w source lines stay in L1) */                                            \
+        const T *src = B + (size_t)j0 * ldb;                                                   \
+        for (int kk = 0; kk < k; kk++)                                                         \
+            for (int c = 0; c < w; c++) dst[(size_t)kk * NR + c] = src[(size_t)c * ldb + kk];  \
     }                                                                                          \
 }
 CGRU_DEFINE_PACK(cgru_pack_f32, float, CGRU_NR_F)

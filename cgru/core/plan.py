@@ -331,7 +331,7 @@ def gemm_t(As, B, C, beta=0.0, nt=1, pack=None):
             gemm(True, False, A, B, C[c0:c0 + A.shape[1]], beta, nt, pack=pack)
             c0 += A.shape[1]
         return
-    Bp = pack_rhs(np.ascontiguousarray(B), False, pack)
+    Bp = pack_rhs(np.ascontiguousarray(B), False, pack, nt)
     c0 = 0
     for A in As:
         Ci = C[c0:c0 + A.shape[1]]
