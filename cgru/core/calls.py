@@ -260,9 +260,9 @@ class BackwardCall:
             # the common call (x, reserve, dy, dhy and an LSTM's dcy, each C-contiguous and as
             # the network wants them), checked at once; anything else — an error included —
             # goes the whole way
-            call = cls._check_common_call(net, x, reserve, dy, dhy, dcy, num_threads, frozen)
+            call = cls._check_common_call(net, x, reserve, dy, dhy, dcy, num_threads, frozen,
+                                          need_dx, need_dparams)
             if call is not None:
-                call.need_dx, call.need_dparams = need_dx, need_dparams
                 return call
         topo, dtype, cell, batch_major, T, N, mask = _check_common(
             net, x, cell, state_mask, batch_major, stacklevel + 1)
@@ -274,14 +274,13 @@ class BackwardCall:
         dhy = check_h(dhy, "dhy", topo, dtype, N)
         dcy = check_c(dcy, "dcy", net, dtype, N)
         dparams = check_dparams(dparams, net, accumulate)
-        call = cls.of(net, cell, time_major(x, batch_major), reserve, dy, dhy, dcy, mask,
+        return cls.of(net, cell, time_major(x, batch_major), reserve, dy, dhy, dcy, mask,
                       batch_major, dparams, accumulate, resolve_num_threads(num_threads),
-                      frozen=frozen)
-        call.need_dx, call.need_dparams = need_dx, need_dparams
-        return call
+                      frozen=frozen, need_dx=need_dx, need_dparams=need_dparams)
 
     @classmethod
-    def _check_common_call(cls, net, x, reserve, dy, dhy, dcy, num_threads, frozen):
+    def _check_common_call(cls, net, x, reserve, dy, dhy, dcy, num_threads, frozen, need_dx,
+                           need_dparams):
         """The call of ``check``'s common case, or None when anything about ``net``, ``x``,
         ``dy``, ``dhy`` or ``dcy`` is not plainly right (``check``'s whole way then decides,
         and words the error): the same checks, the same value (the reserve is opened by ``of``
@@ -295,12 +294,13 @@ class BackwardCall:
                 not _plain_c(net, dcy, N):
             return None
         return cls.of(net, net.cell, x, reserve, dy, dhy, dcy, None, False, None, False,
-                      resolve_num_threads(num_threads), frozen=frozen)
+                      resolve_num_threads(num_threads), frozen=frozen, need_dx=need_dx,
+                      need_dparams=need_dparams)
 
     @classmethod
     def of(cls, net, cell, x, reserve, dy, dhy, dcy, mask, batch_major, dparams, accumulate,
            num_threads, *, h0=None, c0=None, lengths=None, what="reserve",
-           inference_hint=None, frozen=None):
+           inference_hint=None, frozen=None, need_dx=True, need_dparams=True):
         """The call of arguments the caller has checked (``x``, ``dy`` time-major, ``dhy``,
         ``dcy`` C-contiguous): takes the kept copies of the weights and opens the reserve —
         checking that its forward had this call's ``x``, weights and mask (and ``h0``/``c0``,
@@ -311,7 +311,9 @@ class BackwardCall:
         ``frozen``: the ``weights.Frozen`` of the forward that wrote the reserve, for a caller
         that ran that forward and keeps its result for its backward (an autograd graph): the
         backward then computes with the very copies that forward read, whatever ``net``'s
-        arrays hold by now, with nothing to compare (``net`` is then ``frozen.net``)."""
+        arrays hold by now, with nothing to compare (``net`` is then ``frozen.net``).
+        ``need_dx``, ``need_dparams``: False leaves the input's or the weights' gradients out
+        (``engine.backward``'s flags, checked by ``check``)."""
         if frozen is not None and frozen.net is not net:
             raise ValueError("frozen: the Frozen of another network than net")
         self = cls()
@@ -320,8 +322,7 @@ class BackwardCall:
         self.dy, self.dhy, self.dcy, self.mask = dy, dhy, dcy, mask
         self.batch_major, self.dparams, self.accumulate = batch_major, dparams, accumulate
         self.num_threads = num_threads
-        self.need_dx = True             # False: no input gradient (``check``'s ``need_dx``)
-        self.need_dparams = True        # False: no weight gradients (``need_dparams``)
+        self.need_dx, self.need_dparams = need_dx, need_dparams
         self.frozen = weights.freeze(net, num_threads, fingerprinted=True) if frozen is None \
             else frozen
         self.opened = _open(self, reserve, h0, c0, lengths, what, inference_hint)

@@ -62,9 +62,8 @@ class Forward(namedtuple("Forward", "y hy reserve")):
 class Gradients(namedtuple("Gradients", "dx dh0 dparams")):
     """Result of ``backward``: ``dx`` (shaped like ``x``; None with ``need_dx=False``),
     ``dh0`` ``[L·D, N, S]`` and ``dparams`` (a ``Network`` of gradients; None with
-    ``need_dparams=False``); ``dc0`` (an
-    attribute, not unpacked) holds an LSTM's initial cell-state gradient ``[L·D, N, H]``
-    (``None`` for the other kinds)."""
+    ``need_dparams=False``); ``dc0`` (an attribute, not unpacked) holds an LSTM's initial
+    cell-state gradient ``[L·D, N, H]`` (``None`` for the other kinds)."""
 
     def __new__(cls, dx, dh0, dparams, dc0=None):
         self = super().__new__(cls, dx, dh0, dparams)
