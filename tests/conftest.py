@@ -20,6 +20,10 @@ import os
 # hold while the suite shares the machine; tests/test_backoff.py turns the backoff on where it
 # tests it.  Set before cgru is imported (it reads it once), and inherited by subprocesses.
 os.environ["CGRU_TEAMS_BACKOFF"] = "0"
+# Likewise every team is woken, however long its threads have slept (cgru otherwise runs a
+# short region on its caller alone when this machine has been waking them slowly: parallel.h,
+# cold teams); tests/test_backoff.py turns that rule on where it tests it.
+os.environ["CGRU_COLD_TEAMS"] = "0"
 
 import numpy as np
 import pytest

@@ -1,8 +1,18 @@
-"""Teams held up by other processes (``cgru/_kernels/parallel.h``): a team whose helper starts
-late — it shared its core with a busy process — makes the next teams smaller for a while, so
-that a loaded machine does not make a 2-thread call wait a scheduler time slice at every
-region; the results stay bitwise those of any other team size.  The backoff is opt-in
-(``CGRU_TEAMS_BACKOFF=1``); these tests turn it on."""
+"""Teams that would wait for their helpers (``cgru/_kernels/parallel.h``); the results stay
+bitwise those of any other team size.
+
+* Held up by other processes: a team whose helper starts late — it shared its core with a
+  busy process — makes the next teams smaller for a while, so that a loaded machine does not
+  make a 2-thread call wait a scheduler time slice at every region.  The backoff is opt-in
+  (``CGRU_TEAMS_BACKOFF=1``); these tests turn it on.
+* Cold teams: a team whose threads have slept since the last one (none ended within the last
+  0.2 ms) waits for them to wake, and a region ends at a barrier, so where waking them takes
+  longer than the region's work would take its caller alone (milliseconds on a virtual
+  machine whose idle CPU the host descheduled), the region runs on its caller alone.  Every
+  cold team measures how late its helpers start; one skipped region in 16 (then 32, … while
+  they stay slow) still gets its team, to measure again.  The rule is off in the rest of the
+  suite (``CGRU_COLD_TEAMS=0``, conftest); these tests turn it on and set its state, so
+  nothing here depends on how fast this machine wakes a thread."""
 import os
 import subprocess
 import sys
@@ -98,3 +108,83 @@ def test_busy_processes_on_every_core_are_noticed(backoff):
             p.kill()
         for p in busy:
             p.wait(timeout=30)
+
+
+# --- cold teams ---------------------------------------------------------------------------
+SLOW = 10 ** 9                  # as if a sleeping helper took a second to wake
+PROBE = 16                      # one skipped region in this many gets its team
+
+
+@pytest.fixture
+def cold():
+    """The rule on; restored (off, as in the rest of the suite) afterwards."""
+    old = threads._cold(rule=True, reset=True)
+    yield
+    threads._cold(rule=old["rule"], late_ns=old["late_ns"], reset=True)
+
+
+def _same(got, want):
+    np.testing.assert_array_equal(got.y, want.y)
+    np.testing.assert_array_equal(got.hy, want.hy)
+
+
+def test_a_cold_call_shorter_than_a_wake_up_runs_on_its_caller(cold):
+    net, x = _problem()
+    want = cgru.forward(net, x, num_threads=1)
+    threads._cold(late_ns=SLOW, warm=False)
+    before, alone = _teams(), threads._cold()["alone"]
+    got = cgru.forward(net, x, num_threads=2)
+    assert _teams() == before, "a team was woken for less work than its waking takes"
+    assert threads._cold()["alone"] >= alone + 2        # the projection's and the loop's
+    _same(got, want)
+
+
+def test_warm_teams_and_long_work_keep_their_teams(cold):
+    """Right after a team (its threads still spinning) a call gets its team whatever the
+    estimate; a cold region gets one when its work outlasts the estimated wake-up.  (Only the
+    first region of each call is asserted: how cold the next one is depends on the time
+    between them.)"""
+    net, x = _problem()
+    want = cgru.forward(net, x, num_threads=1)
+    threads._cold(late_ns=SLOW, warm=True)              # as if a team had just ended
+    before = _teams()
+    _same(cgru.forward(net, x, num_threads=2), want)
+    assert _teams() >= before + 1
+    threads._cold(late_ns=1, warm=False)                # cold, but waking takes 1 ns
+    before = _teams()
+    _same(cgru.forward(net, x, num_threads=2), want)
+    assert _teams() >= before + 1
+
+
+def test_skipped_regions_still_measure_now_and_then(cold):
+    """One cold region in PROBE gets its team while they are skipped; what it measures moves
+    the estimate (a quarter of the way), so a machine that wakes threads quickly again gets
+    its teams back.  Each call here is one region: a comparison of two 1 MiB arrays shared by
+    two threads."""
+    from cgru._kernels import loops
+    a = np.arange(1 << 18, dtype=np.float32)
+    b = a.copy()
+    threads._cold(warm=True)
+    assert loops.same_bytes(a, b, num_threads=2)        # the runtime's threads started (a
+    threads._cold(late_ns=SLOW, warm=False, reset=True)  # pool's first team is not measured)
+    before, alone = _teams(), threads._cold()["alone"]
+    calls = 0
+    while _teams() == before:
+        assert loops.same_bytes(a, b, num_threads=2)
+        threads._cold(warm=False)
+        calls += 1
+        assert calls <= PROBE, "no cold team in PROBE cold regions"
+    state = threads._cold()
+    assert (calls, state["alone"] - alone) == (PROBE, PROBE - 1)
+    assert state["late_ns"] < SLOW, "the probe did not move the estimate"
+    assert state["skipped"] == 0
+
+
+def test_the_rule_is_on_by_default_and_can_be_turned_off():
+    code = ("from cgru._kernels import threads; print(threads._cold()['rule'])")
+    env = {k: v for k, v in os.environ.items() if k != "CGRU_COLD_TEAMS"}
+    on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                        timeout=120, check=True)
+    off = subprocess.run([sys.executable, "-c", code], env={**env, "CGRU_COLD_TEAMS": "0"},
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert (on.stdout.strip(), off.stdout.strip()) == ("True", "False")

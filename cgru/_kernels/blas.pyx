@@ -7,7 +7,8 @@ matrix ``Cᵀ``.  So row-major ``C = op(A)·op(B)`` is computed as Fortran
 from cython cimport floating
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport PyObject
-from cgru._kernels.threads cimport is_worker, item_fn, parallel_for, poll_fn, wtime
+from cgru._kernels.threads cimport (is_worker, item_fn, parallel_for, pass_ns, poll_fn,
+                                     product_ns, wtime)
 import threading
 
 import numpy as np
@@ -411,10 +412,12 @@ def gemm_blocks(bint trans_a, bint trans_b, double alpha, const floating[:, :] A
         J.partial = &partial[0]
     cdef item_fn item = gemm_item_f if floating is float else gemm_item_d
     cdef item_fn summ = sum_item_f if floating is float else sum_item_d
+    cdef double work = product_ns(<double>J.m * J.n * J.k, floating is double)
+    cdef double sum_work = pass_ns(<double>J.n_blocks * J.m * J.n * sizeof(floating))
     with nogil:
-        parallel_for(J.n_blocks, num_threads, item, &J, gemm_poll, &J)
+        parallel_for(J.n_blocks, num_threads, item, &J, gemm_poll, &J, work)
         if J.partial != NULL and not cgru_gload(&J.abort):
-            parallel_for(J.n_blocks, num_threads, summ, &J, NULL, NULL)
+            parallel_for(J.n_blocks, num_threads, summ, &J, NULL, NULL, sum_work)
     if errors:
         raise errors[0]
 
@@ -489,8 +492,9 @@ cdef int run_packed(GemmJob *J, bint f32, bint trans_a, bint beta1, const void *
     J.n_blocks = max(1, min(n_blocks, J.m)) * J.col_blocks
     num_threads = start_job(J, errors, num_threads)
     cdef item_fn item = gemm_item_f if f32 else gemm_item_d
+    cdef double work = product_ns(<double>J.m * J.n * J.k, not f32)
     with nogil:
-        parallel_for(J.n_blocks, num_threads, item, J, gemm_poll, J)
+        parallel_for(J.n_blocks, num_threads, item, J, gemm_poll, J, work)
     if errors:
         raise errors[0]
     return 0

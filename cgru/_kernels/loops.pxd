@@ -126,6 +126,7 @@ cdef struct Loop:
     const void *dy             # [T, N, D·H] or NULL             (IN, backward)
     cgru_team *team            # spare threads sharing the per-step products, or NULL
     bint use_team              # the caller allows a team (the products are big enough)
+    double step_ns             # about how long a step of all the loops takes one thread
     void *scratch              # the work items' scratch, item k's at scratch + k·item_scratch
     size_t item_scratch        #   elements of the dtype per item (the call's workspace)
 

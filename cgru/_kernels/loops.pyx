@@ -19,7 +19,8 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport PyObject
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
-from cgru._kernels.threads cimport is_worker, item_fn, parallel_for, parallel_region, wtime
+from cgru._kernels.threads cimport (is_worker, item_fn, parallel_for, parallel_region,
+                                     pass_ns, product_ns, wtime)
 
 cnp.import_array()
 
@@ -82,6 +83,11 @@ cdef Loop make_loop(int T, int N, int H, int S, int C, int D, int n_chunks, obje
     # a team pays when one step's product is big enough to split (a few µs); the choice
     # depends on the shapes only (and the result on nothing: team.h)
     L.use_team = (<long long>(N // max(n_chunks, 1))) * gates * H * H >= TEAM_MIN_WORK
+    # about how long a step of the loops takes one thread (the threads' cold-team rule): its
+    # products at half the rate of a whole-sequence product (small products, the gate math)
+    a = y if y is not None else dy
+    L.step_ns = 2 * product_ns(<double>N * D * gates * H * S,
+                               a is not None and a.dtype.itemsize == 8)
     L.scratch, L.item_scratch = NULL, 0
     L.abort = abort
     L.errors = <PyObject *>errors
@@ -120,6 +126,7 @@ cdef void team_member(void *ctx, int tid, int size) noexcept nogil:
 cdef run_job(item_fn fn, Job *J, int num_threads, list errors):
     cdef int n_items = J.loop.D * J.loop.n_chunks
     cdef TeamJob TJ
+    cdef double work = J.loop.step_ns * (J.loop.s_end - J.loop.s_begin)
     if n_items == 1 and num_threads > 1 and J.loop.use_team and not is_worker():
         # one loop and spare threads: they share its per-step products (team.h)
         TJ.fn, TJ.job, TJ.team = fn, J, cgru_team_new()
@@ -128,13 +135,13 @@ cdef run_job(item_fn fn, Job *J, int num_threads, list errors):
         J.loop.team = TJ.team
         try:
             with nogil:
-                parallel_region(num_threads, team_member, &TJ)
+                parallel_region(num_threads, team_member, &TJ, work)
         finally:
             J.loop.team = NULL
             cgru_team_free(TJ.team)
     else:
         with nogil:
-            parallel_for(n_items, num_threads, fn, J, poll_while_waiting, J.loop)
+            parallel_for(n_items, num_threads, fn, J, poll_while_waiting, J.loop, work)
     if errors:
         raise errors[0]
 
@@ -315,13 +322,15 @@ def pack_rhs(B, bint trans, out=None, int num_threads=1):
         dst = out[:size]
     cdef _Pack J
     cdef int pieces
+    cdef double work
     if not trans and num_threads > 1 and k > 1 and arr.nbytes >= _PACK_SHARED_BYTES:
         pieces = min(num_threads, _PACK_PIECES, k)
         J.B, J.Bp = <const char *>cnp.PyArray_DATA(arr), <char *>cnp.PyArray_DATA(dst)
         J.n, J.k, J.ldb, J.f64 = n, k, ldb, B.dtype == np.float64
         J.piece = (k + pieces - 1) // pieces
+        work = pass_ns(2.0 * arr.nbytes)
         with nogil:
-            parallel_for(pieces, num_threads, _pack_piece, &J, NULL, NULL)
+            parallel_for(pieces, num_threads, _pack_piece, &J, NULL, NULL, work)
         return dst
     if B.dtype == np.float32:
         cgru_pack_f32(trans, n, k, <const float *>cnp.PyArray_DATA(arr), ldb,
@@ -747,7 +756,7 @@ def same_bytes(a, b, int num_threads=1):
         J.a, J.b, J.n = <const char *>px, <const char *>py, n
         J.piece = (n + pieces - 1) // pieces
         with nogil:
-            parallel_for(pieces, num_threads, _compare_piece, &J, NULL, NULL)
+            parallel_for(pieces, num_threads, _compare_piece, &J, NULL, NULL, pass_ns(2.0 * n))
         for i in range(pieces):
             r |= J.differ[i]
         return r == 0

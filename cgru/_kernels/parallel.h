@@ -1,9 +1,11 @@
 /* The C half of threads.pyx: cgru's parallel regions on the compiler's OpenMP runtime.
  *
- *   void cgru_region(int n_threads, cgru_member_fn fn, void *ctx);
+ *   void cgru_region(int n_threads, cgru_member_fn fn, void *ctx, double work_ns);
  *       fn(ctx, tid, size) on every thread of a team of `size` threads (tid 0 is the caller);
+ *       work_ns: about how long the work would take the caller alone (0: unknown), which
+ *       decides whether a cold team is worth waking (below);
  *   void cgru_parallel_for(int n_items, int n_threads, cgru_item_fn fn, void *ctx,
- *                          cgru_poll_fn poll, void *poll_ctx);
+ *                          cgru_poll_fn poll, void *poll_ctx, double work_ns);
  *       fn(ctx, i) once for every i in [0, n_items), the items handed out in increasing order
  *       to whichever team thread asks next; the caller runs poll(poll_ctx) about every
  *       CGRU_POLL_WAIT_NS while it waits for the others' last items (poll may be NULL).
@@ -37,6 +39,25 @@
  * CGRU_TEAMS_BACKOFF=1 in the environment (read at import) turns it on.  Off, every team has
  * the size its call asks for: in the bench, with other processes' thread pools spinning
  * between blocks, the backoff fired where teams still paid (batch-1 rows 20-40 % slower).
+ *
+ * Cold teams.  Between teams a runtime's threads spin for a while (below), then sleep, and
+ * waking a sleeping one takes as long as its CPU takes to resume: microseconds on a bare
+ * machine, milliseconds on a virtual machine whose host has descheduled the idle virtual CPU.
+ * On the project's 2-core virtual machine an empty 2-thread region after 20 ms without one
+ * took 2-8 ms, its helper starting 3.5 ms late on average (after 10 ms: 85 µs). A region ends
+ * at a barrier, so a call shorter than that waits for the helper: a 32-step batch-1 forward
+ * made every 20 ms took 10-16 ms at 2 threads against 0.8 ms at one.  Every team therefore
+ * measures how late its helpers start; a team is cold when no team ended within CGRU_WARM_NS
+ * before it, and cgru_cold_late_ns follows cold teams' lateness (a moving average: each cold
+ * team moves it a quarter of the way to its own).  A cold region whose work_ns is below
+ * that estimate runs on its caller alone, since the team would end later than the caller
+ * alone; work items are claimed dynamically, so a longer one gains from the helper once it
+ * arrives (the first team of a pool, whose threads the runtime starts then, is not measured).
+ * So that the estimate follows the machine, one skipped region in cgru_cold_probe
+ * still gets its team: every 16th, doubling while those stay slow, up to every 1024th.  Warm
+ * teams (calls in a row, the regions of one call) are never skipped.  CGRU_COLD_TEAMS=0 in
+ * the environment (read at import) turns the rule off.  Like every team size, this changes
+ * no result.
  *
  * fork().  GNU libgomp keeps a pool of threads for every thread that started a team; a fork
  * copies the forking thread with its pool's bookkeeping but none of the pool's threads, so a
@@ -81,6 +102,9 @@
 #define CGRU_LATE_NS 1000000LL           /* a member starting this late was held up */
 #define CGRU_BACKOFF_NS 50000000LL       /* smaller teams for this long after a held-up one, */
 #define CGRU_BACKOFF_MAX_NS 1600000000LL /*   doubling while it happens again, up to this */
+#define CGRU_WARM_NS 200000LL            /* a team this soon after the last one is warm */
+#define CGRU_COLD_PROBE_MIN 16           /* one cold region in this many gets its team, */
+#define CGRU_COLD_PROBE_MAX 1024         /*   doubling while they stay slow, up to this */
 
 typedef void (*cgru_item_fn)(void *ctx, int item);
 typedef void (*cgru_poll_fn)(void *ctx);
@@ -111,6 +135,14 @@ static long long cgru_backoff_until; /* teams are capped at cgru_backoff_cap unt
 static long long cgru_backoff_len = CGRU_BACKOFF_NS;   /* the next backoff's length (atomic) */
 static int cgru_backoff_cap;         /*                                              (atomic) */
 static int cgru_strikes;             /* teams in a row that looked held up           (atomic) */
+static long long cgru_team_end_ns;   /* when the last team ended                     (atomic) */
+static long long cgru_cold_late_ns;  /* how late cold teams' helpers start            (atomic) */
+static int cgru_cold_skipped;        /* cold regions run alone since the last cold team (atomic) */
+static int cgru_cold_probe = CGRU_COLD_PROBE_MIN;   /* skipped regions per cold team (atomic) */
+static int cgru_cold_rule = 1;       /* 0 (tests): cold teams are never skipped      (atomic) */
+static int cgru_cold_alone;          /* cold regions run alone so far (tests)        (atomic) */
+static int cgru_pool_new = 1;        /* the runtime starts its threads at the next team: not a
+                                        wake-up, not measured                        (atomic) */
 static _Thread_local int cgru_worker;        /* 1 on a team's threads other than the caller */
 static _Thread_local int cgru_blocktime_set;
 
@@ -143,6 +175,7 @@ static void cgru_fork_prepare(void)
     if (cgru_rt == CGRU_RT_GNU && cgru_rt_pause != NULL && cgru_fork_pause_enabled
             && cgru_rt_pause(1 /* omp_pause_soft */) == 0) {
         __atomic_add_fetch(&cgru_pauses, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&cgru_pool_new, 1, __ATOMIC_RELAXED);
         return;
     }
     cgru_fork_unsafe = 1;
@@ -159,6 +192,8 @@ static void cgru_fork_child(void)
     cgru_backoff_until = 0;            /* the child's teams start afresh */
     cgru_strikes = 0;
     cgru_backoff_len = CGRU_BACKOFF_NS;
+    cgru_cold_skipped = 0;
+    cgru_pool_new = 1;                 /* its first team starts the runtime's threads */
 }
 
 /* Once, at import (under the GIL, before any cgru call): which runtime, its optional entry
@@ -169,6 +204,8 @@ static int cgru_parallel_init(int cores)
     cgru_cores = cores > 0 ? cores : 1;
     const char *backoff = getenv("CGRU_TEAMS_BACKOFF");
     cgru_teams_always = !(backoff != NULL && backoff[0] != '\0' && strcmp(backoff, "0") != 0);
+    const char *cold = getenv("CGRU_COLD_TEAMS");
+    cgru_cold_rule = !(cold != NULL && strcmp(cold, "0") == 0);
 #ifdef _OPENMP
     Dl_info info;
     const char *name = "";
@@ -269,6 +306,35 @@ static void cgru_team_ended(int size, int late)
                      : CGRU_BACKOFF_MAX_NS, __ATOMIC_RELAXED);
 }
 
+/* ---- cold teams (see the header) ------------------------------------------------------ */
+/* True when a cold region of `work_ns` should run on its caller alone. */
+static int cgru_cold_alone_now(double work_ns)
+{
+    if (!__atomic_load_n(&cgru_cold_rule, __ATOMIC_RELAXED) || work_ns <= 0.0)
+        return 0;
+    if ((double)__atomic_load_n(&cgru_cold_late_ns, __ATOMIC_RELAXED) <= work_ns)
+        return 0;
+    if (__atomic_add_fetch(&cgru_cold_skipped, 1, __ATOMIC_RELAXED)
+            >= __atomic_load_n(&cgru_cold_probe, __ATOMIC_RELAXED))
+        return 0;                      /* this one measures again */
+    __atomic_add_fetch(&cgru_cold_alone, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
+/* A cold team of `work_ns` has run; its helpers started `late` ns after it began. */
+static void cgru_cold_measured(long long late, double work_ns)
+{
+    long long est = __atomic_load_n(&cgru_cold_late_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&cgru_cold_late_ns, est + (late - est) / 4, __ATOMIC_RELAXED);
+    int probe = __atomic_load_n(&cgru_cold_probe, __ATOMIC_RELAXED);
+    if (work_ns > 0.0 && (double)late > work_ns)     /* slow again: measure less often */
+        probe = 2 * probe < CGRU_COLD_PROBE_MAX ? 2 * probe : CGRU_COLD_PROBE_MAX;
+    else
+        probe = CGRU_COLD_PROBE_MIN;
+    __atomic_store_n(&cgru_cold_probe, probe, __ATOMIC_RELAXED);
+    __atomic_store_n(&cgru_cold_skipped, 0, __ATOMIC_RELAXED);
+}
+
 /* ---- the budget ----------------------------------------------------------------------- */
 /* Threads for a caller that asks for `want` (≥ 1): itself, plus as many others as the budget
  * has room for, while teams back off at most the backoff's cap.  Counted in cgru_busy until
@@ -300,7 +366,7 @@ static void cgru_release(int n) { __atomic_sub_fetch(&cgru_busy, n, __ATOMIC_ACQ
 /* fn(ctx, tid, size) on a team of up to n_threads threads, the caller as tid 0 (its team
  * claimed from the budget).  A caller that is itself inside an OpenMP region, or in a serial
  * process, runs fn(ctx, 0, 1). */
-static void cgru_region(int n_threads, cgru_member_fn fn, void *ctx)
+static void cgru_region(int n_threads, cgru_member_fn fn, void *ctx, double work_ns)
 {
     if (cgru_worker || cgru_in_omp_region()) {    /* never nested: no claim, no team */
         fn(ctx, 0, 1);
@@ -309,21 +375,27 @@ static void cgru_region(int n_threads, cgru_member_fn fn, void *ctx)
     int n = cgru_claim(n_threads > 1 && !cgru_serial ? n_threads : 1);
 #ifdef _OPENMP
     if (n > 1) {
+        long long start = cgru_mono_ns();
+        int cold = start - __atomic_load_n(&cgru_team_end_ns, __ATOMIC_RELAXED) > CGRU_WARM_NS;
+        if (cold && cgru_cold_alone_now(work_ns)) {
+            fn(ctx, 0, 1);
+            cgru_release(n);
+            return;
+        }
         if (cgru_rt_blocktime != NULL && !cgru_blocktime_set) {
             cgru_rt_blocktime(CGRU_LLVM_BLOCKTIME_MS);
             cgru_blocktime_set = 1;
         }
         __atomic_add_fetch(&cgru_teams, 1, __ATOMIC_RELAXED);
-        /* the backoff's measure (none when it is off): the latest member's start */
+        /* the latest member's start: the cold rule's and the backoff's measure */
         int watch = !__atomic_load_n(&cgru_teams_always, __ATOMIC_RELAXED);
         long long late = 0;
-        long long start = watch ? cgru_mono_ns() : 0;
         #pragma omp parallel num_threads(n)
         {
             int tid = omp_get_thread_num();
             if (tid != 0) {
                 cgru_worker = 1;
-                long long l = watch ? cgru_mono_ns() - start : 0, seen = 0;
+                long long l = cgru_mono_ns() - start, seen = 0;
                 while (l > seen && !__atomic_compare_exchange_n(&late, &seen, l, 1,
                                                                  __ATOMIC_RELAXED,
                                                                  __ATOMIC_RELAXED))
@@ -334,10 +406,16 @@ static void cgru_region(int n_threads, cgru_member_fn fn, void *ctx)
                 cgru_worker = 0;
         }
         cgru_release(n);
+        long long end = cgru_mono_ns();
+        __atomic_store_n(&cgru_team_end_ns, end, __ATOMIC_RELAXED);
+        if (__atomic_exchange_n(&cgru_pool_new, 0, __ATOMIC_RELAXED))
+            ;                          /* the runtime started its threads: not a wake-up */
+        else if (cold)
+            cgru_cold_measured(late, work_ns);
         /* held up: a member started late, and late enough to matter (a quarter of the
          * region: a long region still gains from a member that missed its start) */
         if (watch)
-            cgru_team_ended(n, late > CGRU_LATE_NS && 4 * late > cgru_mono_ns() - start);
+            cgru_team_ended(n, late > CGRU_LATE_NS && 4 * late > end - start);
         return;
     }
 #endif
@@ -416,7 +494,7 @@ static void cgru_for_member(void *ctx, int tid, int size)
 }
 
 static void cgru_parallel_for(int n_items, int n_threads, cgru_item_fn fn, void *ctx,
-                              cgru_poll_fn poll, void *poll_ctx)
+                              cgru_poll_fn poll, void *poll_ctx, double work_ns)
 {
     if (n_items <= 0)
         return;
@@ -430,7 +508,7 @@ static void cgru_parallel_for(int n_items, int n_threads, cgru_item_fn fn, void 
     F.poll_ctx = poll_ctx;
     pthread_mutex_init(&F.lock, NULL);
     pthread_cond_init(&F.finished, NULL);
-    cgru_region(n_threads < n_items ? n_threads : n_items, cgru_for_member, &F);
+    cgru_region(n_threads < n_items ? n_threads : n_items, cgru_for_member, &F, work_ns);
     pthread_cond_destroy(&F.finished);
     pthread_mutex_destroy(&F.lock);
 }

@@ -36,8 +36,8 @@ cdef extern from "parallel.h" nogil:
     ctypedef void (*cgru_poll_fn)(void *ctx)
     ctypedef void (*cgru_member_fn)(void *ctx, int tid, int size)
     void cgru_parallel_for(int n_items, int n_threads, cgru_item_fn fn, void *ctx,
-                           cgru_poll_fn poll, void *poll_ctx)
-    void cgru_region(int n_threads, cgru_member_fn fn, void *ctx)
+                           cgru_poll_fn poll, void *poll_ctx, double work_ns)
+    void cgru_region(int n_threads, cgru_member_fn fn, void *ctx, double work_ns)
     int cgru_is_worker()
     int cgru_parallel_init(int cores)
     int cgru_omp_max_threads()
@@ -58,6 +58,13 @@ cdef extern from "parallel.h" nogil:
     long long cgru_backoff_len
     long long CGRU_BACKOFF_NS
     long long cgru_mono_ns()
+    int cgru_cold_rule
+    int cgru_cold_alone
+    int cgru_cold_probe
+    int cgru_cold_skipped
+    int CGRU_COLD_PROBE_MIN
+    long long cgru_cold_late_ns
+    long long cgru_team_end_ns
 
 cdef extern from *:
     """
@@ -167,12 +174,27 @@ cdef extern from *:
 
 # --- OpenMP regions ----------------------------------------------------------------------------
 cdef void parallel_for(int n_items, int n_threads, item_fn fn, void *ctx, poll_fn poll,
-                       void *poll_ctx) noexcept nogil:
-    cgru_parallel_for(n_items, n_threads, <cgru_item_fn>fn, ctx, <cgru_poll_fn>poll, poll_ctx)
+                       void *poll_ctx, double work_ns) noexcept nogil:
+    cgru_parallel_for(n_items, n_threads, <cgru_item_fn>fn, ctx, <cgru_poll_fn>poll, poll_ctx,
+                      work_ns)
 
 
-cdef void parallel_region(int n_threads, member_fn fn, void *ctx) noexcept nogil:
-    cgru_region(n_threads, <cgru_member_fn>fn, ctx)
+cdef void parallel_region(int n_threads, member_fn fn, void *ctx, double work_ns) noexcept nogil:
+    cgru_region(n_threads, <cgru_member_fn>fn, ctx, work_ns)
+
+
+# work_ns's rates: 64 float32 flops a ns is about half of a recent core's peak; an exact value
+# does not matter, the estimate is set against a wake-up of microseconds or milliseconds
+cdef double PRODUCT_NS_PER_MAC = 1.0 / 32      # float32 (float64: twice)
+cdef double PASS_NS_PER_BYTE = 1.0 / 16        # 16 GB/s
+
+
+cdef double product_ns(double macs, bint f64) noexcept nogil:
+    return macs * (PRODUCT_NS_PER_MAC * 2 if f64 else PRODUCT_NS_PER_MAC)
+
+
+cdef double pass_ns(double nbytes) noexcept nogil:
+    return nbytes * PASS_NS_PER_BYTE
 
 
 cdef bint is_worker() noexcept nogil:
@@ -260,6 +282,27 @@ def _set_backoff(teams_always=None, held_up=False, reset=False):
         cgru_backoff_until = 0
         cgru_backoff_len = CGRU_BACKOFF_NS
         cgru_force_held_up = 0
+    return old
+
+
+def _cold(rule=None, late_ns=None, warm=None, reset=False):
+    """For tests: the cold-team rule (parallel.h).  ``rule`` turns it on (True) or off;
+    ``late_ns`` sets the estimate of how late a cold team's helpers start; ``warm`` False makes
+    the next region cold (as after a pause), True warm (as if a team ended an hour from now:
+    however late it starts); ``reset`` restarts the probe count.
+    Returns ``{"rule", "late_ns", "alone", "probe", "skipped"}`` as they were before."""
+    global cgru_cold_rule, cgru_cold_late_ns, cgru_team_end_ns, cgru_cold_probe
+    global cgru_cold_skipped
+    old = {"rule": bool(cgru_cold_rule), "late_ns": cgru_cold_late_ns,
+           "alone": cgru_cold_alone, "probe": cgru_cold_probe, "skipped": cgru_cold_skipped}
+    if rule is not None:
+        cgru_cold_rule = bool(rule)
+    if late_ns is not None:
+        cgru_cold_late_ns = late_ns
+    if warm is not None:
+        cgru_team_end_ns = cgru_mono_ns() + 3600 * 10 ** 9 if warm else 0
+    if reset:
+        cgru_cold_probe, cgru_cold_skipped = CGRU_COLD_PROBE_MIN, 0
     return old
 
 
