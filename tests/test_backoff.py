@@ -180,6 +180,29 @@ def test_skipped_regions_still_measure_now_and_then(cold):
     assert state["skipped"] == 0
 
 
+def test_calls_in_a_row_add_up_to_a_wake_up(cold):
+    """Cold regions run alone one right after another (a loop of short calls after a pause)
+    add up their work; once it is eight estimated wake-ups the team is woken (and then stays
+    warm).  Here each call is one region of a known estimate (a pass over 2 MiB: 2^21/16 ns),
+    the wake-up is estimated at just over one of them and probes are off: the ninth call in a
+    row gets the team.  A pause longer than 0.2 ms between two calls (a loaded machine) starts
+    the count again, so the loop allows for some."""
+    from cgru._kernels import loops
+    a = np.arange(1 << 18, dtype=np.float32)
+    b = a.copy()
+    threads._cold(warm=True)
+    assert loops.same_bytes(a, b, num_threads=2)        # the runtime's threads started
+    per = (2 << 20) / 16
+    threads._cold(late_ns=int(per) + 1, warm=False, probe=10 ** 9)
+    before, alone = _teams(), threads._cold()["alone"]
+    for calls in range(1, 201):
+        assert loops.same_bytes(a, b, num_threads=2)
+        if _teams() > before:
+            break
+    assert _teams() == before + 1, "200 calls in a row never woke the team"
+    assert calls >= 9 and threads._cold()["alone"] - alone == calls - 1
+
+
 def test_the_rule_is_on_by_default_and_can_be_turned_off():
     code = ("from cgru._kernels import threads; print(threads._cold()['rule'])")
     env = {k: v for k, v in os.environ.items() if k != "CGRU_COLD_TEAMS"}

@@ -53,6 +53,8 @@
  * that estimate runs on its caller alone, since the team would end later than the caller
  * alone; work items are claimed dynamically, so a longer one gains from the helper once it
  * arrives (the first team of a pool, whose threads the runtime starts then, is not measured).
+ * Cold regions run alone in a row (calls in a loop, none long enough alone) add up their work:
+ * once it is CGRU_BURST_WAKES wake-ups the team is woken, and the calls after it find it warm.
  * So that the estimate follows the machine, one skipped region in cgru_cold_probe
  * still gets its team: every 16th, doubling while those stay slow, up to every 1024th.  Warm
  * teams (calls in a row, the regions of one call) are never skipped.  CGRU_COLD_TEAMS=0 in
@@ -105,6 +107,7 @@
 #define CGRU_WARM_NS 200000LL            /* a team this soon after the last one is warm */
 #define CGRU_COLD_PROBE_MIN 16           /* one cold region in this many gets its team, */
 #define CGRU_COLD_PROBE_MAX 1024         /*   doubling while they stay slow, up to this */
+#define CGRU_BURST_WAKES 8               /* cold regions in a row worth this many wake-ups */
 
 typedef void (*cgru_item_fn)(void *ctx, int item);
 typedef void (*cgru_poll_fn)(void *ctx);
@@ -141,6 +144,9 @@ static int cgru_cold_skipped;        /* cold regions run alone since the last co
 static int cgru_cold_probe = CGRU_COLD_PROBE_MIN;   /* skipped regions per cold team (atomic) */
 static int cgru_cold_rule = 1;       /* 0 (tests): cold teams are never skipped      (atomic) */
 static int cgru_cold_alone;          /* cold regions run alone so far (tests)        (atomic) */
+static long long cgru_alone_end_ns;  /* when the last cold region run alone ended    (atomic) */
+static double cgru_burst_ns;         /* the work of the cold regions run alone in a row, each
+                                        within CGRU_WARM_NS of the last        (the GIL's or racy) */
 static int cgru_pool_new = 1;        /* the runtime starts its threads at the next team: not a
                                         wake-up, not measured                        (atomic) */
 static _Thread_local int cgru_worker;        /* 1 on a team's threads other than the caller */
@@ -307,12 +313,22 @@ static void cgru_team_ended(int size, int late)
 }
 
 /* ---- cold teams (see the header) ------------------------------------------------------ */
-/* True when a cold region of `work_ns` should run on its caller alone. */
-static int cgru_cold_alone_now(double work_ns)
+/* True when a cold region of `work_ns`, starting at `start`, should run on its caller alone. */
+static int cgru_cold_alone_now(double work_ns, long long start)
 {
     if (!__atomic_load_n(&cgru_cold_rule, __ATOMIC_RELAXED) || work_ns <= 0.0)
         return 0;
-    if ((double)__atomic_load_n(&cgru_cold_late_ns, __ATOMIC_RELAXED) <= work_ns)
+    double est = (double)__atomic_load_n(&cgru_cold_late_ns, __ATOMIC_RELAXED);
+    if (est <= work_ns)
+        return 0;
+    /* calls in a row (each too short to wake the helpers for) add up: once their work is
+     * CGRU_BURST_WAKES wake-ups, the team is woken, and stays warm for the calls after it (a
+     * second thread saves only part of the work, and the wake-up that pays for it is a delay
+     * a caller sees: the loop must have lasted long enough to be worth it) */
+    double burst = start - __atomic_load_n(&cgru_alone_end_ns, __ATOMIC_RELAXED) > CGRU_WARM_NS
+                   ? work_ns : cgru_burst_ns + work_ns;
+    cgru_burst_ns = burst;
+    if (burst > CGRU_BURST_WAKES * est)
         return 0;
     if (__atomic_add_fetch(&cgru_cold_skipped, 1, __ATOMIC_RELAXED)
             >= __atomic_load_n(&cgru_cold_probe, __ATOMIC_RELAXED))
@@ -333,6 +349,7 @@ static void cgru_cold_measured(long long late, double work_ns)
         probe = CGRU_COLD_PROBE_MIN;
     __atomic_store_n(&cgru_cold_probe, probe, __ATOMIC_RELAXED);
     __atomic_store_n(&cgru_cold_skipped, 0, __ATOMIC_RELAXED);
+    cgru_burst_ns = 0.0;
 }
 
 /* ---- the budget ----------------------------------------------------------------------- */
@@ -377,9 +394,10 @@ static void cgru_region(int n_threads, cgru_member_fn fn, void *ctx, double work
     if (n > 1) {
         long long start = cgru_mono_ns();
         int cold = start - __atomic_load_n(&cgru_team_end_ns, __ATOMIC_RELAXED) > CGRU_WARM_NS;
-        if (cold && cgru_cold_alone_now(work_ns)) {
+        if (cold && cgru_cold_alone_now(work_ns, start)) {
             fn(ctx, 0, 1);
             cgru_release(n);
+            __atomic_store_n(&cgru_alone_end_ns, cgru_mono_ns(), __ATOMIC_RELAXED);
             return;
         }
         if (cgru_rt_blocktime != NULL && !cgru_blocktime_set) {

@@ -65,6 +65,7 @@ cdef extern from "parallel.h" nogil:
     int CGRU_COLD_PROBE_MIN
     long long cgru_cold_late_ns
     long long cgru_team_end_ns
+    long long cgru_alone_end_ns
 
 cdef extern from *:
     """
@@ -285,14 +286,15 @@ def _set_backoff(teams_always=None, held_up=False, reset=False):
     return old
 
 
-def _cold(rule=None, late_ns=None, warm=None, reset=False):
+def _cold(rule=None, late_ns=None, warm=None, probe=None, reset=False):
     """For tests: the cold-team rule (parallel.h).  ``rule`` turns it on (True) or off;
     ``late_ns`` sets the estimate of how late a cold team's helpers start; ``warm`` False makes
-    the next region cold (as after a pause), True warm (as if a team ended an hour from now:
-    however late it starts); ``reset`` restarts the probe count.
-    Returns ``{"rule", "late_ns", "alone", "probe", "skipped"}`` as they were before."""
+    the next region cold (as after a pause: no team, nor a region run alone, just before it),
+    True warm (as if a team ended an hour from now: however late it starts); ``probe`` sets how
+    many skipped regions make a probe; ``reset`` restarts the probe count (at 16).  Returns
+    ``{"rule", "late_ns", "alone", "probe", "skipped"}`` as they were before."""
     global cgru_cold_rule, cgru_cold_late_ns, cgru_team_end_ns, cgru_cold_probe
-    global cgru_cold_skipped
+    global cgru_cold_skipped, cgru_alone_end_ns
     old = {"rule": bool(cgru_cold_rule), "late_ns": cgru_cold_late_ns,
            "alone": cgru_cold_alone, "probe": cgru_cold_probe, "skipped": cgru_cold_skipped}
     if rule is not None:
@@ -301,8 +303,11 @@ def _cold(rule=None, late_ns=None, warm=None, reset=False):
         cgru_cold_late_ns = late_ns
     if warm is not None:
         cgru_team_end_ns = cgru_mono_ns() + 3600 * 10 ** 9 if warm else 0
+        cgru_alone_end_ns = 0
     if reset:
         cgru_cold_probe, cgru_cold_skipped = CGRU_COLD_PROBE_MIN, 0
+    if probe is not None:
+        cgru_cold_probe = probe
     return old
 
 
