@@ -11,6 +11,7 @@
 5. Small parts: config parsing and flops, the run modes' configs, the bound for any gate
    count and a projection, block planning, cgru's own process and its memory figures, the
    targets of docs/speed.md, the OpenBLAS note.
+6. ``bench.paced`` (calls at a pace): validation first, every system timed in turn.
 """
 import json
 import math
@@ -758,3 +759,37 @@ def test_results_go_to_the_stated_directory(tmp_path, monkeypatch):
     out = tmp_path / "o"
     assert paths("--out", str(out)) == (str(out / "bench.json"), str(out / "bench.png"))
     assert paths("--out", str(out), "--plot", "p.png") == (str(out / "bench.json"), "p.png")
+
+
+# --- paced calls (bench/paced.py) ------------------------------------------------------------
+def test_paced_calls_validate_first_and_time_every_system_in_turn(peers, capsys):
+    """``python -m bench.paced`` on the streaming configs: every forward system of the main
+    bench that runs in-process (the peers present) is validated against cgru, then each gets
+    the same number of paced calls and calls in a row, one line each; a system that failed
+    its validation is not timed."""
+    from bench import paced
+    problem = problems.Problem(problems.parse_config("S1"), "float32")
+    entries = paced.paced_systems(problem, 1, peers)
+    keys = {s.key for s, _ in entries}
+    assert {"cgru_fwd", "cgru_stream_fwd"} <= keys
+    assert not keys & {"bound_fwd", "jax_fb"} and all(s.kind == "fwd" for s, _ in entries)
+    assert all(rec["ok"] for _, rec in entries), entries
+    calls = []
+    for s, _ in entries:
+        s.call = (lambda f, k: lambda: calls.append(k) or f())(s.call, s.key)
+    wrong = systems.CgruFwd(problem, 1)
+    wrong.key, wrong.outputs = "wrong_fwd", lambda: {"y": np.zeros(1), "hy": np.zeros(1)}
+    got = paced.measure(entries + [(wrong, dict(ok=False))], calls=3, pause_s=0.0)
+    assert set(got) == keys
+    assert all(len(v["paced"]) == len(v["in_row"]) == 3 for v in got.values())
+    n = len(keys)   # two warm-up calls each, then the paced calls turn by turn
+    assert calls[2 * n:5 * n] == [s.key for s, _ in entries] * 3
+    med, p90, worst, in_row = paced.summary(got["cgru_fwd"])
+    assert 0 < med <= p90 <= worst and in_row > 0
+
+    paced.main(["--configs", "S1", "--calls", "2", "--pause-ms", "0", "--threads", "1",
+                "--skip", "openvino"])
+    out = capsys.readouterr().out
+    rows = [ln.split() for ln in out.splitlines() if ln.startswith("S1 ")]
+    assert {r[2] for r in rows} >= {"cgru_fwd", "cgru_stream_fwd"}
+    assert "openvino_fwd" not in out and all(len(r) == 7 for r in rows), out
