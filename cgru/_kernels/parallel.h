@@ -145,8 +145,8 @@ static int cgru_cold_probe = CGRU_COLD_PROBE_MIN;   /* skipped regions per cold 
 static int cgru_cold_rule = 1;       /* 0 (tests): cold teams are never skipped      (atomic) */
 static int cgru_cold_alone;          /* cold regions run alone so far (tests)        (atomic) */
 static long long cgru_alone_end_ns;  /* when the last cold region run alone ended    (atomic) */
-static double cgru_burst_ns;         /* the work of the cold regions run alone in a row, each
-                                        within CGRU_WARM_NS of the last        (the GIL's or racy) */
+static long long cgru_burst_ns;      /* the work of the cold regions run alone in a row, each
+                                        within CGRU_WARM_NS of the last              (atomic) */
 static int cgru_pool_new = 1;        /* the runtime starts its threads at the next team: not a
                                         wake-up, not measured                        (atomic) */
 static _Thread_local int cgru_worker;        /* 1 on a team's threads other than the caller */
@@ -325,10 +325,11 @@ static int cgru_cold_alone_now(double work_ns, long long start)
      * CGRU_BURST_WAKES wake-ups, the team is woken, and stays warm for the calls after it (a
      * second thread saves only part of the work, and the wake-up that pays for it is a delay
      * a caller sees: the loop must have lasted long enough to be worth it) */
-    double burst = start - __atomic_load_n(&cgru_alone_end_ns, __ATOMIC_RELAXED) > CGRU_WARM_NS
-                   ? work_ns : cgru_burst_ns + work_ns;
-    cgru_burst_ns = burst;
-    if (burst > CGRU_BURST_WAKES * est)
+    long long work = (long long)work_ns;
+    long long burst = start - __atomic_load_n(&cgru_alone_end_ns, __ATOMIC_RELAXED) > CGRU_WARM_NS
+                      ? work : __atomic_load_n(&cgru_burst_ns, __ATOMIC_RELAXED) + work;
+    __atomic_store_n(&cgru_burst_ns, burst, __ATOMIC_RELAXED);
+    if ((double)burst > CGRU_BURST_WAKES * est)
         return 0;
     if (__atomic_add_fetch(&cgru_cold_skipped, 1, __ATOMIC_RELAXED)
             >= __atomic_load_n(&cgru_cold_probe, __ATOMIC_RELAXED))
@@ -349,7 +350,7 @@ static void cgru_cold_measured(long long late, double work_ns)
         probe = CGRU_COLD_PROBE_MIN;
     __atomic_store_n(&cgru_cold_probe, probe, __ATOMIC_RELAXED);
     __atomic_store_n(&cgru_cold_skipped, 0, __ATOMIC_RELAXED);
-    cgru_burst_ns = 0.0;
+    __atomic_store_n(&cgru_burst_ns, 0, __ATOMIC_RELAXED);
 }
 
 /* ---- the budget ----------------------------------------------------------------------- */
