@@ -133,9 +133,11 @@ def test_a_cold_call_shorter_than_a_wake_up_runs_on_its_caller(cold):
     want = cgru.forward(net, x, num_threads=1)
     threads._cold(late_ns=SLOW, warm=False)
     before, alone = _teams(), threads._cold()["alone"]
+    threads._reset_busy_peak()
     got = cgru.forward(net, x, num_threads=2)
     assert _teams() == before, "a team was woken for less work than its waking takes"
     assert threads._cold()["alone"] >= alone + 2        # the projection's and the loop's
+    assert threads._counters()["busy_peak"] == 1        # the other core left to other callers
     _same(got, want)
 
 

@@ -390,17 +390,23 @@ static void cgru_region(int n_threads, cgru_member_fn fn, void *ctx, double work
         fn(ctx, 0, 1);
         return;
     }
-    int n = cgru_claim(n_threads > 1 && !cgru_serial ? n_threads : 1);
+    int want = n_threads > 1 && !cgru_serial ? n_threads : 1;
+#ifdef _OPENMP
+    long long start = want > 1 ? cgru_mono_ns() : 0;
+    int cold = want > 1
+        && start - __atomic_load_n(&cgru_team_end_ns, __ATOMIC_RELAXED) > CGRU_WARM_NS;
+    if (cold && cgru_cold_alone_now(work_ns, start)) {   /* the caller alone: no other core
+                                                             is claimed from the budget */
+        int one = cgru_claim(1);
+        fn(ctx, 0, 1);
+        cgru_release(one);
+        __atomic_store_n(&cgru_alone_end_ns, cgru_mono_ns(), __ATOMIC_RELAXED);
+        return;
+    }
+#endif
+    int n = cgru_claim(want);
 #ifdef _OPENMP
     if (n > 1) {
-        long long start = cgru_mono_ns();
-        int cold = start - __atomic_load_n(&cgru_team_end_ns, __ATOMIC_RELAXED) > CGRU_WARM_NS;
-        if (cold && cgru_cold_alone_now(work_ns, start)) {
-            fn(ctx, 0, 1);
-            cgru_release(n);
-            __atomic_store_n(&cgru_alone_end_ns, cgru_mono_ns(), __ATOMIC_RELAXED);
-            return;
-        }
         if (cgru_rt_blocktime != NULL && !cgru_blocktime_set) {
             cgru_rt_blocktime(CGRU_LLVM_BLOCKTIME_MS);
             cgru_blocktime_set = 1;
