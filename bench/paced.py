@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from bench import problems, systems
+from bench import problems, systems, timing
 
 DEFAULT_CONFIGS = "S1,S32,lstm:S32"
 
@@ -45,14 +45,9 @@ def measure(entries, calls, pause_s):
     for _ in range(calls):
         for s in ok:
             time.sleep(pause_s)
-            t0 = time.perf_counter()
-            s.call()
-            out[s.key]["paced"].append((time.perf_counter() - t0) * 1e6)
+            out[s.key]["paced"].append(timing.time_call(s.call) * 1e6)
     for s in ok:
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            s.call()
-            out[s.key]["in_row"].append((time.perf_counter() - t0) * 1e6)
+        out[s.key]["in_row"] = [timing.time_call(s.call) * 1e6 for _ in range(calls)]
     return out
 
 
