@@ -17,6 +17,7 @@ import pytest
 import cgru
 from cgru import GRUCell, LSTMCell, Network, RNNCell, Stream, Topology
 from cgru._kernels import loops
+from cgru._kernels.threads import resolve_num_threads
 from cgru.core import plan, weights
 
 CELLS = {"gru": (GRUCell(), 0), "gru_rb": (GRUCell(reset_after=False, g="softsign"), 0),
@@ -297,3 +298,125 @@ def test_released_memory_and_changed_weights_never_reach_a_runner():
         if step % 2:
             cgru.release_memory()
         net[0].W[0, 0] += 0.5                  # new bytes: a new Frozen, its own plans
+
+
+class _CountedChecks:
+    """``engine.ForwardCall`` with its ``check`` counted: the general path's first step, which
+    a repeated call of a sealed network skips."""
+
+    def __init__(self, real):
+        self.real, self.checks = real, 0
+
+    def check(self, *args, **kwargs):
+        self.checks += 1
+        return self.real.check(*args, **kwargs)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    from cgru.core import engine
+    counter = _CountedChecks(engine.ForwardCall)
+    monkeypatch.setattr(engine, "ForwardCall", counter)
+    return counter
+
+
+@pytest.mark.usefixtures("nan_blocks")
+@pytest.mark.parametrize("kind", ["gru", "lstm_proj", "rnn_relu"])
+def test_a_repeated_call_of_a_sealed_network_goes_straight_to_its_runner(counted, kind):
+    """From the third call of a shape on (the first plans it, the second makes the runner),
+    a sealed network's common inference is checked against what the call before proved and
+    runs on the runner without the general path's checks — with the general path's bits, for
+    given and zero states and for each shape it has seen."""
+    net = _net(kind, "2bi", np.float32).sealed()
+    rng = np.random.default_rng(9)
+    for T, N in [(1, 1), (7, 3)]:
+        x = rng.standard_normal((T, N, 5)).astype(np.float32)
+        h0, c0 = _states(net, N, rng)
+        for h, c in [(None, None), (h0, c0)]:
+            want = _general(cgru.forward, net, x, h, c0=c)
+            for _ in range(2):
+                cgru.forward(net, x, h, c0=c)
+            checks, runs = counted.checks, _runs(net)
+            for _ in range(3):
+                _same(cgru.forward(net, x, h, c0=c), want)
+            assert counted.checks == checks and _runs(net) == runs + 3
+    x = rng.standard_normal((1, 1, 5)).astype(np.float32)      # the first shape again
+    want = _general(cgru.forward, net, x)
+    checks = counted.checks
+    _same(cgru.forward(net, x), want)
+    assert counted.checks == checks
+
+
+@pytest.mark.usefixtures("nan_blocks")
+def test_whatever_a_repeated_call_changes_goes_the_general_way(counted, monkeypatch):
+    """After a shape's calls went straight to the runner, every change the last call did not
+    prove takes the general path — its checks, its errors in its words, its bits: a view that
+    is not C-contiguous, a state of another dtype, a state given where none was, another
+    thread count, other sealed weights bound to the network, the pool turned off."""
+    net = _net("lstm", "1", np.float32).sealed()
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    h0, c0 = _states(net, 3, rng)
+
+    def general_only(*args, **kwargs):
+        checks = counted.checks
+        got = cgru.forward(*args, **kwargs)
+        assert counted.checks == checks + 1
+        return got
+
+    for _ in range(3):
+        cgru.forward(net, x, h0, c0=c0, num_threads=1)
+    strided = np.concatenate([x, x], axis=2)[:, :, :5]
+    assert strided.shape == x.shape and not strided.flags.c_contiguous
+    _same(general_only(net, strided, h0, c0=c0, num_threads=1),
+          _general(cgru.forward, net, x, h0, c0=c0, num_threads=1))
+    with pytest.raises((TypeError, ValueError), match="h0"):
+        general_only(net, x, h0.astype(np.float64), c0=c0, num_threads=1)
+    with pytest.raises(ValueError, match="c0"):
+        general_only(net, x, h0, c0=c0[:, :2], num_threads=1)
+    _same(general_only(net, x, None, c0=c0, num_threads=1),
+          _general(cgru.forward, net, x, None, c0=c0, num_threads=1))
+    if resolve_num_threads(2) != resolve_num_threads(1):     # (a machine of one core: 1)
+        _same(general_only(net, x, h0, c0=c0, num_threads=2),
+              _general(cgru.forward, net, x, h0, c0=c0, num_threads=1))
+    other = _net("lstm", "1", np.float32)
+    other = Network.random(other.topology, np.float32, seed=7, cell=other.cell).sealed()
+    net.layers = other.layers                 # rebound: the other weights, proven anew
+    _same(general_only(net, x, h0, c0=c0, num_threads=1),
+          _general(cgru.forward, other, x, h0, c0=c0, num_threads=1))
+    monkeypatch.setattr(plan, "_reuse", False)
+    general_only(net, x, h0, c0=c0, num_threads=1)
+
+
+@pytest.mark.usefixtures("nan_blocks")
+def test_repeated_stream_steps_go_straight_to_the_runner(monkeypatch):
+    """A stream's steps of a shape it ran on the runner skip its checks and its plan's lookup
+    (counted), with the whole sequence's bits; a state of another kind, ``refresh()`` and a
+    wrong state take the general path again, which words the error."""
+    net = Network.random(Topology(5, 6, 2), np.float32, seed=1, cell=LSTMCell())
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((9, 4, 5)).astype(np.float32)
+    h0, c0 = _states(net, 4, rng)
+    want = _general(cgru.forward, net, x, h0, c0=c0)
+    stream = Stream(net)
+    plans = []
+    real_plan = Stream._plan
+    monkeypatch.setattr(Stream, "_plan", lambda self, *a: plans.append(a) or real_plan(self, *a))
+    state, ys = (h0, c0), []
+    for t in range(9):
+        y, state = stream.step(x[t], state)
+        ys.append(y)
+    assert len(plans) == 2              # the first step plans, the second makes the runner
+    np.testing.assert_array_equal(np.stack(ys), want.y)
+    _same(state, (want.hy, want.cy))
+    stream.step(x[0])                   # zero states: another plan, then straight on
+    stream.step(x[0])
+    stream.step(x[0])
+    assert len(plans) == 4
+    stream.refresh()                    # a new snapshot: planned (looked up) again
+    stream.step(x[0], state)
+    assert len(plans) == 5
+    with pytest.raises(TypeError, match="state"):
+        stream.step(x[0], [state[0], state[1]])
+    with pytest.raises(TypeError, match="dtype"):
+        stream.step(x[0].astype(np.float64), state)

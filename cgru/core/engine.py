@@ -28,14 +28,18 @@ training forward saves what the backward needs in the reserve (``reserve``).  No
 knows a cell kind by name.
 """
 import functools
+import weakref
 from collections import defaultdict, namedtuple
 
 import numpy as np
 
-from cgru.core import dropout as dropout_mod, kinds, plan, reserve as reserve_mod, validate
+from cgru.core import dropout as dropout_mod, kinds, plan, reserve as reserve_mod, validate, \
+    weights
 from cgru.core.backend import BACKEND
 from cgru.core.calls import BackwardCall, ForwardCall
 from cgru.core.network import Network
+from cgru._kernels.loops import array_key
+from cgru._kernels.threads import resolve_num_threads
 
 __all__ = ["Forward", "Gradients", "forward", "backward", "run_forward", "run_backward",
            "forward_workspace", "backward_workspace", "workspace_nbytes", "reserve_nbytes",
@@ -122,10 +126,99 @@ def forward(net, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major=Fa
         (``[N, T, D·S]`` with ``batch_major``), ``hy`` ``[L·D, N, S]``, ``reserve`` a uint8
         array or ``None``.
     """
+    if training is False and cell is None and lengths is None and state_mask is None and \
+            batch_major is False and type(dropout) is float and dropout == 0.0 and \
+            type(seed) is int and seed == 0:
+        done = _repeat(net, x, h0, c0, num_threads)
+        if done is not None:
+            return done
     return run_forward(ForwardCall.check(
         net, x, h0, c0=c0, cell=cell, lengths=lengths, batch_major=batch_major,
         state_mask=state_mask, training=training, dropout=dropout, seed=seed,
         num_threads=num_threads))
+
+
+# --- repeated inference calls of a sealed network ------------------------------------------
+# A sealed network's weights are proven by identity (``weights.freeze``); an inference of one
+# shape runs, from its second call on, as one call into its plan's runner.  What the general
+# path still does around that call — the checks, the kept copies' lookup, the plan's — is a
+# function of the network's layers, cell and topology, the weights' memory (their
+# ``array_key``), the call's shapes and the thread count alone, so ``_repeat`` compares just
+# those against the ones of the last such call (``_Repeat``) and goes straight to the runner:
+# the same runner the general path would take, so the same bits.  Anything else — another
+# shape, a view, a dtype, rebound layers, a busy runner, the pool off — takes the general
+# path, which checks and words every error.
+# (An entry holds a runner its network's ``Frozen`` holds too, for as long as the network
+# lives — as a sealed network's packs live with it, whatever ``release_memory`` drops.)
+_REPEATS = weakref.WeakKeyDictionary()   # a sealed network -> {(x shape, h0?, c0?): _Repeat}
+_REPEAT_SHAPES = 8                        # the shapes kept per network (the most recent)
+
+
+class _Repeat:
+    """What one general-path inference of a sealed network proved and planned: its layers,
+    cell and topology (objects), the weight arrays and their keys, the dtype, the shapes of
+    ``h0`` / ``c0`` (None: not given), the thread count, the outputs' shapes and the runner."""
+
+    __slots__ = ("layers", "cell", "topology", "arrays", "keys", "dtype", "h0", "c0", "nt",
+                 "outputs", "runner")
+
+
+def _repeat(net, x, h0, c0, num_threads):
+    """``Forward`` of a repeated common inference (``_Repeat``), or None for the general
+    path."""
+    if type(net) is not Network or type(x) is not np.ndarray:
+        return None                     # (anything else: the general path words it)
+    shapes = _REPEATS.get(net)
+    if shapes is None or not (plan._reuse and weights._reuse):
+        return None
+    r = shapes.get((x.shape, h0 is None, c0 is None))
+    if r is None or net.layers is not r.layers or net.cell is not r.cell or \
+            net.topology is not r.topology or x.dtype != r.dtype or not x.flags.c_contiguous:
+        return None
+    if h0 is not None and not (type(h0) is np.ndarray and h0.shape == r.h0 and
+                               h0.dtype == r.dtype and h0.flags.c_contiguous):
+        return None
+    if c0 is not None and not (type(c0) is np.ndarray and c0.shape == r.c0 and
+                               c0.dtype == r.dtype and c0.flags.c_contiguous):
+        return None
+    if tuple(map(array_key, r.arrays)) != r.keys or resolve_num_threads(num_threads) != r.nt:
+        return None
+    hy_shape, cy_shape, y_shape, dtype = r.outputs
+    hy = BACKEND.empty(hy_shape, dtype)
+    cy = None if cy_shape is None else BACKEND.empty(cy_shape, dtype)
+    y = BACKEND.empty(y_shape, dtype)
+    if not r.runner.run(x.reshape(x.shape[0] * x.shape[1], x.shape[2]), h0, c0, y, hy, cy):
+        return None                     # another call holds it
+    return Forward(y, hy, None, cy)
+
+
+def _remember(call, fp, runner):
+    """Keep what ``_repeat`` needs for the next call like ``call`` — a common inference of a
+    sealed network (proven by identity: ``weights.freeze``'s memo holds ``call.frozen``) that
+    ran on ``runner`` — unless it is kept already."""
+    net = call.net
+    memo = weights.sealed_memo(net)
+    if memo is None or memo[3] is not call.frozen or call.cell is not net.cell or \
+            call.batch_major or type(call.x) is not np.ndarray:
+        return
+    key = (call.x.shape, call.h0 is None, call.c0 is None)
+    shapes = _REPEATS.get(net)
+    if shapes is None:
+        shapes = _REPEATS.setdefault(net, {})
+    found = shapes.get(key)
+    if found is not None and found.runner is runner and found.layers is memo[0] and \
+            found.nt == call.num_threads:
+        return
+    r = _Repeat()
+    r.layers, r.cell, r.topology = memo[0], net.cell, net.topology
+    r.arrays, r.keys, r.dtype = memo[1], memo[2], net.dtype
+    r.h0 = None if call.h0 is None else call.h0.shape
+    r.c0 = None if call.c0 is None else call.c0.shape
+    r.nt, r.outputs, r.runner = call.num_threads, fp.outputs, runner
+    shapes.pop(key, None)
+    shapes[key] = r
+    for stale in list(shapes)[:-_REPEAT_SHAPES]:      # (each step atomic: threads may race)
+        shapes.pop(stale, None)
 
 
 def forward_workspace(kind, cell, topo, dtype, T, N, training, zero_h0=True, zero_c0=True):
@@ -290,6 +383,7 @@ def run_forward(call, workspace=None, out=None):
         and call.lengths is validate.full_lengths(T, N) else None
     if runner is not None and runner.run(call.x.reshape(T * N, call.x.shape[2]), h0, c0, y,
                                          hy, cy):
+        _remember(call, fp, runner)
         if call.batch_major:
             y = _batch_major(y, given, "y")
         return Forward(y, hy, None, cy)

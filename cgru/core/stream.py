@@ -31,7 +31,7 @@ reverse and bidirectional networks need whole sequences (``cgru.forward``).  Inf
 """
 import numpy as np
 
-from cgru.core import engine, kinds, validate, weights
+from cgru.core import engine, kinds, plan, validate, weights
 from cgru.core.backend import BACKEND
 from cgru.core.calls import check_h
 from cgru.core.network import Network
@@ -68,6 +68,7 @@ class Stream:
         """Take a new snapshot of the network's weights (after they changed in place)."""
         frozen = weights.freeze(self.net, self.num_threads)
         self._frozen = frozen
+        self._repeats = {}          # (x's shape, state None?) -> _Repeat of this snapshot
         # per layer, the time loop's fixed arguments (its recurrent packs among them)
         self._layers = []
         for i in range(len(frozen.net.layers)):
@@ -77,6 +78,12 @@ class Stream:
                                                              True)))
 
     def step(self, x, state=None):
+        if type(x) is np.ndarray:
+            r = self._repeats.get((x.shape, state is None))
+            if r is not None:
+                done = r.step(self, x, state)
+                if done is not None:
+                    return done
         net, topo, dtype = self.net, self.net.topology, self.net.dtype
         lstm = self._kind.has_cell_state
         validate.plain_array(x, "x")
@@ -106,6 +113,7 @@ class Stream:
         X = np.ascontiguousarray(x3).reshape(T * N, topo.input_size)
         runner = step_plan.runner(frozen) if step_plan.runnable else None
         if runner is not None and runner.run(X, h0, c0, y, hy, cy):
+            _Repeat.remember(self, x, state, h0, c0, step_plan, runner)
             return (y[0] if one_step else y), ((hy, cy) if lstm else hy)
         # the general way (the step's first call, a busy runner, a large step): the
         # temporaries, one block, as an inference forward's — the input projection, the zero
@@ -145,6 +153,72 @@ class Stream:
             ("forward plan", frozen.cell_key(net.cell), T, N, self.num_threads, False,
              zero_h0, zero_c0),
             lambda: _step_plan(self, T, N, zero_h0, zero_c0))
+
+
+class _Repeat:
+    """A step shape that ran on its runner, for the steps after it (``Stream.step``'s first
+    lines): what the general path checked and looked up for it — the snapshot, the dtype, the
+    shapes of the state given (None: not given), the outputs' shapes, the runner.  A step of
+    the same ``x`` shape is then checked against these alone (a plain C-contiguous ``x`` and
+    state of the recorded dtype and shapes) and goes straight to the runner: the general
+    path's runner, so its bits.  Anything else takes the general path, which words every
+    error."""
+
+    __slots__ = ("frozen", "dtype", "lstm", "h", "c", "outputs", "rows", "runner")
+
+    KEPT = 8            # the shapes kept per stream (the most recent)
+
+    @classmethod
+    def remember(cls, stream, x, state, h0, c0, step_plan, runner):
+        if type(x) is not np.ndarray or not x.flags.c_contiguous:
+            return
+        key = (x.shape, state is None)
+        found = stream._repeats.get(key)
+        if found is not None and found.runner is runner and found.frozen is stream._frozen:
+            return
+        r = cls()
+        r.frozen, r.dtype, r.lstm = stream._frozen, stream.net.dtype, stream._kind.has_cell_state
+        r.h = None if h0 is None else h0.shape
+        r.c = None if c0 is None else c0.shape
+        r.outputs, r.runner = step_plan.outputs, runner
+        r.rows = (x.shape[0] * x.shape[1], x.shape[2]) if x.ndim == 3 else x.shape
+        repeats = stream._repeats
+        repeats.pop(key, None)
+        repeats[key] = r
+        for stale in list(repeats)[:-cls.KEPT]:     # (each step atomic: threads may race)
+            repeats.pop(stale, None)
+
+    def step(self, stream, x, state):
+        """``(y, state)`` of ``stream.step(x, state)``, or None for the general path."""
+        if stream._frozen is not self.frozen or x.dtype != self.dtype or \
+                not x.flags.c_contiguous or not plan._reuse:
+            return None
+        if state is None:
+            h0 = c0 = None
+        elif self.lstm:
+            if type(state) is not tuple or len(state) != 2:
+                return None
+            h0, c0 = state
+        else:
+            h0, c0 = state, None
+        if not (_plain(h0, self.h, self.dtype) and _plain(c0, self.c, self.dtype)):
+            return None
+        hy_shape, cy_shape, y_shape, dtype = self.outputs
+        hy = BACKEND.empty(hy_shape, dtype)
+        cy = None if cy_shape is None else BACKEND.empty(cy_shape, dtype)
+        y = BACKEND.empty(y_shape, dtype)
+        if not self.runner.run(x.reshape(self.rows), h0, c0, y, hy, cy):
+            return None                 # another step holds it
+        return (y[0] if x.ndim == 2 else y), ((hy, cy) if self.lstm else hy)
+
+
+def _plain(a, shape, dtype):
+    """``a`` is what a recorded state of ``shape`` (None: not given) was: None, or a plain
+    C-contiguous array of ``shape`` and ``dtype``."""
+    if shape is None:
+        return a is None
+    return type(a) is np.ndarray and a.shape == shape and a.dtype == dtype and \
+        a.flags.c_contiguous
 
 
 def _step_plan(stream, T, N, zero_h0, zero_c0):

@@ -368,6 +368,12 @@ def freeze(net, num_threads=1, fingerprinted=False):
     return frozen
 
 
+def sealed_memo(net):
+    """``(layers, arrays, their array_keys, Frozen)`` that ``freeze`` keeps for a sealed
+    network (its last call's), or None."""
+    return _frozen_sealed.get(net) if _reuse else None
+
+
 def _memo(net, kept):
     """The ``Frozen`` made for the very copies ``kept`` (each ``Kept`` is an immutable copy,
     just proven equal to the caller's array), of a network of the same topology and cell: it
