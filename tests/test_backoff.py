@@ -182,6 +182,39 @@ def test_skipped_regions_still_measure_now_and_then(cold):
     assert state["skipped"] == 0
 
 
+def test_probes_come_less_often_while_waking_stays_slow(cold):
+    """A probe whose helpers were later than its work doubles the count of skipped regions
+    before the next probe (16, 32, … up to 1024), so that a machine whose wake-ups stay slow
+    pays for one in fewer cold regions; one that was not resets it to 16.  Each measured team
+    moves the estimate a quarter of the way.  (The state machine driven directly: a real slow
+    wake-up cannot be made to order.)  Then the real path: with the count at 32, the 32nd
+    cold region gets its team."""
+    threads._cold(late_ns=0, reset=True)
+    counts = [threads._cold_measured(4000, 1000.0)["probe"] for _ in range(8)]
+    assert counts == [32, 64, 128, 256, 512, 1024, 1024, 1024]
+    state = threads._cold_measured(500, 1000.0)           # quick again: back to 16
+    assert (state["probe"], state["skipped"]) == (PROBE, 0)
+    threads._cold(late_ns=1000, reset=True)
+    assert threads._cold_measured(5000, 0.0)["late_ns"] == 2000      # a quarter of the way
+    assert threads._cold()["probe"] == PROBE                         # no work given: no doubling
+
+    from cgru._kernels import loops
+    a = np.arange(1 << 18, dtype=np.float32)
+    b = a.copy()
+    threads._cold(warm=True)
+    assert loops.same_bytes(a, b, num_threads=2)        # the runtime's threads started
+    threads._cold(late_ns=SLOW, warm=False, reset=True)
+    threads._cold_measured(SLOW, 1000.0)                # a slow probe: 32 from now on
+    threads._cold(late_ns=SLOW)
+    before, calls = _teams(), 0
+    while _teams() == before:
+        assert loops.same_bytes(a, b, num_threads=2)
+        threads._cold(warm=False)
+        calls += 1
+        assert calls <= 2 * PROBE, "no cold team in 32 cold regions"
+    assert calls == 2 * PROBE
+
+
 def test_calls_in_a_row_add_up_to_a_wake_up(cold):
     """Cold regions run alone one right after another (a loop of short calls after a pause)
     add up their work; once it is eight estimated wake-ups the team is woken (and then stays

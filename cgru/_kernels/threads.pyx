@@ -66,6 +66,7 @@ cdef extern from "parallel.h" nogil:
     long long cgru_cold_late_ns
     long long cgru_team_end_ns
     long long cgru_alone_end_ns
+    void cgru_cold_measured(long long late, double work_ns)
 
 cdef extern from *:
     """
@@ -309,6 +310,15 @@ def _cold(rule=None, late_ns=None, warm=None, probe=None, reset=False):
     if probe is not None:
         cgru_cold_probe = probe
     return old
+
+
+def _cold_measured(long long late_ns, double work_ns):
+    """For tests: what a cold team that ran ``work_ns`` of work, its helpers ``late_ns`` late,
+    does to the rule (parallel.h's ``cgru_cold_measured``: the estimate moves a quarter of the
+    way; the probe count doubles while the helpers are later than the work, up to 1024, else
+    returns to 16).  Returns ``_cold()``'s state after."""
+    cgru_cold_measured(late_ns, work_ns)
+    return _cold()
 
 
 def _reset_busy_peak():
