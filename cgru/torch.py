@@ -364,7 +364,15 @@ class _Call:
     def forward(self, x, h0, c0, weights):
         """``((y, hy[, cy]), reserve)``: cgru's forward, outputs as tensors (zero-copy).  A
         training forward keeps the weights it computed with (``weights.Frozen``: cgru's copies
-        of the bytes it read) for its backward."""
+        of the bytes it read) for its backward.  A repeated inference of the same shape goes
+        straight to its runner (``engine.repeat``: the weights' bytes compared with the copies
+        the runner computes from, every call)."""
+        if not self.training and self.lengths is None and not self.batch_major:
+            r = engine.repeat(self.weights_network(weights), _numpy(x), _numpy(h0),
+                              _numpy(c0), self.num_threads)
+            if r is not None:
+                return (_tensor(r.y), _tensor(r.hy)) + ((_tensor(r.cy),) if self.lstm else ()), \
+                    None
         call = calls.ForwardCall.check(
             self.weights_network(weights), _numpy(x), _numpy(h0), c0=_numpy(c0),
             lengths=self.lengths, batch_major=self.batch_major, training=self.training,

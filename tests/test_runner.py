@@ -348,6 +348,57 @@ def test_a_repeated_call_of_a_sealed_network_goes_straight_to_its_runner(counted
 
 
 @pytest.mark.usefixtures("nan_blocks")
+def test_a_plain_networks_repeated_call_proves_its_weights_by_their_bytes(counted):
+    """A plain network's repeated calls skip the general path too, and compare the weights'
+    bytes with the copies the runner computes from on every call: weights changed in place
+    between calls (one element, then back) are computed with, bit for bit the general path's,
+    and the runner of the old bytes serves them again once they are back."""
+    net = _net("gru", "2bi", np.float32)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 2, 5)).astype(np.float32)
+    for _ in range(3):
+        cgru.forward(net, x)
+    want = _general(cgru.forward, net, x)
+    checks, runs = counted.checks, _runs(net)
+    for _ in range(3):
+        _same(cgru.forward(net, x), want)
+    assert counted.checks == checks and _runs(net) == runs + 3
+    old = net[1].R[2, 3]
+    net[1].R[2, 3] = old + 0.25                         # the reverse direction's R
+    changed = _general(cgru.forward, net.copy(), x)     # (a copy: net's kept copies untouched)
+    assert not np.array_equal(changed.y, want.y)
+    checks = counted.checks
+    _same(cgru.forward(net, x), changed)                # new bytes: the general path
+    assert counted.checks == checks + 1
+    net[1].R[2, 3] = old
+    for _ in range(2):
+        _same(cgru.forward(net, x), want)
+
+
+def test_a_repeated_call_keeps_no_copy_the_weights_cache_let_go(counted):
+    """What a plain network's repeated calls keep refers to its weights' copies weakly: once
+    the cache lets them go (``cgru.release_memory()``), the next call takes the general path,
+    and the copies are freed."""
+    import gc
+    import weakref
+    net = _net("lstm", "1", np.float64)
+    x = np.random.default_rng(13).standard_normal((2, 2, 5))
+    for _ in range(3):
+        cgru.forward(net, x)
+    frozen = weakref.ref(weights.freeze(net))
+    checks = counted.checks
+    cgru.forward(net, x)
+    assert counted.checks == checks
+    cgru.release_memory()
+    gc.collect()
+    assert frozen() is None, "a repeated call's record kept the released copies alive"
+    want = _general(cgru.forward, net, x)
+    checks = counted.checks
+    _same(cgru.forward(net, x), want)
+    assert counted.checks == checks + 1
+
+
+@pytest.mark.usefixtures("nan_blocks")
 def test_whatever_a_repeated_call_changes_goes_the_general_way(counted, monkeypatch):
     """After a shape's calls went straight to the runner, every change the last call did not
     prove takes the general path — its checks, its errors in its words, its bits: a view that

@@ -177,13 +177,20 @@ def test_no_grad_and_inference_mode(monkeypatch):
     ref, mine = pair("gru", num_layers=2)
     x, hx = make_inputs(ref, 5, 3, torch.float64)
     from cgru.core import engine
-    seen, real = [], engine.run_forward
+    seen, real, real_repeat = [], engine.run_forward, engine.repeat
 
     def recording_forward(call, *args, **kw):
         seen.append(call.training)
         return real(call, *args, **kw)
 
+    def recording_repeat(*args):        # a repeated inference that went straight to its runner
+        done = real_repeat(*args)
+        if done is not None:
+            seen.append(False)
+        return done
+
     monkeypatch.setattr(engine, "run_forward", recording_forward)
+    monkeypatch.setattr(engine, "repeat", recording_repeat)
     want, _ = ref(x, hx)
     for context in (torch.no_grad, torch.inference_mode):
         with context():
@@ -850,3 +857,48 @@ def test_a_process_exits_quietly_when_its_weights_outlive_cgru():
     run = subprocess.run([sys.executable, "-c", code], timeout=120, capture_output=True,
                          text=True)
     assert run.returncode == 0 and run.stderr == "", run.stderr[-2000:]
+
+
+def test_repeated_inference_goes_straight_to_the_runner_and_sees_every_weight_change(
+        monkeypatch):
+    """A module's repeated inference calls of one shape skip the general path's checks
+    (counted) and compare the weights' bytes with the copies the runner computes from, every
+    call: a change through an optimizer-style in-place step, through ``.data`` and through a
+    NumPy view (the two torch's version counter does not see) is computed with on the next
+    call, as is a parameter replaced by another tensor; each result equals torch's module's."""
+    from cgru.core import calls
+    checks = []
+    real = calls.ForwardCall.check
+    monkeypatch.setattr(calls.ForwardCall, "check",
+                        classmethod(lambda cls, *a, **k: checks.append(1) or real(*a, **k)))
+    ref, mine = pair("lstm", torch.float32, num_layers=2)
+    x, hx = make_inputs(ref, 4, 3, torch.float32)
+
+    def both():
+        with torch.no_grad():
+            ref.load_state_dict(mine.state_dict())
+            want, (hw, cw) = ref(x, hx)
+            y, (h, c) = mine(x, hx)
+        assert_close(y, want, torch.float32, "y")
+        assert_close(h, hw, torch.float32, "h")
+        assert_close(c, cw, torch.float32, "c")
+        return y
+
+    for _ in range(3):
+        both()
+    n = len(checks)
+    before = both()
+    assert len(checks) == n, "a repeated inference took the general path"
+    w = mine.weight_hh_l1
+    changes = [lambda: w.add_(0.5),                       # in place, as an optimizer steps
+               lambda: w.data.mul_(0.5),                  # through .data: no new version
+               lambda: w.detach().numpy().__setitem__((0, 0), 3.0)]   # NumPy: none either
+    for change in changes:
+        with torch.no_grad():
+            change()
+        y = both()
+        assert not torch.equal(y, before), "a changed weight was not computed with"
+        before = y
+        both()
+    mine.weight_ih_l0 = nn.Parameter(mine.weight_ih_l0.detach() * 2)
+    assert not torch.equal(both(), before)

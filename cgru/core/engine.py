@@ -129,7 +129,7 @@ def forward(net, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major=Fa
     if training is False and cell is None and lengths is None and state_mask is None and \
             batch_major is False and type(dropout) is float and dropout == 0.0 and \
             type(seed) is int and seed == 0:
-        done = _repeat(net, x, h0, c0, num_threads)
+        done = repeat(net, x, h0, c0, num_threads)
         if done is not None:
             return done
     return run_forward(ForwardCall.check(
@@ -138,34 +138,54 @@ def forward(net, x, h0=None, *, c0=None, cell=None, lengths=None, batch_major=Fa
         num_threads=num_threads))
 
 
-# --- repeated inference calls of a sealed network ------------------------------------------
-# A sealed network's weights are proven by identity (``weights.freeze``); an inference of one
-# shape runs, from its second call on, as one call into its plan's runner.  What the general
-# path still does around that call — the checks, the kept copies' lookup, the plan's — is a
-# function of the network's layers, cell and topology, the weights' memory (their
-# ``array_key``), the call's shapes and the thread count alone, so ``_repeat`` compares just
-# those against the ones of the last such call (``_Repeat``) and goes straight to the runner:
-# the same runner the general path would take, so the same bits.  Anything else — another
-# shape, a view, a dtype, rebound layers, a busy runner, the pool off — takes the general
-# path, which checks and words every error.
-# (An entry holds a runner its network's ``Frozen`` holds too, for as long as the network
-# lives — as a sealed network's packs live with it, whatever ``release_memory`` drops.)
-_REPEATS = weakref.WeakKeyDictionary()   # a sealed network -> {(x shape, h0?, c0?): _Repeat}
+# --- repeated inference calls ----------------------------------------------------------------
+# An inference of one shape runs, from its second call on, as one call into its plan's runner.
+# What the general path still does around that call — the checks, the proof of the weights,
+# the plan's lookup — is a function of the network's layers, cell and topology, the weights
+# (their memory: ``array_key``; and their bytes), the call's shapes and the thread count alone,
+# so ``repeat`` compares just those against the ones of the last such call (``_Repeat``) and
+# goes straight to the runner: the runner the general path would take, so the same bits.
+#
+# The weights are proven as ``weights.freeze`` proves them: a sealed network's by identity (the
+# same immutable layers over arrays whose memory keys are unchanged; the entry holds its runner,
+# as the network's ``Frozen`` lives as long as it does), any other's by comparing their bytes
+# with the kept copies of the ``Frozen`` that made the runner — held weakly, with the runner
+# found through its plans, so that an entry never keeps copies the weights' cache let go.
+# Anything else — another shape, a view, a dtype, rebound layers, changed bytes, a busy runner,
+# the pool off — takes the general path, which checks and words every error.
+_REPEATS = weakref.WeakKeyDictionary()   # a network -> {(x shape, h0?, c0?): _Repeat}
 _REPEAT_SHAPES = 8                        # the shapes kept per network (the most recent)
 
 
 class _Repeat:
-    """What one general-path inference of a sealed network proved and planned: its layers,
-    cell and topology (objects), the weight arrays and their keys, the dtype, the shapes of
-    ``h0`` / ``c0`` (None: not given), the thread count, the outputs' shapes and the runner."""
+    """What one general-path inference proved and planned: the network's layers, cell and
+    topology (objects), its weight arrays and their ``array_key``s, the dtype, the shapes of
+    ``h0`` / ``c0`` (None: not given), the thread count, the outputs' shapes; a sealed
+    network's runner, or a weak reference to the ``Frozen`` of another's, its plan's key and
+    the weights' cache keys."""
 
     __slots__ = ("layers", "cell", "topology", "arrays", "keys", "dtype", "h0", "c0", "nt",
-                 "outputs", "runner")
+                 "outputs", "runner", "frozen", "plan_key", "cache_keys")
+
+    def find_runner(self):
+        """The runner of a call this entry proves (its weights' proof made), or None."""
+        if self.runner is not None:
+            return self.runner
+        frozen = self.frozen()
+        if frozen is None:
+            return None
+        fp = frozen._plans.get(self.plan_key)
+        runner = None if fp is None else fp._runner
+        if runner is None or not weights.still_kept(self.arrays, self.cache_keys, frozen,
+                                                    self.nt):
+            return None
+        return runner
 
 
-def _repeat(net, x, h0, c0, num_threads):
-    """``Forward`` of a repeated common inference (``_Repeat``), or None for the general
-    path."""
+def repeat(net, x, h0=None, c0=None, num_threads=None):
+    """``Forward`` of a repeated common inference of ``net`` (no ``cell``, lengths, mask,
+    batch-major layout or training: see ``_Repeat``), or None for the general path.  For
+    frontends that make such calls too (``cgru.torch``'s inference)."""
     if type(net) is not Network or type(x) is not np.ndarray:
         return None                     # (anything else: the general path words it)
     shapes = _REPEATS.get(net)
@@ -183,38 +203,50 @@ def _repeat(net, x, h0, c0, num_threads):
         return None
     if tuple(map(array_key, r.arrays)) != r.keys or resolve_num_threads(num_threads) != r.nt:
         return None
+    runner = r.find_runner()
+    if runner is None:
+        return None
     hy_shape, cy_shape, y_shape, dtype = r.outputs
     hy = BACKEND.empty(hy_shape, dtype)
     cy = None if cy_shape is None else BACKEND.empty(cy_shape, dtype)
     y = BACKEND.empty(y_shape, dtype)
-    if not r.runner.run(x.reshape(x.shape[0] * x.shape[1], x.shape[2]), h0, c0, y, hy, cy):
+    if not runner.run(x.reshape(x.shape[0] * x.shape[1], x.shape[2]), h0, c0, y, hy, cy):
         return None                     # another call holds it
     return Forward(y, hy, None, cy)
 
 
-def _remember(call, fp, runner):
-    """Keep what ``_repeat`` needs for the next call like ``call`` — a common inference of a
-    sealed network (proven by identity: ``weights.freeze``'s memo holds ``call.frozen``) that
-    ran on ``runner`` — unless it is kept already."""
+def _remember(call, fp, plan_key, runner):
+    """Keep what ``repeat`` needs for the next call like ``call`` — a common inference that
+    ran on ``runner`` (its plan ``fp``, kept by ``call.frozen`` under ``plan_key``) — unless
+    it is kept already."""
     net = call.net
-    memo = weights.sealed_memo(net)
-    if memo is None or memo[3] is not call.frozen or call.cell is not net.cell or \
-            call.batch_major or type(call.x) is not np.ndarray:
+    if type(net) is not Network or call.cell is not net.cell or call.batch_major or \
+            type(call.x) is not np.ndarray or not weights._reuse:
         return
+    memo = weights.sealed_memo(net)
+    sealed = memo is not None and memo[3] is call.frozen
     key = (call.x.shape, call.h0 is None, call.c0 is None)
     shapes = _REPEATS.get(net)
     if shapes is None:
         shapes = _REPEATS.setdefault(net, {})
     found = shapes.get(key)
-    if found is not None and found.runner is runner and found.layers is memo[0] and \
-            found.nt == call.num_threads:
+    if found is not None and found.layers is net.layers and found.nt == call.num_threads and \
+            (found.runner is runner if sealed else
+             found.runner is None and found.frozen() is call.frozen):
         return
     r = _Repeat()
-    r.layers, r.cell, r.topology = memo[0], net.cell, net.topology
-    r.arrays, r.keys, r.dtype = memo[1], memo[2], net.dtype
+    r.layers, r.cell, r.topology, r.dtype = net.layers, net.cell, net.topology, net.dtype
+    if sealed:
+        r.arrays, r.keys = memo[1], memo[2]
+        r.runner, r.frozen, r.plan_key, r.cache_keys = runner, None, None, None
+    else:
+        r.arrays = tuple(a for lp in net.layers for a in lp.arrays().values())
+        r.keys = tuple(map(array_key, r.arrays))
+        r.runner, r.frozen, r.plan_key = None, weakref.ref(call.frozen), plan_key
+        r.cache_keys = weights.cache_keys(r.arrays)
     r.h0 = None if call.h0 is None else call.h0.shape
     r.c0 = None if call.c0 is None else call.c0.shape
-    r.nt, r.outputs, r.runner = call.num_threads, fp.outputs, runner
+    r.nt, r.outputs = call.num_threads, fp.outputs
     shapes.pop(key, None)
     shapes[key] = r
     for stale in list(shapes)[:-_REPEAT_SHAPES]:      # (each step atomic: threads may race)
@@ -370,8 +402,9 @@ def run_forward(call, workspace=None, out=None):
     # makes a new ``Frozen`` every step)
     shapes = (T, N, nt, training, h0 is None, c0 is None)
     args = (call.kind, cell, call.net.topology, frozen.net.dtype) + shapes
+    plan_key = None if training else ("forward plan", frozen.cell_key(cell)) + shapes
     fp = plan.shape_plan(ForwardPlan, *args) if training else \
-        frozen.plan(("forward plan", frozen.cell_key(cell)) + shapes, lambda: ForwardPlan(*args))
+        frozen.plan(plan_key, lambda: ForwardPlan(*args))
     hy_shape, cy_shape, y_shape, dtype = fp.outputs
     hy = _output(given, "hy", hy_shape, dtype)
     cy = None if cy_shape is None else _output(given, "cy", cy_shape, dtype)
@@ -383,7 +416,7 @@ def run_forward(call, workspace=None, out=None):
         and call.lengths is validate.full_lengths(T, N) else None
     if runner is not None and runner.run(call.x.reshape(T * N, call.x.shape[2]), h0, c0, y,
                                          hy, cy):
-        _remember(call, fp, runner)
+        _remember(call, fp, plan_key, runner)
         if call.batch_major:
             y = _batch_major(y, given, "y")
         return Forward(y, hy, None, cy)

@@ -216,7 +216,7 @@ class Frozen:
     """The weights of one call: ``net`` (a ``Network`` of the kept copies, the caller's cell
     and topology) and ``kept[i][name]`` (the ``Kept`` of layer-direction ``i``'s array)."""
 
-    __slots__ = ("net", "kept", "_args", "_plans", "_plans_lock")
+    __slots__ = ("net", "kept", "_args", "_plans", "_plans_lock", "__weakref__")
 
     PLANS = 16          # the forward plans kept, for the most recent shapes
 
@@ -366,6 +366,30 @@ def freeze(net, num_threads=1, fingerprinted=False):
         arrays = tuple(a for lp in net.layers for a in lp.arrays().values())
         _frozen_sealed[net] = (net.layers, arrays, tuple(map(array_key, arrays)), frozen)
     return frozen
+
+
+def cache_keys(arrays):
+    """The cache's keys of ``arrays`` (``keep``'s: their memory and its owner)."""
+    return tuple((array_key(a), id(_owner(a))) for a in arrays)
+
+
+def still_kept(arrays, keys, frozen, num_threads=1):
+    """Whether ``arrays`` — a network's, in ``freeze``'s order — hold the bytes of ``frozen``'s
+    kept copies now (compared as ``keep`` compares them, on up to ``num_threads`` threads): the
+    proof ``freeze`` makes, for a caller that found ``frozen`` by the arrays' identity.  Their
+    entries (``keys``: ``cache_keys``) become the cache's most recently used, as ``keep``
+    makes them."""
+    kept = [k for ks in frozen.kept for k in ks.values()]
+    if len(kept) != len(arrays) or not _reuse:
+        return False
+    for a, k in zip(arrays, kept):
+        if not same_bytes(a, k.array, num_threads):
+            return False
+    with _lock:
+        for key in keys:
+            if key in _cache:
+                _cache.move_to_end(key)
+    return True
 
 
 def sealed_memo(net):
