@@ -367,14 +367,14 @@ class _Call:
         of the bytes it read) for its backward.  A repeated inference of the same shape goes
         straight to its runner (``engine.repeat``: the weights' bytes compared with the copies
         the runner computes from, every call)."""
-        net = self.weights_network(weights)
+        net, xn, h0n, c0n = self.weights_network(weights), _numpy(x), _numpy(h0), _numpy(c0)
         if not self.training and self.lengths is None and not self.batch_major:
-            r = engine.repeat(net, _numpy(x), _numpy(h0), _numpy(c0), self.num_threads)
+            r = engine.repeat(net, xn, h0n, c0n, self.num_threads)
             if r is not None:
                 return (_tensor(r.y), _tensor(r.hy)) + ((_tensor(r.cy),) if self.lstm else ()), \
                     None
         call = calls.ForwardCall.check(
-            net, _numpy(x), _numpy(h0), c0=_numpy(c0),
+            net, xn, h0n, c0=c0n,
             lengths=self.lengths, batch_major=self.batch_major, training=self.training,
             dropout=self.dropout, seed=self.seed if self.dropout else 0,   # (the common call)
             num_threads=self.num_threads)

@@ -123,25 +123,29 @@ def test_a_repeated_inference_runs_on_its_runner_with_the_general_paths_bits(kin
 @pytest.mark.parametrize("kind", list(CELLS))
 def test_a_runner_computes_what_the_numpy_reference_computes(kind, stack):
     """Against an oracle of its own, not only the general path: every kind and stack, float64,
-    a runner's results (given states, and zeros) equal ``cgru.core.reference.forward``'s to
-    1e-12, with two blocks of time where the workspace allows a runner (a GRU of one layer)."""
+    plain and sealed, a runner's results (given states, and zeros) equal
+    ``cgru.core.reference.forward``'s to 1e-12 — the runner reached through the general path
+    (a shape's second call) and straight (its third: ``engine.repeat``) —, with two blocks of
+    time where the workspace allows a runner (a GRU of one layer)."""
     from cgru.core import reference
-    net = _net(kind, stack, np.float64)
-    rng = np.random.default_rng(9)
-    for T, N in SHAPES:
-        x = rng.standard_normal((T, N, 5))
-        h0, c0 = _states(net, N, rng)
-        for h, c in ((h0, c0), (None, None)):
-            cgru.forward(net, x, h, c0=c)                   # the general path; then the runner
-            runs = _runs(net)
-            got = cgru.forward(net, x, h, c0=c)
-            if _plan(net, T, N, _nt(), h, c).runnable:
-                assert _runs(net) == runs + 1
-            want = reference.forward(net, x, h, c0=c)
-            for a, b in zip((got.y, got.hy, got.cy), want):        # (y, hy[, cy])
-                assert np.isfinite(a).all()
-                np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
-    assert _runs(net) >= 2 * len(SHAPES) - 2
+    plain = _net(kind, stack, np.float64)
+    for net in (plain, plain.sealed()):
+        rng = np.random.default_rng(9)
+        for T, N in SHAPES:
+            x = rng.standard_normal((T, N, 5))
+            h0, c0 = _states(net, N, rng)
+            for h, c in ((h0, c0), (None, None)):
+                cgru.forward(net, x, h, c0=c)               # the general path; then the runner
+                runs = _runs(net)
+                gots = [cgru.forward(net, x, h, c0=c) for _ in range(2)]
+                if _plan(net, T, N, _nt(), h, c).runnable:
+                    assert _runs(net) == runs + 2
+                want = reference.forward(net, x, h, c0=c)
+                for got in gots:
+                    for a, b in zip((got.y, got.hy, got.cy), want):    # (y, hy[, cy])
+                        assert np.isfinite(a).all()
+                        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+        assert _runs(net) >= 4 * len(SHAPES) - 4
 
 
 def _nt():

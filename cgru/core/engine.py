@@ -195,24 +195,34 @@ def repeat(net, x, h0=None, c0=None, num_threads=None):
     if r is None or net.layers is not r.layers or net.cell is not r.cell or \
             net.topology is not r.topology or x.dtype != r.dtype or not x.flags.c_contiguous:
         return None
-    if h0 is not None and not (type(h0) is np.ndarray and h0.shape == r.h0 and
-                               h0.dtype == r.dtype and h0.flags.c_contiguous):
-        return None
-    if c0 is not None and not (type(c0) is np.ndarray and c0.shape == r.c0 and
-                               c0.dtype == r.dtype and c0.flags.c_contiguous):
-        return None
-    if tuple(map(array_key, r.arrays)) != r.keys or resolve_num_threads(num_threads) != r.nt:
+    if not (as_recorded(h0, r.h0, r.dtype) and as_recorded(c0, r.c0, r.dtype)) or \
+            tuple(map(array_key, r.arrays)) != r.keys or resolve_num_threads(num_threads) != r.nt:
         return None
     runner = r.find_runner()
-    if runner is None:
-        return None
-    hy_shape, cy_shape, y_shape, dtype = r.outputs
+    done = None if runner is None else run_recorded(
+        runner, r.outputs, x.reshape(x.shape[0] * x.shape[1], x.shape[2]), h0, c0)
+    return None if done is None else Forward(done[0], done[1], None, done[2])
+
+
+def as_recorded(a, shape, dtype):
+    """``a`` is what a recorded state of ``shape`` (None: not given) was: None, or a plain
+    C-contiguous array of ``shape`` and ``dtype`` (``repeat``'s, ``Stream.step``'s)."""
+    if shape is None:
+        return a is None
+    return type(a) is np.ndarray and a.shape == shape and a.dtype == dtype and \
+        a.flags.c_contiguous
+
+
+def run_recorded(runner, outputs, X, h0, c0):
+    """``(y, hy, cy)`` of ``runner`` on ``X`` ``[T·N, I]`` from ``h0``/``c0``, into new arrays
+    of the plan's ``outputs`` (``ForwardPlan.outputs``), or None when another call holds it."""
+    hy_shape, cy_shape, y_shape, dtype = outputs
     hy = BACKEND.empty(hy_shape, dtype)
     cy = None if cy_shape is None else BACKEND.empty(cy_shape, dtype)
     y = BACKEND.empty(y_shape, dtype)
-    if not runner.run(x.reshape(x.shape[0] * x.shape[1], x.shape[2]), h0, c0, y, hy, cy):
-        return None                     # another call holds it
-    return Forward(y, hy, None, cy)
+    if not runner.run(X, h0, c0, y, hy, cy):
+        return None
+    return y, hy, cy
 
 
 def _remember(call, fp, plan_key, runner):

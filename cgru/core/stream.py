@@ -201,24 +201,14 @@ class _Repeat:
             h0, c0 = state
         else:
             h0, c0 = state, None
-        if not (_plain(h0, self.h, self.dtype) and _plain(c0, self.c, self.dtype)):
+        if not (engine.as_recorded(h0, self.h, self.dtype) and
+                engine.as_recorded(c0, self.c, self.dtype)):
             return None
-        hy_shape, cy_shape, y_shape, dtype = self.outputs
-        hy = BACKEND.empty(hy_shape, dtype)
-        cy = None if cy_shape is None else BACKEND.empty(cy_shape, dtype)
-        y = BACKEND.empty(y_shape, dtype)
-        if not self.runner.run(x.reshape(self.rows), h0, c0, y, hy, cy):
-            return None                 # another step holds it
+        done = engine.run_recorded(self.runner, self.outputs, x.reshape(self.rows), h0, c0)
+        if done is None:
+            return None                 # another step holds the runner
+        y, hy, cy = done
         return (y[0] if x.ndim == 2 else y), ((hy, cy) if self.lstm else hy)
-
-
-def _plain(a, shape, dtype):
-    """``a`` is what a recorded state of ``shape`` (None: not given) was: None, or a plain
-    C-contiguous array of ``shape`` and ``dtype``."""
-    if shape is None:
-        return a is None
-    return type(a) is np.ndarray and a.shape == shape and a.dtype == dtype and \
-        a.flags.c_contiguous
 
 
 def _step_plan(stream, T, N, zero_h0, zero_c0):
