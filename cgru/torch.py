@@ -83,7 +83,6 @@ except ImportError as exc:                                   # pragma: no cover
 import functools
 import warnings
 import weakref
-from typing import Optional
 
 import numpy as np
 from torch import nn
