@@ -14,6 +14,7 @@ failed (that system is not timed), 130 when interrupted, else 0.
 import argparse
 import dataclasses
 import datetime
+import json
 import math
 import os
 import sys
@@ -333,15 +334,41 @@ def make_parser():
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
     p.add_argument("--markdown", action="store_true",
                    help="print the tables as Markdown (for the README)")
+    p.add_argument("--compare", nargs=2, metavar=("FIRST", "SECOND"), default=None,
+                   help="run nothing: compare two runs' JSON files target by target (how far "
+                        "their ratios agree, which targets only one of them meets)")
     return p
 
 
 # --- main --------------------------------------------------------------------------------------
+def compare_runs(first, second):
+    """``--compare``: print how far two runs' JSON files agree (``report.compare``); 0, or 2
+    with a message when a file is not a bench run's JSON."""
+    docs = []
+    for path in (first, second):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError) as exc:
+            print(f"--compare: cannot read {path}: {exc}", file=sys.stderr)
+            return 2
+        if not isinstance(doc, dict) or not isinstance(doc.get("targets"), list):
+            print(f"--compare: {path} is not the JSON of a bench run (no list of targets)",
+                  file=sys.stderr)
+            return 2
+        docs.append(doc)
+    print(report.format_compare(report.compare(docs[0]["targets"], docs[1]["targets"]),
+                                (first, second)))
+    return 0
+
+
 def main(argv=None):
     """Entry point of ``python -m bench`` and ``python -m cgru bench``; returns the exit code
     (1: a validation failed, 130: interrupted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = make_parser().parse_args(argv)
+    if args.compare:
+        return compare_runs(*args.compare)
     args.json, args.plot = output_paths(args)
     t_start = time.perf_counter()
     mode = problems.MODES["quick" if args.quick else "full" if args.full else "default"]

@@ -167,6 +167,82 @@ def format_targets(tg, width=96):
     return "\n".join(lines)
 
 
+# --- two runs compared ------------------------------------------------------------------------
+AGREE = (0.05, 0.10)        # the tolerances ``compare`` counts ratios within
+_ABSOLUTE = "(µs)"          # in a target's name: its value is a time, not a ratio
+
+
+def compare(first, second):
+    """How far two runs' figures agree, target by target (each run: the ``targets`` of its
+    JSON; a target is its name, config, dtype and threads).  Returns ``{"targets": [{target,
+    threads, n, median, p10, p90, within}]`` — per target and thread count (None: a memory
+    row), the second run's value over the first's, its median and 10th/90th percentiles, and
+    how many lie within each of ``AGREE`` of 1 (a target in µs, which is a difference of times
+    rather than a ratio: the second value minus the first, ``within`` None) —, ``"flips"``:
+    the targets met in one run
+    only (``{target, config, dtype, threads, first, second, limit}``), ``"met"``: (first,
+    second) counts of targets met, ``"only_in"``: (first, second) counts of targets one run
+    has and the other not}``."""
+    def key(t):
+        return t["target"], t["config"], t["dtype"], t["threads"]
+
+    a = {key(t): t for t in first}
+    b = {key(t): t for t in second}
+    groups, flips = {}, []
+    for k, ta in a.items():
+        tb = b.get(k)
+        if tb is None:
+            continue
+        va, vb = ta.get("value"), tb.get("value")
+        if va is not None and vb is not None and math.isfinite(va) and math.isfinite(vb) and \
+                (va or _ABSOLUTE in k[0]):
+            groups.setdefault((k[0], k[3]), []).append(vb - va if _ABSOLUTE in k[0] else vb / va)
+        if ta["ok"] != tb["ok"]:
+            flips.append(dict(target=k[0], config=k[1], dtype=k[2], threads=k[3],
+                              first=va, second=vb, limit=ta["limit"]))
+    rows = []
+    order = [name for name, *_ in TARGETS]
+    for (name, threads), ratios in sorted(
+            groups.items(), key=lambda g: (order.index(g[0][0]) if g[0][0] in order
+                                           else len(order), g[0][0], g[0][1] or 0)):
+        r = np.sort(np.asarray(ratios))
+        rows.append(dict(target=name, threads=threads, n=len(r), median=float(np.median(r)),
+                         p10=float(np.percentile(r, 10)), p90=float(np.percentile(r, 90)),
+                         within=None if _ABSOLUTE in name else
+                         [int(np.sum(np.abs(r - 1) <= tol)) for tol in AGREE]))
+    return dict(targets=rows, flips=flips,
+                met=(sum(t["ok"] for t in first), sum(t["ok"] for t in second)),
+                only_in=(len(a.keys() - b.keys()), len(b.keys() - a.keys())))
+
+
+def format_compare(c, names=("first", "second")):
+    """``compare``'s result as text (``names``: what the two runs are, e.g. their files): one
+    line per target and thread count, then the flips."""
+    tols = " / ".join(f"{100 * t:g} %" for t in AGREE)
+    lines = [f"first: {names[0]} ({c['met'][0]} targets met)",
+             f"second: {names[1]} ({c['met'][1]} targets met)",
+             f"second / first per target (median, 10–90 %, share within {tols}):"]
+    for r in c["targets"]:
+        th = "" if r["threads"] is None else f" {r['threads']}T"
+        if r["within"] is None:
+            lines.append(f"  {r['target']}{th}: n={r['n']}, second − first: median "
+                         f"{r['median']:+.1f}, {r['p10']:+.1f} to {r['p90']:+.1f}")
+            continue
+        within = " / ".join(f"{100 * w / r['n']:.0f} %" for w in r["within"])
+        lines.append(f"  {r['target']}{th}: n={r['n']}, median {r['median']:.3f}, "
+                     f"{r['p10']:.3f}–{r['p90']:.3f}, within {within}")
+    if c["only_in"] != (0, 0):
+        lines.append(f"targets in one run only: {c['only_in'][0]} (first), "
+                     f"{c['only_in'][1]} (second)")
+    lines.append(f"met in one run only: {len(c['flips'])}")
+    for f in c["flips"]:
+        th = "" if f["threads"] is None else f" {f['threads']}T"
+        v = " → ".join("—" if x is None else f"{x:.3g}" for x in (f["first"], f["second"]))
+        lines.append(f"  {f['target']}: {f['config']} {short_dtype(f['dtype'])}{th} {v} "
+                     f"(limit {f['limit']:g})")
+    return "\n".join(lines)
+
+
 # --- tables --------------------------------------------------------------------------------
 def short_dtype(dt):
     return {"float32": "f32", "float64": "f64"}.get(dt, dt)

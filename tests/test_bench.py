@@ -689,6 +689,64 @@ def test_targets():
     assert "missed" in report.format_targets(report.targets(rows, memory))
 
 
+def _target(name, config, value, ok, threads=1, dtype="float32", limit=1.0):
+    return dict(target=name, config=config, dtype=dtype, threads=threads, value=value,
+                limit=limit, op=">=", ok=ok)
+
+
+def test_compare_says_how_far_two_runs_agree():
+    """``--compare``'s figures: per target and thread count the second run's value over the
+    first's (a time in µs: the difference), its median, and how many ratios lie within 5 % and
+    10 %; the targets met in one run only; targets one run lacks are counted, not compared."""
+    pt, fl, us = ("PyTorch training / cgru training", "training / FLOP limit",
+                  "streaming per-call overhead (µs)")
+    mem = "peak memory / (reserve + inputs + outputs)"
+    first = [_target(pt, "A", 1.00, True), _target(pt, "B", 2.00, True),
+             _target(pt, "C", 1.00, True), _target(pt, "D", 1.00, False, threads=2),
+             _target(fl, "B", 1.10, True), _target(us, "S1", 10.0, True),
+             _target(mem, "B", 1.3, False, threads=None), _target(pt, "E", 1.0, True),
+             _target(pt, "F", 1.0, True)]
+    second = [_target(pt, "A", 1.02, True), _target(pt, "B", 2.60, True),
+              _target(pt, "C", 1.08, False),             # met in the first run only
+              _target(pt, "D", 0.90, False, threads=2), _target(fl, "B", 1.10, True),
+              _target(us, "S1", 12.5, True), _target(mem, "B", 1.3, False, threads=None),
+              _target(pt, "F", None, True),              # not measured: not compared
+              _target(pt, "G", 1.0, True)]               # only in the second run
+    c = report.compare(first, second)
+    by = {(r["target"], r["threads"]): r for r in c["targets"]}
+    r = by[(pt, 1)]                                      # ratios 1.02, 1.3, 1.08
+    assert r["n"] == 3 and r["median"] == pytest.approx(1.08) and r["within"] == [1, 2]
+    assert by[(pt, 2)]["within"] == [0, 1] and by[(pt, 2)]["median"] == pytest.approx(0.9)
+    assert by[(fl, 1)]["within"] == [1, 1]
+    assert by[(us, 1)]["median"] == pytest.approx(2.5) and by[(us, 1)]["within"] is None
+    assert by[(mem, None)]["median"] == 1.0
+    assert [(f["target"], f["config"], f["first"], f["second"]) for f in c["flips"]] == \
+        [(pt, "C", 1.0, 1.08)]
+    assert c["met"] == (7, 6) and c["only_in"] == (1, 1)
+    text = report.format_compare(c, ("one.json", "two.json"))
+    assert "first: one.json (7 targets met)" in text and "met in one run only: 1" in text
+    assert "C f32 1T 1 → 1.08 (limit 1)" in text and "second − first: median +2.5" in text
+    # the same run twice agrees exactly
+    same = report.compare(first, first)
+    assert not same["flips"] and all(r["within"] is None or r["within"][0] == r["n"]
+                                     for r in same["targets"])
+
+
+def test_compare_from_the_command_line(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"targets": [_target("training / FLOP limit", "B", 1.1, True)]}))
+    b.write_text(json.dumps({"targets": [_target("training / FLOP limit", "B", 1.2, False)]}))
+    assert bench_main.main(["--compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "met in one run only: 1" in out and "B f32 1T 1.1 → 1.2" in out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"results": []}))
+    assert bench_main.main(["--compare", str(a), str(bad)]) == 2
+    assert "bad.json is not the JSON of a bench run" in capsys.readouterr().err
+    assert bench_main.main(["--compare", str(tmp_path / "missing.json"), str(a)]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
 def test_derive_ratios_and_streaming_overhead():
     r = dict(systems={"cgru_fwd": {"median_ms": 0.10}, "bound_fwd": {"median_ms": 0.02},
                       "ort_fwd": {"median_ms": 0.05}, "cgru_fb": {"median_ms": 1.0},
