@@ -484,8 +484,8 @@ CGRU_INLINE void NAME##_rows(const int ISA, const int TA, int m, int n, int k, c
                  * group's kb rows in turn: the writes go to one group's rows in order. Row   \
                  * after row across all groups wrote every group at once, their rows G·k     \
                  * values apart (k = 640: five pages, one cache set), copied at a third of  \
-                 * this speed: dW of T = 200, N = 16, H = 128 (640 × 384 × 128) took 627 µs, \
-                 * now 582 (the same product with a row-major A: 553).                     */ \
+                 * this speed: dW of T = 200, N = 16, H = 128 (m, n, k = 384, 128, 640)     \
+                 * took 627 µs, now 582 (the same product with a row-major A: 553).        */ \
                 int kb = (int)((24 << 10) / ((size_t)r * sizeof(T)));                          \
                 kb = kb < 4 ? 4 : kb > 32 ? 32 : kb;                                           \
                 for (int k0 = 0; k0 < k; k0 += kb) {                                           \
