@@ -356,6 +356,15 @@ def compare_runs(first, second):
             print(f"--compare: {path} is not the JSON of a bench run (no list of targets)",
                   file=sys.stderr)
             return 2
+        bad = [t for t in doc["targets"]
+               if not (isinstance(t, dict) and report.TARGET_KEYS <= t.keys() and
+                       (t["value"] is None or type(t["value"]) in (int, float)))]
+        if bad:
+            print(f"--compare: {path}: {len(bad)} of its targets are not target records "
+                  f"(each needs {', '.join(sorted(report.TARGET_KEYS))}, the value a number "
+                  f"or null); the first: "
+                  f"{str(bad[0])[:80]}", file=sys.stderr)
+            return 2
         docs.append(doc)
     print(report.format_compare(report.compare(docs[0]["targets"], docs[1]["targets"]),
                                 (first, second)))

@@ -169,6 +169,7 @@ def format_targets(tg, width=96):
 
 # --- two runs compared ------------------------------------------------------------------------
 AGREE = (0.05, 0.10)        # the tolerances ``compare`` counts ratios within
+TARGET_KEYS = frozenset(("target", "config", "dtype", "threads", "value", "limit", "ok"))
 _ABSOLUTE = "(µs)"          # in a target's name: its value is a time, not a ratio
 
 
@@ -179,10 +180,9 @@ def compare(first, second):
     row), the second run's value over the first's, its median and 10th/90th percentiles, and
     how many lie within each of ``AGREE`` of 1 (a target in µs, which is a difference of times
     rather than a ratio: the second value minus the first, ``within`` None) —, ``"flips"``:
-    the targets met in one run
-    only (``{target, config, dtype, threads, first, second, limit}``), ``"met"``: (first,
-    second) counts of targets met, ``"only_in"``: (first, second) counts of targets one run
-    has and the other not}``."""
+    the targets met in one run only (``{target, config, dtype, threads, first, second,
+    limit}``), ``"met"``: (first, second) counts of targets met, ``"only_in"``: (first,
+    second) counts of targets one run has and the other not}``."""
     def key(t):
         return t["target"], t["config"], t["dtype"], t["threads"]
 
@@ -201,11 +201,11 @@ def compare(first, second):
             flips.append(dict(target=k[0], config=k[1], dtype=k[2], threads=k[3],
                               first=va, second=vb, limit=ta["limit"]))
     rows = []
-    order = [name for name, *_ in TARGETS]
+    order = {name: i for i, (name, *_) in enumerate(TARGETS)}      # the report's order
     for (name, threads), ratios in sorted(
-            groups.items(), key=lambda g: (order.index(g[0][0]) if g[0][0] in order
-                                           else len(order), g[0][0], g[0][1] or 0)):
-        r = np.sort(np.asarray(ratios))
+            groups.items(), key=lambda g: (order.get(g[0][0], len(order)), g[0][0],
+                                           g[0][1] or 0)):
+        r = np.asarray(ratios)
         rows.append(dict(target=name, threads=threads, n=len(r), median=float(np.median(r)),
                          p10=float(np.percentile(r, 10)), p90=float(np.percentile(r, 90)),
                          within=None if _ABSOLUTE in name else

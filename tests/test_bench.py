@@ -745,6 +745,15 @@ def test_compare_from_the_command_line(tmp_path, capsys):
     assert "bad.json is not the JSON of a bench run" in capsys.readouterr().err
     assert bench_main.main(["--compare", str(tmp_path / "missing.json"), str(a)]) == 2
     assert "cannot read" in capsys.readouterr().err
+    odd = tmp_path / "odd.json"                  # a list of targets, one of them not a record
+    odd.write_text(json.dumps({"targets": [_target("training / FLOP limit", "B", 1.1, True),
+                                           {"target": "training / FLOP limit"}]}))
+    assert bench_main.main(["--compare", str(a), str(odd)]) == 2
+    err = capsys.readouterr().err
+    assert "odd.json: 1 of its targets are not target records" in err and "config" in err
+    odd.write_text(json.dumps({"targets": [_target("training / FLOP limit", "B", "1.1", True)]}))
+    assert bench_main.main(["--compare", str(a), str(odd)]) == 2
+    assert "not target records" in capsys.readouterr().err
 
 
 def test_derive_ratios_and_streaming_overhead():
