@@ -18,6 +18,9 @@ ISAS = {"AVX-512": [4, 3, 0], "AVX2+FMA": [3, 0], "baseline": [0]}[K.simd_isa()]
 @pytest.mark.parametrize("m,n,k", [(1, 64, 5), (1, 70, 33), (2, 128, 17), (3, 48, 8),
                                    (4, 16, 1), (7, 35, 12), (8, 64, 9), (9, 200, 31),
                                    (20, 3, 4), (17, 96, 64),
+                                   # one row on AVX-512: four panels at a time, the last
+                                   # group's last panel partial (float32 8 panels, float64 16)
+                                   (1, 250, 40),
                                    # AVX2's half panels: 4 or 5 rows left after sixes, a
                                    # second half of under 16 columns, a panel of one half
                                    (5, 40, 9), (10, 50, 7), (11, 17, 3), (6, 48, 2),
@@ -223,18 +226,21 @@ def test_short_k_rows_are_the_micro_kernels_bits(isa, dtype, trans_a):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_packed_gemm_rows_do_not_depend_on_the_batch_split(dtype):
+@pytest.mark.parametrize("n", [210, 250])
+def test_packed_gemm_rows_do_not_depend_on_the_batch_split(dtype, n):
     # Every row is bitwise the same whether computed alone, in a block of 3, or among 20 rows:
-    # the property that makes cgru's results independent of the thread count.
+    # the property that makes cgru's results independent of the thread count. (A row alone
+    # runs other panel groupings than the rows of a block: n = 250 puts a partial last panel
+    # into AVX-512's one-row groups of four.)
     rng = np.random.default_rng(0)
     A = rng.standard_normal((20, 67)).astype(dtype)
-    B = rng.standard_normal((3 * 70, 67)).astype(dtype)
+    B = rng.standard_normal((n, 67)).astype(dtype)
     Bp = K.pack_rhs(B, True)
-    whole = np.empty((20, 210), dtype)
-    K.gemm_packed_rm(A, Bp, 210, whole, False)
+    whole = np.empty((20, n), dtype)
+    K.gemm_packed_rm(A, Bp, n, whole, False)
     for lo, hi in [(0, 1), (5, 8), (3, 5), (8, 20), (19, 20)]:
-        part = np.empty((hi - lo, 210), dtype)
-        K.gemm_packed_rm(np.ascontiguousarray(A[lo:hi]), Bp, 210, part, False)
+        part = np.empty((hi - lo, n), dtype)
+        K.gemm_packed_rm(np.ascontiguousarray(A[lo:hi]), Bp, n, part, False)
         assert np.array_equal(part, whole[lo:hi]), (lo, hi)
 
 
