@@ -317,6 +317,35 @@ def test_a_child_forked_while_a_buffer_lock_is_held_does_not_hang(run):
     """)
 
 
+def test_a_child_forked_while_a_thread_is_inside_the_pools_update_runs(run):
+    """A C host's fork may catch another thread between two of the buffer pool's updates (a
+    block taken, its size still listed) or holding the lock of the networks' plans or of the
+    C ABI's weight spaces: the child starts an empty pool and fresh locks and computes the
+    parent's bits (such children failed with an IndexError, or waited forever)."""
+    run("""
+        from cgru.core import plan, weights
+        import cgru.capi as capi
+        net, x = problem()
+        sealed = net.sealed()
+        y = cgru.forward(sealed, x).y                # an inference's plan, kept by its Frozen
+        call()
+        with plan._pool_lock, weights._plans_lock, capi._weight_spaces_lock:
+            assert plan._idle, "no idle block to leave half taken"
+            for key in list(plan._idle):             # every idle block half taken, as a
+                size, _ = plan._idle.pop(key)        # thread stopped inside _take_idle
+                plan._idle_by_size[size].remove(key)  # leaves one
+            pid = os.fork()
+            if pid == 0:
+                with capi._weight_spaces_lock:
+                    pass
+                ok = same(call(), want) and np.array_equal(cgru.forward(sealed, x).y, y)
+                os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        print("OK")
+    """)
+
+
 def test_a_child_forked_while_another_thread_binds_blas_does_not_hang(run):
     """The first call's binding of BLAS (the threadpoolctl path does it lazily, under a lock)
     may be under way in another thread at the fork: the child gets a fresh lock and binds

@@ -51,6 +51,7 @@ from collections import namedtuple
 import ctypes
 import functools
 import math
+import os
 import struct
 import threading
 
@@ -338,6 +339,18 @@ def _space(size, addr, need, what, size_name, query):
 _WEIGHT_SPACES = collections.OrderedDict()     # (address, bytes) -> ctypes view, newest last
 _WEIGHT_SPACES_KEPT = 8
 _weight_spaces_lock = threading.Lock()
+
+
+def _fresh_weight_spaces():
+    """In a forked child: a new lock and no views kept (another thread of the parent may have
+    held the lock at the fork, and would never release it here)."""
+    global _weight_spaces_lock, _WEIGHT_SPACES
+    _weight_spaces_lock = threading.Lock()
+    _WEIGHT_SPACES = collections.OrderedDict()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_weight_spaces)
 
 
 def _weight_space(size, addr, need):

@@ -173,9 +173,15 @@ def pool_state():
 
 def _fresh_locks():
     """In a forked child: a new lock (another thread of the parent may have held it at the
-    fork, and would never release it here)."""
-    global _pool_lock
+    fork, and would never release it here), and an empty pool — that thread may have stopped
+    between two of the pool's updates (a size listed with no block left: the child's next call
+    failed with an IndexError); the blocks lent out come back to the new pool as before."""
+    global _pool_lock, _idle, _idle_by_size, _idle_sizes, _idle_bytes
     _pool_lock = threading.RLock()
+    _idle = collections.OrderedDict()
+    _idle_by_size = collections.defaultdict(list)
+    _idle_sizes = []
+    _idle_bytes = 0
 
 
 if hasattr(os, "register_at_fork"):

@@ -59,6 +59,7 @@ _reuse = True                 # False: nothing is kept between calls (the tests'
 _cache = collections.OrderedDict()   # key -> Kept, least recently used first
 _cached_bytes = 0
 _lock = threading.RLock()     # re-entrant: an owner's finalisation may drop an entry anywhere
+_plans_lock = threading.Lock()   # every Frozen's plans (one lock, so that a fork can renew it)
 _frozen_sealed = weakref.WeakKeyDictionary()   # a sealed network -> (layers, arrays, keys, Frozen)
 
 
@@ -216,7 +217,7 @@ class Frozen:
     """The weights of one call: ``net`` (a ``Network`` of the kept copies, the caller's cell
     and topology) and ``kept[i][name]`` (the ``Kept`` of layer-direction ``i``'s array)."""
 
-    __slots__ = ("net", "kept", "_args", "_plans", "_plans_lock", "__weakref__")
+    __slots__ = ("net", "kept", "_args", "_plans", "__weakref__")
 
     PLANS = 16          # the forward plans kept, for the most recent shapes
 
@@ -224,8 +225,7 @@ class Frozen:
         self.net = net
         self.kept = kept
         self._args = {}
-        self._plans = collections.OrderedDict()
-        self._plans_lock = threading.Lock()
+        self._plans = collections.OrderedDict()     # under _plans_lock
 
     def direction_args(self, kind, cell, i, forward):
         """Layer-direction ``i``'s fixed arguments of the kernels (``Direction`` keywords) for
@@ -264,13 +264,13 @@ class Frozen:
     def plan(self, key, make):
         """As ``memo``, for keys that name shapes (a network may see many): the ``PLANS`` most
         recently used are kept."""
-        with self._plans_lock:
+        with _plans_lock:
             found = self._plans.get(key)
             if found is not None:
                 self._plans.move_to_end(key)
                 return found
         found = make()
-        with self._plans_lock:
+        with _plans_lock:
             self._plans[key] = found
             if len(self._plans) > self.PLANS:
                 self._plans.popitem(last=False)
@@ -439,8 +439,11 @@ def cached_entries():
 
 
 def _fresh_lock():
-    global _lock
+    """In a forked child: new locks (another thread of the parent may have held one at the
+    fork, and would never release it here: the child's next call waited for it forever)."""
+    global _lock, _plans_lock
     _lock = threading.RLock()
+    _plans_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
