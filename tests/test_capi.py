@@ -388,6 +388,21 @@ def test_forks_while_another_thread_is_inside_a_call(build):
     assert "fork_calls busy: OK (20 children" in res.stdout
 
 
+@pytest.mark.parametrize("mode", ["churn", "churn-python"], ids=["c_fork", "python_fork"])
+def test_forks_while_threads_that_each_make_a_call_come_and_go(build, mode):
+    """tests/c/gru_fork_calls.c churn: 300 forks while threads that each make one call (a
+    forward or a small call) start and end back to back, forked by a C fork() or the way
+    os.fork forks (churn-python).  A fork that caught such a thread while CPython made or
+    deleted its thread state left the child waiting forever in PyOS_AfterFork_Child (most runs
+    hung before libcgru kept one thread state per thread, made and deleted under a lock that
+    its forks hold).  Every child computes bitwise the parent's result, and once the threads
+    ended the interpreter holds no thread state of theirs."""
+    exe = build("gru_fork_calls.c", "-pthread")
+    res = _run_bounded([exe, mode, "300", "60"], 900, f"gru_fork_calls {mode}")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"fork_calls {mode}: OK (300 children" in res.stdout
+
+
 # sitecustomize.py for tests/c/gru_fork_calls.c setup: holds libcgru's set-up (the first call)
 # at one point — while the embedded interpreter starts ("site"), or as cgru.capi is imported
 # ("import") — until the program writes a byte on the pipe named by $CGRU_TEST_SETUP_GATE.

@@ -20,6 +20,17 @@
  * PyGILState_Ensure; the engine releases it inside its kernels, so calls from several threads
  * overlap.  The interpreter libcgru starts is never finalised by libcgru.
  *
+ * THREAD STATES.  A host thread without a Python thread state gets one from libcgru at its first
+ * call, kept until the thread ends (a pthread key's destructor clears it under the GIL and
+ * deletes it): PyGILState_Ensure/Release would otherwise make and delete one in every call.
+ * CPython makes and deletes thread states under a lock of its runtime that a fork must not
+ * catch held: the child's PyOS_AfterFork_Child waits for it forever (CPython 3.11 and older do
+ * not take it around a fork; a thread that made one per call hit it about once in a few
+ * thousand forks).  libcgru therefore makes and deletes them only under thread_states_lock,
+ * without the GIL, and every fork it sees (its interpreter handlers, and its os.register_at_fork
+ * callbacks for Python's own forks) holds that lock, after the GIL, across the fork.  Threads
+ * Python itself starts and ends are CPython's concern (3.12 takes its lock around a fork).
+ *
  * FINALISATION.  An interpreter libcgru joined belongs to the host, which may finalise it
  * (Py_Finalize) while other threads are inside cgru calls.  CPython ends a thread that takes
  * the GIL once finalisation is under way, so such a call would never return.  libcgru counts
@@ -110,7 +121,9 @@
     X(PyObject_Str) X(PySys_GetObject) X(PyList_Insert) X(PyList_Append)                        \
     X(PyUnicode_DecodeFSDefault) X(PySequence_Contains) X(PyErr_ExceptionMatches)               \
     X(PyExc_MemoryError) X(PyCMethod_New)                                                      \
-    X(PyOS_BeforeFork) X(PyOS_AfterFork_Parent) X(PyOS_AfterFork_Child)
+    X(PyOS_BeforeFork) X(PyOS_AfterFork_Parent) X(PyOS_AfterFork_Child)                       \
+    X(PyInterpreterState_Main) X(PyThreadState_New) X(PyThreadState_Clear)                     \
+    X(PyThreadState_Delete)
 
 #define PY_DECLARE(name) __typeof__(name) *name;
 static struct { PY_FUNCTIONS(PY_DECLARE) } py;
@@ -141,6 +154,12 @@ static _Thread_local int python_forking;         /* Python's own fork protocol r
 static _Thread_local int fork_took_gil;          /* this thread's fork: the handlers' GIL */
 static _Thread_local PyGILState_STATE fork_gil;
 static _Thread_local int fork_made_thread_state; /* ... and this thread's Python thread state */
+static _Thread_local int fork_holds_thread_states; /* this thread's fork holds thread_states_lock */
+
+/* The Python thread states libcgru makes for the host's threads (see THREAD STATES).  Lock
+ * order: the GIL before thread_states_lock; nothing waits for the GIL holding it. */
+static pthread_mutex_t thread_states_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_key_t thread_state_key;  /* a thread's own, deleted when the thread ends */
 
 /* Written by the set-up thread before the state leaves STARTING (or by a forked child's state
  * handler), read under runtime_lock after. */
@@ -410,6 +429,59 @@ static void leave(void)
     unlock_state();
 }
 
+/* Count a call (or a fork, or a thread's end) in flight if the runtime is ready: 1, else 0. */
+static int enter_if_ready(void)
+{
+    lock_state();
+    int ready = runtime_state == RUNTIME_READY;
+    if (ready) {
+        calls_in_flight++;
+        calls_on_this_thread++;
+    }
+    unlock_state();
+    return ready;
+}
+
+/* ---- thread states ------------------------------------------------------------------------ */
+/* Give this thread a Python thread state of its own unless it has one (a Python thread, the
+ * thread that started the interpreter, or one libcgru made earlier): made outside the GIL, under
+ * thread_states_lock, and kept until the thread ends.  0, or -1 when Python could not make
+ * one (out of memory). */
+static int have_thread_state(void)
+{
+    if (py.PyGILState_GetThisThreadState() != NULL)
+        return 0;
+    pthread_mutex_lock(&thread_states_lock);
+    PyThreadState *thread_state = py.PyThreadState_New(py.PyInterpreterState_Main());
+    pthread_mutex_unlock(&thread_states_lock);
+    if (thread_state == NULL)
+        return -1;
+    /* PyThreadState_New bound it to this thread for PyGILState_Ensure, with the count that
+     * keeps PyGILState_Release from deleting it */
+    pthread_setspecific(thread_state_key, thread_state);
+    return 0;
+}
+
+/* thread_state_key's destructor, when a thread with a thread state libcgru made ends: clear it
+ * under the GIL, delete it under thread_states_lock without the GIL.  After the interpreter's
+ * finalisation began there is nothing to do (it deletes every thread state itself); a
+ * finalisation waits for this like for a call. */
+static void drop_thread_state(void *state)
+{
+    PyThreadState *thread_state = state;
+    if (!enter_if_ready())
+        return;
+    if (py.Py_IsInitialized()) {
+        py.PyEval_RestoreThread(thread_state);
+        py.PyThreadState_Clear(thread_state);
+        py.PyEval_SaveThread();
+        pthread_mutex_lock(&thread_states_lock);
+        py.PyThreadState_Delete(thread_state);
+        pthread_mutex_unlock(&thread_states_lock);
+    }
+    leave();
+}
+
 /* ---- finding or starting the interpreter (the set-up's first part, without the GIL) -------- */
 static cgru_status_t start_interpreter(void)
 {
@@ -476,13 +548,37 @@ static PyObject *on_python_fork_before(PyObject *self, PyObject *unused)
 {
     (void)self, (void)unused;
     python_forking = 1;
+    if (!fork_holds_thread_states) {        /* the GIL is held: the lock order allows it */
+        pthread_mutex_lock(&thread_states_lock);
+        fork_holds_thread_states = 1;
+    }
     return none();
 }
 
-static PyObject *on_python_fork_after(PyObject *self, PyObject *unused)
+static void release_thread_states_after_fork(int in_child)
+{
+    if (!fork_holds_thread_states)
+        return;
+    fork_holds_thread_states = 0;
+    if (in_child)
+        pthread_mutex_init(&thread_states_lock, NULL);   /* held by this thread at the fork */
+    else
+        pthread_mutex_unlock(&thread_states_lock);
+}
+
+static PyObject *on_python_fork_parent(PyObject *self, PyObject *unused)
 {
     (void)self, (void)unused;
     python_forking = 0;
+    release_thread_states_after_fork(0);
+    return none();
+}
+
+static PyObject *on_python_fork_child(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    python_forking = 0;
+    release_thread_states_after_fork(1);
     return none();
 }
 
@@ -490,8 +586,10 @@ static PyMethodDef exit_hook = {"libcgru_at_exit", on_interpreter_exit, METH_NOA
                                 "libcgru: refuse new calls, wait for the calls in flight"};
 static PyMethodDef fork_before_hook = {"libcgru_before_fork", on_python_fork_before,
                                        METH_NOARGS, "libcgru: Python forks on this thread"};
-static PyMethodDef fork_after_hook = {"libcgru_after_fork", on_python_fork_after, METH_NOARGS,
-                                      "libcgru: Python's fork on this thread is done"};
+static PyMethodDef fork_parent_hook = {"libcgru_after_fork_parent", on_python_fork_parent,
+                                       METH_NOARGS, "libcgru: Python forked on this thread"};
+static PyMethodDef fork_child_hook = {"libcgru_after_fork_child", on_python_fork_child,
+                                      METH_NOARGS, "libcgru: the child of Python's fork"};
 
 /* module.name(*args, **kwargs) for its success (args: a tuple, kwargs: a dict or NULL; both
  * references are taken); needs the GIL. */
@@ -513,19 +611,21 @@ static cgru_status_t register_interpreter_hooks(void)
     char error[768];
     PyObject *at_exit = py.PyCMethod_New(&exit_hook, NULL, NULL, NULL);
     PyObject *before = py.PyCMethod_New(&fork_before_hook, NULL, NULL, NULL);
-    PyObject *after = py.PyCMethod_New(&fork_after_hook, NULL, NULL, NULL);
+    PyObject *parent = py.PyCMethod_New(&fork_parent_hook, NULL, NULL, NULL);
+    PyObject *child = py.PyCMethod_New(&fork_child_hook, NULL, NULL, NULL);
     PyObject *atexit_module = py.PyImport_ImportModule("atexit");
     PyObject *os_module = py.PyImport_ImportModule("os");
-    int ok = at_exit && before && after &&
+    int ok = at_exit && before && parent && child &&
              call_and_drop(atexit_module, "register", py.Py_BuildValue("(O)", at_exit), NULL) &&
              call_and_drop(os_module, "register_at_fork", py.Py_BuildValue("()"),
                            py.Py_BuildValue("{s:O,s:O,s:O}", "before", before,
-                                            "after_in_parent", after, "after_in_child", after));
+                                            "after_in_parent", parent, "after_in_child", child));
     if (!ok)
         take_python_error(error, sizeof error);
     if (os_module) py.Py_DecRef(os_module);
     if (atexit_module) py.Py_DecRef(atexit_module);
-    if (after) py.Py_DecRef(after);
+    if (child) py.Py_DecRef(child);
+    if (parent) py.Py_DecRef(parent);
     if (before) py.Py_DecRef(before);
     if (at_exit) py.Py_DecRef(at_exit);
     if (!ok)
@@ -607,6 +707,10 @@ static void warm_up(void)
 /* Under the GIL: import cgru.capi, register the interpreter hooks, warm up. */
 static cgru_status_t join_interpreter(void)
 {
+    if (have_thread_state() != 0) {
+        start_fail(CGRU_STATUS_ALLOC_FAILED, "cannot make a Python thread state (out of memory)");
+        return start_status;
+    }
     PyGILState_STATE gil = py.PyGILState_Ensure();
     cgru_status_t status = import_capi();
     if (status == CGRU_STATUS_SUCCESS)
@@ -638,19 +742,13 @@ static void state_child(void)
 static void interpreter_prepare(void)
 {
     fork_took_gil = 0;
-    if (python_forking)
+    if (python_forking || !enter_if_ready())   /* a finalisation waits until the fork is done */
         return;
-    lock_state();
-    int usable = runtime_state == RUNTIME_READY;
-    if (usable) {
-        calls_in_flight++;                  /* a finalisation waits until the fork is done */
-        calls_on_this_thread++;
-    }
-    unlock_state();
-    if (!usable)
-        return;
+    have_thread_state();        /* (if it cannot, PyGILState_Ensure makes one for the fork) */
     fork_made_thread_state = py.PyGILState_GetThisThreadState() == NULL;
     fork_gil = py.PyGILState_Ensure();
+    pthread_mutex_lock(&thread_states_lock);
+    fork_holds_thread_states = 1;
     py.PyOS_BeforeFork();
     fork_took_gil = 1;
 }
@@ -661,6 +759,7 @@ static void interpreter_parent(void)
         return;
     fork_took_gil = 0;
     py.PyOS_AfterFork_Parent();
+    release_thread_states_after_fork(0);
     py.PyGILState_Release(fork_gil);
     leave();
 }
@@ -670,6 +769,7 @@ static void interpreter_child(void)
     if (!fork_took_gil)
         return;
     fork_took_gil = 0;
+    release_thread_states_after_fork(1);    /* the parent's other threads are not here */
     py.PyOS_AfterFork_Child();
     /* PyOS_AfterFork_Child deleted every thread state but this thread's, and CPython needs an
      * interpreter to keep one: a thread state made for the fork stays (this thread's, like
@@ -696,6 +796,12 @@ static void set_up(void)
             pthread_atfork(state_prepare, state_parent, state_child) == 0)) {
         start_fail(CGRU_STATUS_RUNTIME_UNAVAILABLE,
                    "cannot register libcgru's fork handlers (pthread_atfork failed)");
+        status = start_status;
+    }
+    if (status == CGRU_STATUS_SUCCESS && pthread_key_create(&thread_state_key,
+                                                           drop_thread_state) != 0) {
+        start_fail(CGRU_STATUS_RUNTIME_UNAVAILABLE,
+                   "cannot set up libcgru's thread states (pthread_key_create failed)");
         status = start_status;
     }
     if (status == CGRU_STATUS_SUCCESS)
@@ -814,6 +920,11 @@ cgru_status_t cgru__py_call(const char *function, long long *values, int nvalues
     if (!py.Py_IsInitialized()) {
         leave();
         return cgru__fail(CGRU_STATUS_RUNTIME_UNAVAILABLE, "%s", FINALISED_MESSAGE);
+    }
+    if (have_thread_state() != 0) {
+        leave();
+        return cgru__fail(CGRU_STATUS_ALLOC_FAILED, "cannot make a Python thread state for "
+                          "this thread (out of memory)");
     }
     PyGILState_STATE gil = py.PyGILState_Ensure();
     va_list ap;

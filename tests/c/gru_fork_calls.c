@@ -9,6 +9,18 @@
  *                  FORKS times (default 20), each time once the worker has entered a new call;
  *                  every child runs the same forward and must get bitwise the parent's y and hy,
  *                  the worker's results too.
+ *   churn [FORKS]  like busy, but every call is made by a thread of its own that makes that one
+ *                  call and ends (threads that come and go, as in a host's pool that grows and
+ *                  shrinks): two spawner threads start such threads back to back (three small
+ *                  calls to a forward) while the main thread forks FORKS times (default 20),
+ *                  each time once a new thread has entered its call.  A fork must not catch
+ *                  one of them while Python registers or removes its thread state (the child
+ *                  would wait in CPython's re-initialisation forever).  Then the interpreter
+ *                  must hold no thread state of the threads that ended (each is deleted as its
+ *                  thread ends).
+ *   churn-python   churn, each fork made the way Python's os.fork makes it (the GIL, then
+ *                  PyOS_BeforeFork; PyOS_AfterFork_Child or _Parent after), as a Python process
+ *                  whose other threads call cgru would fork.
  *   setup          a worker thread makes the process's first call; the main thread forks while
  *                  that call is setting the runtime up: the child's call must return
  *                  CGRU_STATUS_RUNTIME_UNAVAILABLE naming the fork (not hang).  The program holds
@@ -24,9 +36,10 @@
  *
  *   cc -Wall -Wextra -Werror -std=c99 -pthread gru_fork_calls.c -o gru_fork_calls \
  *      $(python -m cgru --cflags --libs)
- *   ./gru_fork_calls busy|setup|fresh [FORKS] [TIMEOUT seconds, default 60]
+ *   ./gru_fork_calls busy|churn|churn-python|setup|fresh [FORKS] [TIMEOUT seconds, default 60]
  */
 #define _POSIX_C_SOURCE 200809L
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -53,6 +66,7 @@ static float *weights;
 static float x[X_N], hx[H_N];
 static float want_y[Y_N], want_hy[H_N];   /* the reference result */
 static int timeout_seconds = 60;
+static int fork_as_python;   /* fork() inside Python's own fork protocol (churn-python) */
 
 /* ---- the problem ---------------------------------------------------------------------- */
 static void describe(void)
@@ -113,13 +127,48 @@ static void child_is_refused(void)
     _exit(CHILD_OK);
 }
 
+/* A function of the Python C API libcgru loaded (exits if it is not there). */
+static void *python_function(const char *name)
+{
+    void *self = dlopen(NULL, RTLD_NOW);
+    void *f = self ? dlsym(self, name) : NULL;
+    if (f == NULL) {
+        fprintf(stderr, "%s: not found in the process\n", name);
+        exit(1);
+    }
+    return f;
+}
+
+/* fork(), or with fork_as_python fork() wrapped as os.fork wraps it. */
+static pid_t fork_maybe_as_python(void)
+{
+    if (!fork_as_python)
+        return fork();
+    int (*ensure)(void);
+    void (*release)(int), (*before)(void), (*parent)(void), (*child)(void);
+    *(void **)&ensure = python_function("PyGILState_Ensure");
+    *(void **)&release = python_function("PyGILState_Release");
+    *(void **)&before = python_function("PyOS_BeforeFork");
+    *(void **)&parent = python_function("PyOS_AfterFork_Parent");
+    *(void **)&child = python_function("PyOS_AfterFork_Child");
+    int gil = ensure();
+    before();
+    pid_t pid = fork();
+    if (pid == 0)
+        child();
+    else
+        parent();
+    release(gil);
+    return pid;
+}
+
 /* fork(); the child runs body (which does not return) under an alarm that ends it even if the
  * parent is gone. */
 static pid_t fork_child(void (*body)(void))
 {
     fflush(stdout);
     fflush(stderr);
-    pid_t pid = fork();
+    pid_t pid = fork_maybe_as_python();
     if (pid < 0) {
         perror("fork");
         exit(1);
@@ -252,6 +301,105 @@ static int run_busy(int forks)
     return ok ? 0 : 1;
 }
 
+/* ---- churn: forks while threads that each make one call come and go -------------------- */
+static void *one_call(void *which)
+{
+    static float y[2][Y_N], hy[2][H_N];
+    int k = (int)(intptr_t)which;   /* 0, 1: a forward into the spawner's y; 2: a small call */
+    size_t bytes = 0;
+    cgru_status_t st = k < 2 ? forward(y[k], hy[k]) : cgru_get_weight_space_size(&desc, &bytes);
+    int bad = st != CGRU_STATUS_SUCCESS ||
+              (k < 2 ? !is_reference(y[k], hy[k]) : bytes != weight_bytes);
+    if (bad) {
+        fprintf(stderr, "a thread's call: %s: %s\n", cgru_get_error_string(st),
+                st == CGRU_STATUS_SUCCESS ? "a different result" : cgru_get_last_error_message());
+        pthread_mutex_lock(&lock);
+        worker_failed = 1;
+        pthread_mutex_unlock(&lock);
+    }
+    return NULL;
+}
+
+/* Spawner `which` (0 or 1): a new thread for each call, three small calls to a forward. */
+static void *spawner(void *which)
+{
+    for (long i = 0;; i++) {
+        pthread_mutex_lock(&lock);
+        int stop = stop_worker;
+        if (!stop)
+            calls_entered++;
+        pthread_cond_broadcast(&changed);
+        pthread_mutex_unlock(&lock);
+        pthread_t t;
+        void *call = (void *)(i % 4 ? 2 : (intptr_t)which);   /* 3 small calls, 1 forward */
+        if (stop || pthread_create(&t, NULL, one_call, call) != 0 || pthread_join(t, NULL) != 0)
+            return NULL;
+    }
+}
+
+/* The number of thread states of the process's (main) Python interpreter. */
+static long python_thread_states(void)
+{
+    void *(*main_interpreter)(void), *(*head)(void *), *(*next)(void *);
+    int (*ensure)(void);
+    void (*release)(int);
+    *(void **)&main_interpreter = python_function("PyInterpreterState_Main");
+    *(void **)&head = python_function("PyInterpreterState_ThreadHead");
+    *(void **)&next = python_function("PyThreadState_Next");
+    *(void **)&ensure = python_function("PyGILState_Ensure");
+    *(void **)&release = python_function("PyGILState_Release");
+    int gil = ensure();
+    long n = 0;
+    for (void *t = head(main_interpreter()); t != NULL; t = next(t))
+        n++;
+    release(gil);
+    return n;
+}
+
+static int run_churn(int forks)
+{
+    pthread_t spawners[2], maker;
+    describe();
+    if (pthread_create(&maker, NULL, reference_maker, NULL) != 0 ||
+        pthread_join(maker, NULL) != 0 ||
+        pthread_create(&spawners[0], NULL, spawner, (void *)0) != 0 ||
+        pthread_create(&spawners[1], NULL, spawner, (void *)1) != 0) {
+        perror("pthread_create");
+        return 1;
+    }
+    size_t bytes;
+    if (fork_as_python)   /* like a Python thread, this one keeps a thread state: cgru's */
+        CHECK(cgru_get_weight_space_size(&desc, &bytes));
+    int ok = 1;
+    long seen = 0;
+    for (int k = 0; k < forks && ok; k++) {
+        seen = wait_for_new_call(seen);
+        ok = child_succeeded(fork_child(child_computes), "a fork while threads came and went");
+    }
+    pthread_mutex_lock(&lock);
+    stop_worker = 1;
+    pthread_mutex_unlock(&lock);
+    pthread_join(spawners[0], NULL);
+    pthread_join(spawners[1], NULL);
+    if (ok && worker_failed) {
+        printf("FAILED: a call of the parent's threads failed or gave a different result\n");
+        ok = 0;
+    }
+    /* left: the thread state of the thread that started the interpreter, and this thread's */
+    long states = python_thread_states();
+    if (ok && states > 2) {
+        printf("FAILED: the interpreter holds %ld thread states after %ld threads that made a "
+               "call ended (expected at most 2: those of the set-up's thread and this one)\n",
+               states, calls_entered);
+        ok = 0;
+    }
+    if (ok)
+        printf("fork_calls %s: OK (%d children forked while threads came and went computed "
+               "bitwise the parent's result; %ld threads made a call, %ld thread states left)\n",
+               fork_as_python ? "churn-python" : "churn", forks, calls_entered, states);
+    return ok ? 0 : 1;
+}
+
 /* ---- setup: a fork while the first call sets the runtime up ---------------------------- */
 static int ready_pipe[2], release_pipe[2];
 static cgru_status_t worker_status = CGRU_STATUS_SUCCESS;
@@ -373,10 +521,16 @@ int main(int argc, char **argv)
         timeout_seconds = atoi(argv[3]);
     if (strcmp(mode, "busy") == 0)
         return run_busy(forks);
+    if (strcmp(mode, "churn") == 0)
+        return run_churn(forks);
+    if (strcmp(mode, "churn-python") == 0) {
+        fork_as_python = 1;
+        return run_churn(forks);
+    }
     if (strcmp(mode, "setup") == 0)
         return run_setup();
     if (strcmp(mode, "fresh") == 0)
         return run_fresh();
-    fprintf(stderr, "usage: %s busy|setup|fresh [FORKS] [TIMEOUT]\n", argv[0]);
+    fprintf(stderr, "usage: %s busy|churn|churn-python|setup|fresh [FORKS] [TIMEOUT]\n", argv[0]);
     return 2;
 }
