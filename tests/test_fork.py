@@ -346,6 +346,36 @@ def test_a_child_forked_while_a_thread_is_inside_the_pools_update_runs(run):
     """)
 
 
+def test_a_child_forked_while_a_thread_is_inside_the_caches_update_counts_it_whole(run):
+    """A fork may catch another thread between two of the weight cache's updates: an entry in
+    place but not yet marked cached and its bytes not yet counted.  The child counts what its
+    cache holds (a count gone wrong would keep copies beyond the cache's bound, or evict
+    them early, for the child's life)."""
+    run("""
+        from cgru.core import weights
+        net, x = problem()
+        y = cgru.forward(net, x).y                   # net's weights kept while net lives
+        with weights._lock:
+            entries, nbytes = weights.cached_entries()
+            assert entries and nbytes > 0, (entries, nbytes)
+            newest = next(reversed(weights._cache.values()))
+            newest.cached = False                    # as keep() leaves it halfway
+            weights._cached_bytes -= newest.nbytes
+            pid = os.fork()
+            if pid == 0:
+                ok = weights.cached_entries() == (entries, nbytes) and newest.cached
+                ok = ok and np.array_equal(cgru.forward(net, x).y, y) and same(call(), want)
+                ok = ok and weights.cached_entries()[1] == sum(
+                    k.nbytes for k in weights._cache.values())
+                os._exit(0 if ok else 3)
+            weights._cached_bytes += newest.nbytes
+            newest.cached = True
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        print("OK")
+    """)
+
+
 def test_a_child_forked_while_another_thread_binds_blas_does_not_hang(run):
     """The first call's binding of BLAS (the threadpoolctl path does it lazily, under a lock)
     may be under way in another thread at the fork: the child gets a fresh lock and binds

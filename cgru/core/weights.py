@@ -440,10 +440,16 @@ def cached_entries():
 
 def _fresh_lock():
     """In a forked child: new locks (another thread of the parent may have held one at the
-    fork, and would never release it here: the child's next call waited for it forever)."""
-    global _lock, _plans_lock
+    fork, and would never release it here: the child's next call waited for it forever), and
+    the cache's accounting made whole again — the fork may have caught that thread between
+    two of its updates (an entry in place but not yet marked cached, its bytes not yet
+    counted)."""
+    global _lock, _plans_lock, _cached_bytes
     _lock = threading.RLock()
     _plans_lock = threading.Lock()
+    for kept in _cache.values():
+        kept.cached = True
+    _cached_bytes = sum(kept.nbytes for kept in _cache.values())
 
 
 if hasattr(os, "register_at_fork"):
