@@ -361,7 +361,7 @@ CGRU_INLINE void NAME##_block_v4(const int TA, int m, int n, int k, const T *A, 
     int panels = (n + NR - 1) / NR, p = 0;                                                     \
     if (m < 4 || (size_t)k * sizeof(T) < 1024) {                                               \
         /* one row (a step at batch 1, whose time is reading B): four panels at a time, four  \
-         * streams of B in flight — a [1, 256]·[256, 768] float product went from 7.6 to 7.1  \
+         * streams of B in flight — a [1, 256]·[256, 768] float product went from 7.6 to 7.3  \
          * µs (Zen 4, B in L2). (Two rows so, measured faster alone, ran slower here.)     */  \
         if (m == 1)                                                                            \
             for (; p + 4 <= panels; p += 4) {                                                  \
