@@ -1772,6 +1772,118 @@ def test_repeated_calls_on_one_weight_space_pack_once_and_see_changes(lib, monke
     assert not np.allclose(changed, first)
 
 
+def test_repeated_calls_read_the_descriptor_and_wrap_the_weights_once(lib, monkeypatch):
+    """A host's calls repeat one descriptor and one weight space: the descriptor is turned
+    into a model once, the weight space into a network once (libcgru keeps both for the next
+    call), and every call still gives the Python API's result."""
+    import cgru.capi as capi
+    size = ctypes.c_size_t()
+    _call(lib, "cgru_get_weight_space_size", ctypes.byref(_desc_of(lib, cgru.Topology(1, 1))),
+          ctypes.byref(size))                   # libcgru's set-up (its warm-up) done before
+    made = {"models": 0, "networks": 0}
+    real_model, real_view = capi._make_model, capi._params_view
+
+    def count(what, real):
+        def counted(*args):
+            made[what] += 1
+            return real(*args)
+        return counted
+    monkeypatch.setattr(capi, "_make_model", count("models", real_model))
+    monkeypatch.setattr(capi, "_params_view", count("networks", real_view))
+    monkeypatch.setattr(capi, "_MODELS", {})
+    topo = cgru.Topology(3, 5)
+    weights = cgru.Network.random(topo, np.float64, seed=6).flat()
+    desc = _desc_v2(lib, topo, "gru", np.float64, seed=77)   # a descriptor no other test uses
+    x = np.random.default_rng(7).standard_normal((4, 2, 3))
+    want = cgru.forward(cgru.Network.from_flat(topo, weights), x).y
+    for _ in range(4):
+        _call(lib, "cgru_get_weight_space_size", ctypes.byref(desc), ctypes.byref(size))
+        y = np.empty((4, 2, 5))
+        _call(lib, "cgru_rnn_forward", ctypes.byref(desc), 0, 0, 4, 2, None, _ptr(x), _ptr(y),
+              None, None, size, _ptr(weights), ctypes.c_size_t(0), None, ctypes.c_size_t(0),
+              None)
+        np.testing.assert_array_equal(y, want)
+    assert made == {"models": 1, "networks": 1}, made
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+@pytest.mark.parametrize("states", ["none", "hx", "hy", "both"])
+def test_repeated_inference_writes_the_callers_buffers_as_the_first_call(lib, monkeypatch,
+                                                                          kind, states):
+    """From the third identical inference on, a call runs as the engine's repeated calls run
+    (straight into the plan's runner), writing the caller's y, hy and cy: bitwise what the
+    first calls (the general path) and the Python API compute, with or without hx / hy (and
+    cx / cy), and weights changed in place are seen."""
+    from cgru.core import engine
+    runs = []
+    real = engine.run_recorded
+    monkeypatch.setattr(engine, "run_recorded", lambda *a: runs.append(1) or real(*a))
+    topo = cgru.Topology(3, 4, 2, "bidirectional")
+    net = cgru.Network.random(topo, np.float32, seed=12, cell=_CELLS[kind])
+    weights = net.flat()
+    desc = _desc_v2(lib, topo, kind, np.float32)
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((6, 3, 3)).astype(np.float32)
+    h0 = rng.standard_normal((4, 3, 4)).astype(np.float32)
+    c0 = rng.standard_normal((4, 3, 4)).astype(np.float32) if kind == "lstm" else None
+    give_h0, give_hy = states in ("hx", "both"), states in ("hy", "both")
+    lstm = kind == "lstm"
+    for change in range(2):
+        if change:
+            weights[7] += 0.25                            # in place, between calls
+        out = cgru.forward(cgru.Network.from_flat(topo, weights, cell=_CELLS[kind]), x,
+                           h0 if give_h0 else None, c0=c0 if give_h0 else None)
+        for _ in range(4):     # the engine makes a runner on the 2nd call, runs it from the 3rd
+            y, hy = np.full((6, 3, 8), np.nan, np.float32), np.full((4, 3, 4), np.nan, np.float32)
+            cy = np.full((4, 3, 4), np.nan, np.float32)
+            _call(lib, "cgru_rnn_forward_ex", ctypes.byref(desc), 0, 0, 6, 3, None, _ptr(x),
+                  _ptr(y), _ptr(h0) if give_h0 else None, _ptr(hy) if give_hy else None,
+                  _ptr(c0) if lstm and give_h0 else None, _ptr(cy) if lstm and give_hy else None,
+                  ctypes.c_size_t(weights.nbytes), _ptr(weights), ctypes.c_size_t(0), None,
+                  ctypes.c_size_t(0), None)
+            np.testing.assert_array_equal(y, out.y)
+            if give_hy:
+                np.testing.assert_array_equal(hy, out.hy)
+                if lstm:
+                    np.testing.assert_array_equal(cy, out.cy)
+    assert len(runs) >= 4, runs            # the repeated calls (2 per weights) took that path
+
+
+def test_one_weight_space_read_as_another_network_by_each_descriptor(lib):
+    """One weight space buffer passed with descriptors that give it the same size but another
+    meaning — the GRU's reset gate before or after, the tanh or ReLU RNN, a forward or reversed
+    direction —, in turn, twice: each call computes its own descriptor's network (what libcgru
+    keeps per weight space and descriptor must never serve another)."""
+    cases = [("gru", 1, "forward"), ("gru", 0, "forward"), ("rnn_tanh", 1, "forward"),
+             ("rnn_relu", 1, "forward"), ("gru", 1, "reverse"), ("rnn_tanh", 1, "reverse")]
+    weights = {}
+    for kind in ("gru", "rnn_tanh"):
+        net = cgru.Network.random(cgru.Topology(3, 4), np.float64, seed=8,
+                                  cell=cgru.GRUCell() if kind == "gru" else cgru.RNNCell())
+        weights[kind] = net.flat()
+    x = np.random.default_rng(9).standard_normal((5, 2, 3))
+    space = np.empty(max(w.size for w in weights.values()))
+    results = {}
+    for round_ in range(2):
+        for kind, reset_after, direction in cases:
+            w = weights["gru" if kind == "gru" else "rnn_tanh"]
+            space[:w.size] = w
+            desc = _desc_v2(lib, cgru.Topology(3, 4, direction=direction), kind, np.float64,
+                            reset_after=reset_after)
+            y = np.empty((5, 2, 4))
+            _call(lib, "cgru_rnn_forward", ctypes.byref(desc), 0, 0, 5, 2, None, _ptr(x),
+                  _ptr(y), None, None, ctypes.c_size_t(w.nbytes), _ptr(space),
+                  ctypes.c_size_t(0), None, ctypes.c_size_t(0), None)
+            cell = (cgru.GRUCell(reset_after=bool(reset_after)) if kind == "gru" else
+                    cgru.RNNCell(kind[4:]))
+            want = cgru.forward(cgru.Network.from_flat(
+                cgru.Topology(3, 4, direction=direction), w, cell=cell), x).y
+            np.testing.assert_array_equal(y, want, err_msg=f"{kind} {reset_after} {direction}")
+            results.setdefault((kind, reset_after, direction), y)
+    firsts = list(results.values())
+    assert all(not np.array_equal(a, b) for i, a in enumerate(firsts) for b in firsts[i + 1:])
+
+
 @pytest.mark.parametrize("tamper", ["state", "dw", "a recorded argument"])
 def test_a_changed_reserve_space_is_refused(lib, tamper):
     """The C reserve space's header is sealed (a keyed MAC) and so is the weight gradient that

@@ -59,7 +59,8 @@ import numpy as np
 
 from cgru.core.cells import GRUCell, LSTMCell, RNNCell
 from cgru.core.calls import BackwardCall, ForwardCall
-from cgru.core.engine import reserve_nbytes, run_backward, run_forward, workspace_nbytes
+from cgru.core.engine import (reserve_nbytes, repeat, run_backward, run_forward,
+                              workspace_nbytes)
 from cgru.core.network import LayerParams, Network, Topology
 from cgru.core import reserve as _reserve
 from cgru._kernels.threads import MAX_THREADS
@@ -137,8 +138,25 @@ def _enum(value, table, what, names):
     return table[value]
 
 
+_MODELS = {}         # descriptor (with dropout's exact value) -> _Model, of the latest calls
+_MODELS_KEPT = 64
+
+
 def _model(desc):
-    """The descriptor tuple (see capi.c DESC_FORMAT) as topology, dtype, cell and options."""
+    """The descriptor tuple (see capi.c DESC_FORMAT) as topology, dtype, cell and options —
+    made once per descriptor value (compared whole, the dropout by its exact value: 0.0 and
+    −0.0 are two), as the same descriptor comes with every call of a host."""
+    key = (desc, repr(desc[8]))
+    m = _MODELS.get(key)
+    if m is None:
+        m = _make_model(desc)
+        if len(_MODELS) >= _MODELS_KEPT:
+            _MODELS.clear()
+        _MODELS[key] = m
+    return m
+
+
+def _make_model(desc):
     (data_type, input_size, hidden_size, num_layers, direction, input_mode, reset_after,
      num_threads, dropout, seed, seed2, cell_mode, proj_size) = desc
     if data_type == _DATA_HALF:
@@ -173,8 +191,8 @@ def _model(desc):
                                f"1…{MAX_THREADS}, got {num_threads}")
     if not (math.isfinite(dropout) and 0.0 <= dropout < 1.0):
         raise _Fail(BAD_PARAM, f"desc->dropout: expected a probability in [0, 1), got {dropout}")
-    cell = {"gru": GRUCell(reset_after=bool(reset_after)), "lstm": LSTMCell(),
-            "rnn_tanh": RNNCell("tanh"), "rnn_relu": RNNCell("relu")}[mode]
+    cell = (GRUCell(reset_after=bool(reset_after)) if mode == "gru" else
+            LSTMCell() if mode == "lstm" else RNNCell(mode[4:]))
     G = cell.gates
     if G * hidden_size > _INT_MAX:
         raise _Fail(BAD_PARAM, f"desc->hidden_size: {G}H = {G * hidden_size} exceeds the 32-bit "
@@ -221,6 +239,10 @@ def _bounds(m, T, N):
     descriptor's, in ``_model``), so they refuse what the compute calls would."""
     T, N = _dims(T, N)
     topo, item = m.topo, m.dtype.itemsize
+    widest = max(T * topo.input_size, T * topo.output_size, topo.num_layer_directions *
+                 topo.hidden_size)
+    if N * widest * item < _MAX_BYTES:          # (the usual case: no message to word)
+        return T, N
     S = "desc->proj_size" if topo.proj_size else "desc->hidden_size"
     _checked_size(T * N * topo.input_size * item, "max_seq_length, batch_size, desc->input_size",
                   f"x [T·N·I = {T}·{N}·{topo.input_size}]")
@@ -257,6 +279,7 @@ def _weight_elements(m):
     return _matrix_elements(topo, G, LD) + 2 * G * topo.hidden_size * LD
 
 
+@functools.lru_cache(maxsize=_MODELS_KEPT)
 def _weight_bytes(m):
     (_, input_size, hidden_size, num_layers, direction, *_, proj_size) = m.desc
     return _checked_size(_weight_elements(m) * m.dtype.itemsize,
@@ -281,8 +304,10 @@ def _engine_reserve_bytes(m, T, N):
 _Plan = namedtuple("_Plan", "engine engine_bytes x x_bytes dw dw_bytes total")
 
 
+@functools.lru_cache(maxsize=_MODELS_KEPT)
 def _plan(m, T, N):
-    """Byte offsets and sizes of the C ABI reserve space (module docstring)."""
+    """Byte offsets and sizes of the C ABI reserve space (module docstring), once per model
+    and shape (a sequence's three calls, and the next sequence's, ask for the same)."""
     engine_bytes = _engine_reserve_bytes(m, T, N)
     x_bytes = T * N * m.topo.input_size * m.dtype.itemsize
     dw_bytes = _weight_bytes(m)
@@ -313,7 +338,7 @@ def _array(addr, what, names, shape, dtype, *, writable, optional=False):
     if addr % dtype.itemsize:
         raise _Fail(BAD_PARAM, f"{what}: address {addr:#x} is not aligned to "
                                f"{dtype.itemsize} bytes ({dtype.name})")
-    a = _bytes_at(addr, int(np.prod(shape)) * dtype.itemsize).view(dtype).reshape(shape)
+    a = _bytes_at(addr, math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
     if not writable:
         a.flags.writeable = False
     return a
@@ -336,7 +361,8 @@ def _space(size, addr, need, what, size_name, query):
     return _bytes_at(addr, need)
 
 
-_WEIGHT_SPACES = collections.OrderedDict()     # (address, bytes) -> ctypes view, newest last
+# (address, bytes, writable) -> (ctypes view, {model: Network over it}), newest last
+_WEIGHT_SPACES = collections.OrderedDict()
 _WEIGHT_SPACES_KEPT = 8
 _weight_spaces_lock = threading.Lock()
 
@@ -353,24 +379,44 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_weight_spaces)
 
 
-def _weight_space(size, addr, need):
-    """The weight space as uint8, over the same ctypes view object for the same address and
-    size on every call (the last few kept), so that the kept copies of the weights — found by
-    the owner of their memory — are found again from call to call.  A view never outlives the
-    call's use of it: a later call at the same address reads that call's memory."""
+def _weights(m, size, addr):
+    """The weight space (``size`` bytes at ``addr``) as the read-only ``Network`` of model ``m``
+    over it (no copy): ``_network_over`` after the space's checks."""
+    need = _weight_bytes(m)
     _check_space(size, addr, need, "weight_space", "weight_space_size",
                  "cgru_get_weight_space_size")
-    key = (addr, need)
+    return _network_over(m, addr, need, False)
+
+
+def _network_over(m, addr, need, writable):
+    """The ``need`` bytes at ``addr`` as the ``Network`` of model ``m`` (read-only or
+    ``writable``) over them, with no copy: the same ctypes view object for the same address
+    and size on every call (the last few kept), so that the kept copies of the weights — found
+    by the owner of their memory — are found again from call to call, and over it the same
+    ``Network`` object for the same model, so that what the engine keeps for a network's
+    repeated calls is found again too (a gradient space is wrapped once as well).  Neither
+    proves anything: every call proves the bytes it computes with, as for any network.  A
+    view never outlives the call's use of it: a later call at the same address reads that
+    call's memory."""
+    key = (addr, need, writable)
     with _weight_spaces_lock:
-        view = _WEIGHT_SPACES.get(key)
-        if view is None:
-            view = (ctypes.c_char * need).from_address(addr)
-            _WEIGHT_SPACES[key] = view
+        entry = _WEIGHT_SPACES.get(key)
+        if entry is None:
+            entry = ((ctypes.c_char * need).from_address(addr), {})
+            _WEIGHT_SPACES[key] = entry
             while len(_WEIGHT_SPACES) > _WEIGHT_SPACES_KEPT:
                 _WEIGHT_SPACES.popitem(last=False)
         else:
             _WEIGHT_SPACES.move_to_end(key)
-    return np.frombuffer(view, np.uint8)
+        view, networks = entry
+        net = networks.get(m)
+    if net is None:
+        net = _params_view(m, np.frombuffer(view, np.uint8), writable)
+        with _weight_spaces_lock:
+            if len(networks) >= _WEIGHT_SPACES_KEPT:
+                networks.clear()
+            net = networks.setdefault(m, net)
+    return net
 
 
 def _refuse_overlaps(buffers):
@@ -500,8 +546,10 @@ def weight_params(desc, pseudo_layer, size, addr, lin_layer_id):
 
 
 # --- forward and backward ------------------------------------------------------------------
+@functools.lru_cache(maxsize=_MODELS_KEPT)
 def _work_bytes(m, T, N, training):
-    """The workspace bytes of a sequence's calls (``cgru_get_temp_space_sizes``)."""
+    """The workspace bytes of a sequence's calls (``cgru_get_temp_space_sizes``), once per
+    model, shape and mode."""
     return workspace_nbytes(m.topo, m.cell, m.dtype, T, N, training)
 
 
@@ -638,7 +686,7 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, cx, cy,
     training = _enum(fwd_mode, _FWD_MODES, "fwd_mode",
                      "CGRU_FWD_MODE_INFERENCE (0) or CGRU_FWD_MODE_TRAINING (1)")
     m, batch_major, T, N, lengths = _common(desc, layout, T, N, seq_lengths)
-    params = _params_view(m, _weight_space(ws_size, ws, _weight_bytes(m)), False)
+    params = _weights(m, ws_size, ws)
     plan = _plan(m, T, N) if training else None
     space = None
     if training:
@@ -659,7 +707,9 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, cx, cy,
                       ("weight_space", ws, _weight_bytes(m), False),
                       ("work_space", work, _nbytes(work_block), True),
                       ("reserve_space", reserve, plan.total if training else 0, True)])
-
+    if not training and lengths is None and not batch_major and \
+            repeat(params, xa, h0, c0, m.num_threads, out=(ya, hya, cya)) is not None:
+        return ()         # a repeated inference: as the engine's own repeated calls run
     call = ForwardCall.check(
         params, xa, h0, c0=c0, lengths=lengths, batch_major=batch_major, training=training,
         dropout=m.dropout, seed=(m.seed, m.seed2), num_threads=m.num_threads)
@@ -687,7 +737,7 @@ def rnn_forward(desc, fwd_mode, layout, T, N, seq_lengths, x, y, hx, hy, cx, cy,
 def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, dcy, dcx, ws_size, ws,
                       work_size, work, reserve_size, reserve):
     m, batch_major, T, N, lengths = _common(desc, layout, T, N, seq_lengths)
-    params = _params_view(m, _weight_space(ws_size, ws, _weight_bytes(m)), False)
+    params = _weights(m, ws_size, ws)
     plan, space, head = _open_reserve(m, batch_major, T, N, lengths, reserve_size, reserve,
                                       _STATE_FORWARD, "cgru_rnn_backward_data")
     xs, ys, hs, cs = _seq_shapes(m, batch_major, T, N)
@@ -708,7 +758,7 @@ def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, dcy, dc
 
     x_saved = space[plan.x:plan.x + plan.x_bytes].view(m.dtype).reshape(xs[1])
     engine_reserve = space[plan.engine:plan.engine + plan.engine_bytes]
-    dparams = _params_view(m, space[plan.dw:plan.dw + plan.dw_bytes], True)
+    dparams = _network_over(m, reserve + plan.dw, plan.dw_bytes, True)
     head[2] = _STATE_FORWARD  # dw is being rewritten: not valid until this call succeeds
     head[_DW_MAC_SLOT] = 0
     head[_SEAL_SLOT] = _seal(head)

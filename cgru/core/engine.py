@@ -182,10 +182,11 @@ class _Repeat:
         return runner
 
 
-def repeat(net, x, h0=None, c0=None, num_threads=None):
+def repeat(net, x, h0=None, c0=None, num_threads=None, out=None):
     """``Forward`` of a repeated common inference of ``net`` (no ``cell``, lengths, mask,
     batch-major layout or training: see ``_Repeat``), or None for the general path.  For
-    frontends that make such calls too (``cgru.torch``'s inference)."""
+    frontends that make such calls too (``cgru.torch``'s inference; the C ABI's, which passes
+    its caller's buffers as ``out``: see ``run_recorded``)."""
     if type(net) is not Network or type(x) is not np.ndarray:
         return None                     # (anything else: the general path words it)
     shapes = _REPEATS.get(net)
@@ -200,8 +201,14 @@ def repeat(net, x, h0=None, c0=None, num_threads=None):
         return None
     runner = r.find_runner()
     done = None if runner is None else run_recorded(
-        runner, r.outputs, x.reshape(x.shape[0] * x.shape[1], x.shape[2]), h0, c0)
+        runner, r.outputs, x.reshape(x.shape[0] * x.shape[1], x.shape[2]), h0, c0, out)
     return None if done is None else Forward(done[0], done[1], None, done[2])
+
+
+def _fits(a, shape, dtype):
+    """``a`` is None, or a writable C-contiguous array of ``shape`` and ``dtype``."""
+    return a is None or (type(a) is np.ndarray and shape is not None and a.shape == shape and
+                         a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable)
 
 
 def as_recorded(a, shape, dtype):
@@ -213,13 +220,25 @@ def as_recorded(a, shape, dtype):
         a.flags.c_contiguous
 
 
-def run_recorded(runner, outputs, X, h0, c0):
+def run_recorded(runner, outputs, X, h0, c0, out=None):
     """``(y, hy, cy)`` of ``runner`` on ``X`` ``[T·N, I]`` from ``h0``/``c0``, into new arrays
-    of the plan's ``outputs`` (``ForwardPlan.outputs``), or None when another call holds it."""
+    of the plan's ``outputs`` (``ForwardPlan.outputs``), or None when another call holds it.
+    ``out``: ``(y, hy, cy)`` to write instead, each a writable C-contiguous array of its shape
+    and dtype or None (a new one) — or None when one is not, as the general path then words
+    it."""
     hy_shape, cy_shape, y_shape, dtype = outputs
-    hy = BACKEND.empty(hy_shape, dtype)
-    cy = None if cy_shape is None else BACKEND.empty(cy_shape, dtype)
-    y = BACKEND.empty(y_shape, dtype)
+    y = hy = cy = None
+    if out is not None:
+        y, hy, cy = out
+        if not (_fits(y, y_shape, dtype) and _fits(hy, hy_shape, dtype) and
+                _fits(cy, cy_shape, dtype)):
+            return None
+    if hy is None:
+        hy = BACKEND.empty(hy_shape, dtype)
+    if cy is None and cy_shape is not None:
+        cy = BACKEND.empty(cy_shape, dtype)
+    if y is None:
+        y = BACKEND.empty(y_shape, dtype)
     if not runner.run(X, h0, c0, y, hy, cy):
         return None
     return y, hy, cy
