@@ -1591,9 +1591,17 @@ MODE_CASES = [
 
 @pytest.mark.parametrize("kind,topo_kw,dtype,batch_major", MODE_CASES,
                          ids=[f"{c[0]}-{'-'.join(map(str, c[1].values()))}" for c in MODE_CASES])
-def test_every_cell_mode_matches_the_python_api(lib, kind, topo_kw, dtype, batch_major):
+def test_every_cell_mode_matches_the_python_api(lib, monkeypatch, kind, topo_kw, dtype,
+                                                batch_major):
     """forward_ex (cx, cy), backward_data_ex (dcy, dcx) and backward_weights of each mode equal
-    cgru.forward / cgru.backward of the same network; the weight space is Network.flat()."""
+    cgru.forward / cgru.backward of the same network; the weight space is Network.flat().  The
+    weight gradients are computed straight into the reserve space (no buffer of the engine's),
+    the Python API's into a buffer of its own."""
+    from cgru.core import engine
+    in_place = []
+    real_in_place = engine._in_place
+    monkeypatch.setattr(engine, "_in_place", lambda call: in_place.append(real_in_place(call))
+                        or in_place[-1])
     topo = cgru.Topology(**topo_kw)
     desc = _desc_v2(lib, topo, kind, dtype, dropout=0.3 if topo.num_layers > 1 else 0.0,
                     seed=5, seed2=6)
@@ -1613,6 +1621,7 @@ def test_every_cell_mode_matches_the_python_api(lib, kind, topo_kw, dtype, batch
     dhy = rng.standard_normal(f.hy.shape).astype(dtype)
     dcy = rng.standard_normal(f.cy.shape).astype(dtype) if lstm else None
     g = cgru.backward(net, x, f.reserve, dy, dhy, dcy=dcy, batch_major=batch_major)
+    assert in_place == [False]
 
     wbytes, work, reserve_bytes = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
     _call(lib, "cgru_get_weight_space_size", ctypes.byref(desc), ctypes.byref(wbytes))
@@ -1632,6 +1641,8 @@ def test_every_cell_mode_matches_the_python_api(lib, kind, topo_kw, dtype, batch
     np.testing.assert_array_equal(hy, f.hy)
     if lstm:
         np.testing.assert_array_equal(cy, f.cy)
+    dw_at = int(reserve[:64].view(np.int64)[6])       # the header's offset of the gradients
+    reserve[dw_at:dw_at + wbytes.value] = 0xFF            # NaN: each element must be written
     dx = np.empty_like(x)
     dhx = np.empty_like(hx)
     dcx = np.empty_like(cx) if lstm else None
@@ -1643,6 +1654,7 @@ def test_every_cell_mode_matches_the_python_api(lib, kind, topo_kw, dtype, batch
     np.testing.assert_array_equal(dhx, g.dh0)
     if lstm:
         np.testing.assert_array_equal(dcx, g.dc0)
+    assert in_place == [False, True]
     dw = np.full_like(weights, np.nan)
     _call(lib, "cgru_rnn_backward_weights", ctypes.byref(desc), 1, int(batch_major), Tn, Nn,
           _ptr(lengths), ctypes.c_size_t(wbytes.value), _ptr(dw), ctypes.c_size_t(0), None,

@@ -762,10 +762,11 @@ def rnn_backward_data(desc, layout, T, N, seq_lengths, dy, dx, dhy, dhx, dcy, dc
     head[2] = _STATE_FORWARD  # dw is being rewritten: not valid until this call succeeds
     head[_DW_MAC_SLOT] = 0
     head[_SEAL_SLOT] = _seal(head)
-    run_backward(BackwardCall.check(
+    call = BackwardCall.check(
         params, x_saved, engine_reserve, dya, dhya, dcy=dcya, batch_major=batch_major,
-        dparams=dparams, accumulate=False, num_threads=m.num_threads), work_block,
-        {"dx": dxa, "dh0": dhxa, "dc0": dcxa})
+        dparams=dparams, accumulate=False, num_threads=m.num_threads)
+    call.dparams_in_place = True   # the reserve's dw, refused (head[2]) until this call succeeds
+    run_backward(call, work_block, {"dx": dxa, "dh0": dhxa, "dc0": dcxa})
     head[2] = _STATE_BACKWARD_DATA
     head[_DW_MAC_SLOT] = _dw_mac(space, plan, m.dtype)
     head[_SEAL_SLOT] = _seal(head)

@@ -241,7 +241,7 @@ class BackwardCall:
 
     __slots__ = ("net", "cell", "kind", "frozen", "x", "T", "N", "mask", "batch_major",
                  "num_threads", "opened", "dy", "dhy", "dcy", "dparams", "accumulate", "need_dx",
-                 "need_dparams")
+                 "need_dparams", "dparams_in_place")
 
     @classmethod
     def check(cls, net, x, reserve, dy=None, dhy=None, *, dcy=None, cell=None, state_mask=None,
@@ -323,6 +323,10 @@ class BackwardCall:
         self.batch_major, self.dparams, self.accumulate = batch_major, dparams, accumulate
         self.num_threads = num_threads
         self.need_dx, self.need_dparams = need_dx, need_dparams
+        # True (a frontend's choice, after ``check``): the weight gradients are computed straight
+        # into ``dparams`` — no buffer of the engine's and no copy —, which a failing call then
+        # leaves partly written (the C ABI's reserve space, refused until the call succeeds)
+        self.dparams_in_place = False
         self.frozen = weights.freeze(net, num_threads, fingerprinted=True) if frozen is None \
             else frozen
         self.opened = _open(self, reserve, h0, c0, lengths, what, inference_hint)

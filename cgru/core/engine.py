@@ -712,8 +712,12 @@ def run_backward(call, workspace=None, out=None):
     # that a failing or interrupted call leaves the caller's dparams as they were.  Every
     # element is written (set by the first block of time, added by the others), so it starts
     # empty (poisoned under the tests: an element left unwritten shows as NaN).
-    # (none at all with ``need_dparams=False``: the weight-gradient products are left out)
-    grads = Network._allocated(topo, dtype, plan.empty, cell) if call.need_dparams else None
+    # (none at all with ``need_dparams=False``: the weight-gradient products are left out) —
+    # unless the caller lets them be computed in its dparams (``dparams_in_place``).
+    grads = None
+    if call.need_dparams:
+        grads = call.dparams if _in_place(call) else \
+            Network._allocated(topo, dtype, plan.empty, cell)
     masks = dropout_mod.dropout_masks(topo, T, N, dropout=opened.dropout,
                                       seed=(opened.seed, opened.seed2), dtype=dtype) \
         if opened.dropout > 0 else None
@@ -762,7 +766,7 @@ def run_backward(call, workspace=None, out=None):
         dx = dx.reshape(T, N, topo.input_size)
         if call.batch_major:
             dx = _batch_major(dx, given, "dx")
-    if call.dparams is not None and grads is not None:
+    if call.dparams is not None and grads is not None and grads is not call.dparams:
         for mine, theirs in zip(grads, call.dparams):
             for name, a in mine.arrays().items():
                 b = getattr(theirs, name)
@@ -772,6 +776,15 @@ def run_backward(call, workspace=None, out=None):
                     b[...] = a
         grads = call.dparams
     return Gradients(dx, dh0, grads, dc0)
+
+
+def _in_place(call):
+    """The weight gradients go straight into the caller's ``dparams``: asked for
+    (``dparams_in_place``), overwritten (not accumulated), and every array one the kernels
+    write as they write their own (C-contiguous, aligned, writable)."""
+    return call.dparams_in_place and call.dparams is not None and not call.accumulate and all(
+        a.flags.c_contiguous and a.flags.aligned and a.flags.writeable
+        for lp in call.dparams for a in lp.arrays().values())
 
 
 class BackwardPlan:
