@@ -1861,6 +1861,47 @@ def test_repeated_inference_writes_the_callers_buffers_as_the_first_call(lib, mo
     assert len(runs) >= 4, runs            # the repeated calls (2 per weights) took that path
 
 
+def test_many_reserve_spaces_keep_the_weights_copies_found(lib, monkeypatch):
+    """A host that trains five networks in turn, with a fresh reserve space each step (at 12
+    addresses in turn), as TensorFlow's kernels do for a stack of five layers: cgru's copy of
+    each network's weights is made once and found again on every later call (the reserve
+    spaces' gradient regions, which libcgru wraps as well, never push a weight space's wrapper
+    out), and every step's gradients are the Python API's."""
+    from cgru.core import weights as kept_weights
+    topo = cgru.Topology(3, 4)
+    nets = [cgru.Network.random(topo, np.float64, seed=14 + k) for k in range(5)]
+    spaces = [net.flat() for net in nets]
+    desc = _desc_v2(lib, topo, "gru", np.float64)
+    x = np.random.default_rng(15).standard_normal((5, 2, 3))
+    y, dx, dy = np.empty((5, 2, 4)), np.empty_like(x), np.ones((5, 2, 4))
+    want = []
+    for net in nets:
+        f = cgru.forward(net, x, training=True)
+        want.append(cgru.backward(net, x, f.reserve, dy).dparams.flat())
+    work, rbytes = ctypes.c_size_t(), ctypes.c_size_t()
+    _call(lib, "cgru_get_temp_space_sizes", ctypes.byref(desc), 1, 5, 2, ctypes.byref(work),
+          ctypes.byref(rbytes))
+    reserves = [np.zeros(rbytes.value // 8 + 1) for _ in range(12)]
+    copies = []
+    for step in range(40):
+        if step == 5:                        # each network's weights have been copied once
+            real = kept_weights.Kept.of_copy.__func__
+            monkeypatch.setattr(kept_weights.Kept, "of_copy",
+                                classmethod(lambda cls, *a: copies.append(1) or real(cls, *a)))
+        k, r = step % 5, reserves[step % 12]
+        weights, wb = spaces[k], ctypes.c_size_t(spaces[k].nbytes)
+        args = (work, None, rbytes, _ptr(r))
+        _call(lib, "cgru_rnn_forward", ctypes.byref(desc), 1, 0, 5, 2, None, _ptr(x), _ptr(y),
+              None, None, wb, _ptr(weights), *args)
+        _call(lib, "cgru_rnn_backward_data", ctypes.byref(desc), 0, 5, 2, None, _ptr(dy),
+              _ptr(dx), None, None, wb, _ptr(weights), *args)
+        dw = np.full_like(weights, np.nan)
+        _call(lib, "cgru_rnn_backward_weights", ctypes.byref(desc), 1, 0, 5, 2, None, wb,
+              _ptr(dw), *args)
+        np.testing.assert_array_equal(dw, want[k])
+    assert copies == [], f"{len(copies)} weight arrays copied again"
+
+
 def test_one_weight_space_read_as_another_network_by_each_descriptor(lib):
     """One weight space buffer passed with descriptors that give it the same size but another
     meaning — the GRU's reset gate before or after, the tanh or ReLU RNN, a forward or reversed

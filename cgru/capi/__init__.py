@@ -361,8 +361,11 @@ def _space(size, addr, need, what, size_name, query):
     return _bytes_at(addr, need)
 
 
-# (address, bytes, writable) -> (ctypes view, {model: Network over it}), newest last
+# (address, bytes) -> (ctypes view, {model: Network over it}), newest last: the weight spaces
+# (read-only) and, apart, so that a host's many reserve spaces never push a weight space out,
+# the weight gradients' regions of reserve spaces (writable)
 _WEIGHT_SPACES = collections.OrderedDict()
+_GRADIENT_SPACES = collections.OrderedDict()
 _WEIGHT_SPACES_KEPT = 8
 _weight_spaces_lock = threading.Lock()
 
@@ -370,9 +373,10 @@ _weight_spaces_lock = threading.Lock()
 def _fresh_weight_spaces():
     """In a forked child: a new lock and no views kept (another thread of the parent may have
     held the lock at the fork, and would never release it here)."""
-    global _weight_spaces_lock, _WEIGHT_SPACES
+    global _weight_spaces_lock, _WEIGHT_SPACES, _GRADIENT_SPACES
     _weight_spaces_lock = threading.Lock()
     _WEIGHT_SPACES = collections.OrderedDict()
+    _GRADIENT_SPACES = collections.OrderedDict()
 
 
 if hasattr(os, "register_at_fork"):
@@ -398,16 +402,17 @@ def _network_over(m, addr, need, writable):
     proves anything: every call proves the bytes it computes with, as for any network.  A
     view never outlives the call's use of it: a later call at the same address reads that
     call's memory."""
-    key = (addr, need, writable)
+    key = (addr, need)
     with _weight_spaces_lock:
-        entry = _WEIGHT_SPACES.get(key)
+        spaces = _GRADIENT_SPACES if writable else _WEIGHT_SPACES
+        entry = spaces.get(key)
         if entry is None:
             entry = ((ctypes.c_char * need).from_address(addr), {})
-            _WEIGHT_SPACES[key] = entry
-            while len(_WEIGHT_SPACES) > _WEIGHT_SPACES_KEPT:
-                _WEIGHT_SPACES.popitem(last=False)
+            spaces[key] = entry
+            while len(spaces) > _WEIGHT_SPACES_KEPT:
+                spaces.popitem(last=False)
         else:
-            _WEIGHT_SPACES.move_to_end(key)
+            spaces.move_to_end(key)
         view, networks = entry
         net = networks.get(m)
     if net is None:
