@@ -1902,6 +1902,50 @@ def test_many_reserve_spaces_keep_the_weights_copies_found(lib, monkeypatch):
     assert copies == [], f"{len(copies)} weight arrays copied again"
 
 
+def test_a_failed_backward_data_leaves_no_weight_gradients_to_take(lib):
+    """Backward data computes the weight gradients straight into the reserve space: one that
+    fails (here: the weights changed since the forward) may leave them partly written, so
+    backward weights refuses them until a backward data succeeds — and then gives the Python
+    API's."""
+    topo = cgru.Topology(3, 4)
+    net = cgru.Network.random(topo, np.float64, seed=16)
+    weights = net.flat()
+    desc = _desc_v2(lib, topo, "gru", np.float64)
+    x = np.random.default_rng(17).standard_normal((5, 2, 3))
+    y, dx, dy = np.empty((5, 2, 4)), np.empty_like(x), np.ones((5, 2, 4))
+    f = cgru.forward(net, x, training=True)
+    want = cgru.backward(net, x, f.reserve, dy).dparams.flat()
+    work, rbytes = ctypes.c_size_t(), ctypes.c_size_t()
+    _call(lib, "cgru_get_temp_space_sizes", ctypes.byref(desc), 1, 5, 2, ctypes.byref(work),
+          ctypes.byref(rbytes))
+    reserve = np.zeros(rbytes.value // 8 + 1)
+    wb = ctypes.c_size_t(weights.nbytes)
+    args = (work, None, rbytes, _ptr(reserve))
+
+    def backward_data():
+        return lib.cgru_rnn_backward_data(ctypes.byref(desc), 0, 5, 2, None, _ptr(dy),
+                                          _ptr(dx), None, None, wb, _ptr(weights), *args)
+
+    def backward_weights(dw):
+        return lib.cgru_rnn_backward_weights(ctypes.byref(desc), 1, 0, 5, 2, None, wb,
+                                             _ptr(dw), *args)
+    _call(lib, "cgru_rnn_forward", ctypes.byref(desc), 1, 0, 5, 2, None, _ptr(x), _ptr(y),
+          None, None, wb, _ptr(weights), *args)
+    assert backward_data() == 0
+    kept = weights[3]
+    weights[3] = kept + 1.0                   # not the forward's weights any more
+    assert backward_data() == 1               # BAD_PARAM
+    assert b"weight" in lib.cgru_get_last_error_message()
+    dw = np.zeros_like(weights)
+    assert backward_weights(dw) == 1
+    assert b"backward_data has not run" in lib.cgru_get_last_error_message()
+    assert not dw.any()
+    weights[3] = kept                         # the forward's weights again
+    assert backward_data() == 0
+    assert backward_weights(dw) == 0
+    np.testing.assert_array_equal(dw, want)
+
+
 def test_one_weight_space_read_as_another_network_by_each_descriptor(lib):
     """One weight space buffer passed with descriptors that give it the same size but another
     meaning — the GRU's reset gate before or after, the tanh or ReLU RNN, a forward or reversed
