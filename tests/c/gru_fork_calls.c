@@ -222,18 +222,25 @@ static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
 static long calls_entered;        /* by the worker, before each call */
 static int stop_worker, worker_failed;
 
+/* A worker is about to make a new call: count it (waking the forking thread), unless told to
+ * stop; 0 when it must stop. */
+static int enter_new_call(void)
+{
+    pthread_mutex_lock(&lock);
+    int stop = stop_worker;
+    if (!stop)
+        calls_entered++;
+    pthread_cond_broadcast(&changed);
+    pthread_mutex_unlock(&lock);
+    return !stop;
+}
+
 static void *busy_worker(void *unused)
 {
     static float y[Y_N], hy[H_N];
     (void)unused;
     for (;;) {
-        pthread_mutex_lock(&lock);
-        int stop = stop_worker;
-        if (!stop)
-            calls_entered++;
-        pthread_cond_broadcast(&changed);
-        pthread_mutex_unlock(&lock);
-        if (stop)
+        if (!enter_new_call())
             return NULL;
         cgru_status_t st = forward(y, hy);
         if (st != CGRU_STATUS_SUCCESS || !is_reference(y, hy)) {
@@ -258,6 +265,22 @@ static long wait_for_new_call(long after)
     return now;
 }
 
+/* Fork `forks` times, each once a new call has been entered (stopping at the first child that
+ * fails), then tell the workers to stop; 1 when every child succeeded. */
+static int fork_during_calls(int forks, const char *what)
+{
+    int ok = 1;
+    long seen = 0;
+    for (int k = 0; k < forks && ok; k++) {
+        seen = wait_for_new_call(seen);
+        ok = child_succeeded(fork_child(child_computes), what);
+    }
+    pthread_mutex_lock(&lock);
+    stop_worker = 1;
+    pthread_mutex_unlock(&lock);
+    return ok;
+}
+
 /* The set-up and the reference, on a thread of their own (so that the forking thread is not
  * the one that started the interpreter). */
 static void *reference_maker(void *unused)
@@ -279,15 +302,7 @@ static int run_busy(int forks)
         perror("pthread_create");
         return 1;
     }
-    int ok = 1;
-    long seen = 0;
-    for (int k = 0; k < forks && ok; k++) {
-        seen = wait_for_new_call(seen);
-        ok = child_succeeded(fork_child(child_computes), "a fork during another thread's call");
-    }
-    pthread_mutex_lock(&lock);
-    stop_worker = 1;
-    pthread_mutex_unlock(&lock);
+    int ok = fork_during_calls(forks, "a fork during another thread's call");
     pthread_join(worker, NULL);
     static float y[Y_N], hy[H_N];
     CHECK(forward(y, hy));
@@ -324,15 +339,10 @@ static void *one_call(void *which)
 static void *spawner(void *which)
 {
     for (long i = 0;; i++) {
-        pthread_mutex_lock(&lock);
-        int stop = stop_worker;
-        if (!stop)
-            calls_entered++;
-        pthread_cond_broadcast(&changed);
-        pthread_mutex_unlock(&lock);
         pthread_t t;
         void *call = (void *)(i % 4 ? 2 : (intptr_t)which);   /* 3 small calls, 1 forward */
-        if (stop || pthread_create(&t, NULL, one_call, call) != 0 || pthread_join(t, NULL) != 0)
+        if (!enter_new_call() || pthread_create(&t, NULL, one_call, call) != 0 ||
+            pthread_join(t, NULL) != 0)
             return NULL;
     }
 }
@@ -370,15 +380,7 @@ static int run_churn(int forks)
     size_t bytes;
     if (fork_as_python)   /* like a Python thread, this one keeps a thread state: cgru's */
         CHECK(cgru_get_weight_space_size(&desc, &bytes));
-    int ok = 1;
-    long seen = 0;
-    for (int k = 0; k < forks && ok; k++) {
-        seen = wait_for_new_call(seen);
-        ok = child_succeeded(fork_child(child_computes), "a fork while threads came and went");
-    }
-    pthread_mutex_lock(&lock);
-    stop_worker = 1;
-    pthread_mutex_unlock(&lock);
+    int ok = fork_during_calls(forks, "a fork while threads came and went");
     pthread_join(spawners[0], NULL);
     pthread_join(spawners[1], NULL);
     if (ok && worker_failed) {
