@@ -16,10 +16,12 @@ results equal to a NumPy reference:
   directional differences.
 
 Examples are bounded (``max_examples``) and derandomized, so CI runs the same cases every
-time; the whole file runs in well under a minute.  Array contents come from a NumPy generator
+time; the whole file runs in well under a minute.  ``CGRU_FUZZ_SCALE=k`` runs ``k`` times as many
+examples, drawn at random, for a longer search (``test_onnx_hostile``'s fuzz reads it too).  Array contents come from a NumPy generator
 seeded by a drawn integer (hypothesis' own floats favour 0.0, exactly the kink of relu).
 """
 import math
+import os
 
 import numpy as np
 import pytest
@@ -37,9 +39,16 @@ from cgru import mps, tf  # noqa: E402
 from cgru import onnx as connx  # noqa: E402
 
 
+# CGRU_FUZZ_SCALE=k: a longer campaign — k times the examples, drawn at random (new cases every
+# run) instead of CI's fixed ones
+SCALE = int(os.environ.get("CGRU_FUZZ_SCALE") or 0)
+
+
 def fuzz(n):
-    """Settings of a fuzz test: ``n`` derandomized examples, no deadline."""
-    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
+    """Settings of a fuzz test: ``n`` derandomized examples (``SCALE``: ``n·SCALE`` random
+    ones), no deadline."""
+    return settings(max_examples=n * max(SCALE, 1), deadline=None, derandomize=not SCALE,
+                    database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -186,6 +195,61 @@ def _directional_check(loss_at, grads, inputs, rng, eps=1e-6, tol=2e-6):
     assert abs(richardson - pred) <= bound, (richardson, fd, fd2, pred)
 
 
+def _kinks(act):
+    """The arguments at which ``act``'s derivative jumps (``smooth`` cells have no others)."""
+    if act.name in ("relu", "leaky_relu") or (act.name == "elu" and act.alpha != 1):
+        return (0.0,)
+    if act.name == "hard_sigmoid" and act.alpha:
+        return (-act.beta / act.alpha, (1 - act.beta) / act.alpha)
+    return ()
+
+
+def _kink_sides(net, x, h0, kw):
+    """The side of every kink of the forward's pieces — ONNX's clip at ±clip, an
+    activation's own (``_kinks``) — on which each of their arguments lies, one array for the
+    whole forward (the NumPy reference's, its clip and activations watched).  A central
+    difference over an interval holding a kink measures a mix of the slopes on both sides,
+    not the derivative: the backward check compares these sides across the interval."""
+    from unittest import mock
+
+    from cgru.core import activations
+    from cgru.core.kinds import gru as kind
+    sides = []
+
+    def clamp(cell, a):
+        if cell.clip is not None:
+            sides.append(np.sign(np.abs(a) - cell.clip).ravel())
+        return activations.clamp(cell, a)
+
+    def activate(act, a):
+        sides.extend(np.sign(a - k).ravel() for k in _kinks(act))
+        return activations.activate(act, a)
+
+    drop = cgru.dropout_masks(net.topology, x.shape[1] if kw["batch_major"] else x.shape[0],
+                              x.shape[0] if kw["batch_major"] else x.shape[1],
+                              dropout=kw["dropout"], seed=kw["seed"], dtype=net.dtype) \
+        if kw["dropout"] else None
+    with mock.patch.object(kind, "clamp", clamp), mock.patch.object(kind, "activate", activate), \
+            np.errstate(all="ignore"):
+        reference.forward(net, x, h0, lengths=kw["lengths"], batch_major=kw["batch_major"],
+                          state_mask=kw["state_mask"], dropout_masks=drop)
+    return np.concatenate(sides) if sides else np.zeros(0)
+
+
+def test_kink_sides_see_a_clip_crossed():
+    """``_kink_sides`` changes where a pre-activation crosses the clip, and not elsewhere."""
+    topo = Topology(2, 2)
+    cell = Cell(clip=0.5, g=Activation("relu"))
+    net = Network.random(topo, np.float64, seed=3, cell=cell)
+    x = np.random.default_rng(0).standard_normal((3, 2, 2))
+    kw = dict(lengths=None, batch_major=False, state_mask=None, dropout=0.0, seed=(0, 0))
+    base = _kink_sides(net, x, None, kw)
+    assert base.size and np.array_equal(base, _kink_sides(net, x + 1e-9, None, kw))
+    # move the input until some pre-activation crosses ±0.5 or a relu argument crosses 0
+    assert any(not np.array_equal(base, _kink_sides(net, x + s, None, kw))
+               for s in np.linspace(-1, 1, 41))
+
+
 def test_the_directional_check_fails_a_wrong_gradient():
     """The check's tolerance, widened by the truncation estimate, still refuses a gradient
     that is off by a small fraction, on a smooth loss and on one with large derivatives."""
@@ -227,7 +291,21 @@ def test_core_backward_equals_directional_differences(c):
 
     inputs = [x, h0] + [getattr(params[i], k) for i, k in names]
     grads = [g.dx, g.dh0] + [getattr(g.dparams[i], k) for i, k in names]
-    _directional_check(loss_at, grads, inputs, np.random.default_rng(c["data"] + 1))
+    rng = np.random.default_rng(c["data"] + 1)
+    state = rng.bit_generator.state
+    v = [rng.standard_normal(a.shape) for a in inputs]  # the direction the check draws
+    rng.bit_generator.state = state
+
+    def sides_at(s):
+        vals = [a + s * d for a, d in zip(inputs, v)]
+        p = Network(params.topology, [
+            cgru.LayerParams(**{k: vals[2 + names.index((i, k))] for k in lp.arrays()})
+            for i, lp in enumerate(params)], params.cell)
+        return _kink_sides(p, vals[0], vals[1], kw)
+
+    # the differences span ±2ε along v: no kink of the loss may lie in between
+    assume(all(np.array_equal(sides_at(0.0), sides_at(s)) for s in (-2e-6, 2e-6)))
+    _directional_check(loss_at, grads, inputs, rng)
 
 
 # Corruptions of a valid call and the argument the error must name.

@@ -620,7 +620,10 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
+# CGRU_FUZZ_SCALE=k: k times the examples, at random (test_fuzz.py's switch)
+_SCALE = int(os.environ.get("CGRU_FUZZ_SCALE") or 0)
+FUZZ = settings(max_examples=150 * max(_SCALE, 1), deadline=None, derandomize=not _SCALE,
+                database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 
