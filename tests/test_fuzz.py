@@ -166,9 +166,52 @@ def test_core_forward_equals_the_reference(c):
                                   dropout_masks=drop)
     assert f.y.dtype == c["dtype"] and f.y.shape == y.shape and f.hy.shape == hy.shape
     _assume_in_range(c["dtype"], y, hy)
-    np.testing.assert_allclose(f.y, y, **_tol(c["dtype"], y))
-    np.testing.assert_allclose(f.hy, hy, **_tol(c["dtype"], hy))
+    try:
+        np.testing.assert_allclose(f.y, y, **_tol(c["dtype"], y))
+        np.testing.assert_allclose(f.hy, hy, **_tol(c["dtype"], hy))
+    except AssertionError:
+        if c["dtype"] != np.float32:
+            raise
+        _within_float32s_own_error((f.y, f.hy), params, x, h0, mask, kw, drop)
     assert (f.reserve is None) != c["training"]
+
+
+def _within_float32s_own_error(got, params, x, h0, mask, kw, drop):
+    """float32 results ``(y, hy)`` of a case the reference's float32 does not reproduce within
+    ``_tol``: judged against the float64 reference of the same values instead, allowed four
+    times what float32 itself loses on the case — the largest error of the float32 reference
+    run on the values and on them moved by one ulp each way at random.  Cells drawn here can
+    amplify rounding a thousandfold in a few steps (a tanh update gate below 0, an unbounded
+    candidate: 1.4 % between two float32 computations, both as far from float64); on a case
+    that does not, the allowance is the fixed tolerance's."""
+    rng = np.random.default_rng(0)
+    arrays = [x, h0, mask] + [a for lp in params for a in lp.arrays().values()]
+
+    def run(values, dtype):
+        xs, h, m, *ws = [None if v is None else v.astype(dtype) for v in values]
+        it = iter(ws)
+        net = Network(params.topology, [cgru.LayerParams(**{k: next(it) for k in lp.arrays()})
+                                        for lp in params], params.cell)
+        with np.errstate(all="ignore"):
+            return reference.forward(net, xs, h, lengths=kw["lengths"],
+                                     batch_major=kw["batch_major"], state_mask=m,
+                                     dropout_masks=None if drop is None else
+                                     [d.astype(dtype) for d in drop])
+
+    def nudged(a):
+        if a is None:
+            return None
+        away = np.where(rng.random(a.shape) < 0.5, -np.inf, np.inf).astype(a.dtype)
+        return np.nextafter(a, away)
+
+    exact = run(arrays, np.float64)
+    lost = max(max(float(np.abs(r.astype(np.float64) - e).max()) for r, e in zip(out, exact))
+               for out in [run(arrays, np.float32)] +
+               [run([nudged(a) for a in arrays], np.float32) for _ in range(2)])
+    for g, e in zip(got, exact):
+        allowed = _tol(np.float32, e)["atol"] + 4 * lost
+        assert np.abs(g.astype(np.float64) - e).max() <= allowed, (
+            np.abs(g.astype(np.float64) - e).max(), lost)
 
 
 def _loss(y, hy, dy, dhy):
@@ -519,6 +562,7 @@ def test_onnx_gru_equals_the_operator_definition(c):
     if c["layout"]:
         Yr, Yhr = Yr.transpose(2, 0, 1, 3), Yhr.transpose(1, 0, 2)
     assert Y.dtype == dt and Y.shape == Yr.shape and Y_h.shape == Yhr.shape
+    _assume_in_range(dt, Yr, Yhr)      # (unbounded activations: float32 overflows, NaN vs inf)
     np.testing.assert_allclose(Y, Yr, **_tol(dt, Yr))
     np.testing.assert_allclose(Y_h, Yhr, **_tol(dt, Yhr))
 
