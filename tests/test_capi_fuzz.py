@@ -171,8 +171,9 @@ class _Step:
         cx = self.cx
         if wrong == "cell_state":
             cx = None if self.lstm else np.zeros(1, self.c["dtype"])
+        desc, *call = self._common(wrong)
         return self.lib.cgru_rnn_forward_ex(
-            *self._common(wrong)[:1], 7 if wrong == "fwd_mode" else 1, *self._common(wrong)[1:],
+            desc, 7 if wrong == "fwd_mode" else 1, *call,
             None if wrong == "x" else _ptr(self.x), None if wrong == "y" else _ptr(self.y),
             _ptr(self.hx), _ptr(self.hy), _ptr(cx), _ptr(self.cy),
             ctypes.c_size_t(wbytes), _ptr(self.weights),
@@ -216,8 +217,6 @@ def _applies(c, what):
         return c["work"]
     if what == "dropout":
         return c["topo"].num_layers > 1
-    if what == "other_lengths":
-        return c["N"] > 0
     return True
 
 
