@@ -302,6 +302,22 @@ def test_whole_sequence_packed_products_edge_shapes_and_errors():
         blas.gemm_packed_blocks(np.ones((4, 3)), Bp[1:].copy(), np.ones((4, 3)), False, 1, 1)
     with pytest.raises(ValueError, match="unit stride"):
         blas.gemm_packed_blocks(np.ones((4, 6))[:, ::2], Bp, np.ones((4, 3)), False, 1, 1)
+    # the operands are checked as NumPy arrays (not through typed memoryviews): each refusal
+    # names the operand, and nothing is written
+    A, C = np.ones((4, 3)), np.full((4, 3), 7.0)
+    for args, error, match in [
+            ((A.tolist(), Bp, C), TypeError, "A must be a NumPy array"),
+            ((A.astype(np.int64), Bp, C), TypeError, "A must be float32 or float64"),
+            ((A, Bp.reshape(-1, 1), C), ValueError, "Bp must be 1-D"),
+            ((A, Bp, C.ravel()), ValueError, "C must be 2-D"),
+            ((A.astype(np.float32), Bp, C), TypeError, "one dtype"),
+            ((A, Bp, C.astype(np.float32)), TypeError, "one dtype"),
+            ((A, np.repeat(Bp, 2)[::2], C), ValueError, "Bp must be contiguous"),
+            ((A, Bp, np.full((4, 3), 7.0)[::-1]), ValueError, "C must have a positive row"),
+            ((A, Bp, np.broadcast_to(C, (4, 3))), ValueError, "C must be writable")]:
+        with pytest.raises(error, match=match):
+            blas.gemm_packed_blocks(*args, False, 1, 1)
+        assert (C == 7).all()
 
 
 def _exact(name, x):

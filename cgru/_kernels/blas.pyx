@@ -12,11 +12,14 @@ from cgru._kernels.threads cimport (is_worker, item_fn, parallel_for, pass_ns, p
 import threading
 
 import numpy as np
+cimport numpy as cnp
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 
 # the kernels' packed GEMM (simd.h), for the products whose weights come packed
 from cgru._kernels.loops cimport (gemm_packed, gemm_packed_ta, cgru_packed_size, CGRU_NR_F,
                                   CGRU_NR_D)
+
+cnp.import_array()
 
 cdef extern from *:
     """
@@ -438,9 +441,8 @@ cdef int start_job(GemmJob *J, list errors, int num_threads):
     return max(1, min(num_threads, J.n_blocks))
 
 
-def gemm_packed_blocks(const floating[:, :] A, const floating[::1] Bp, floating[:, :] C,
-                       bint beta1, int n_blocks, int num_threads, bint trans_a=False,
-                       int col_blocks=1):
+def gemm_packed_blocks(A, Bp, C, bint beta1, int n_blocks, int num_threads,
+                       bint trans_a=False, int col_blocks=1):
     """``C[m, n] = op(A)[m, k] · op(B)`` (``+ C`` with ``beta1``), ``op(B)`` packed by
     ``loops.pack_rhs`` (the caller's: a pack is made from the very array it stands for), as
     ``gemm_blocks`` runs a product without ``trans_a`` — blocks of C's rows on an OpenMP team,
@@ -452,20 +454,36 @@ def gemm_packed_blocks(const floating[:, :] A, const floating[::1] Bp, floating[
     ``trans_a`` A is ``[k, m]`` (``C = Aᵀ·op(B)``: a weight gradient, split the same way, over
     C's rows, each over all of k).  ``col_blocks`` splits each block of rows further into that
     many blocks of whole panels of columns (a product with few rows, which row blocks alone
-    would leave to one thread); that too leaves every element's sum as it is."""
+    would leave to one thread); that too leaves every element's sum as it is.
+
+    A, Bp (1-D, contiguous) and C (writable) are NumPy arrays of one dtype, float32 or
+    float64, checked here with NumPy's C API: typed memoryviews of either dtype cost 2–3 µs a
+    call to dispatch and acquire, more than the arithmetic of a one-row step's products."""
     cdef GemmJob J
-    cdef int nr = CGRU_NR_F if floating is float else CGRU_NR_D
-    cdef Py_ssize_t itemsize = sizeof(floating)
-    cdef Py_ssize_t a_rows = A.shape[1] if trans_a else A.shape[0]
-    if a_rows != C.shape[0]:
-        raise ValueError(f"gemm_packed_blocks: op(A) has {a_rows} rows, C {C.shape[0]}")
-    J.m, J.n = C.shape[0], C.shape[1]
-    J.k = A.shape[0] if trans_a else A.shape[1]
-    if <Py_ssize_t>Bp.shape[0] != <Py_ssize_t>cgru_packed_size(J.n, J.k, nr):
-        raise ValueError(f"gemm_packed_blocks: Bp has {Bp.shape[0]} elements; a packed "
-                         f"[{J.k}, {J.n}] matrix has {cgru_packed_size(J.n, J.k, nr)}")
-    J.lda = _leading("gemm_packed_blocks", A, "A", itemsize)
-    J.ldc = _leading("gemm_packed_blocks", C, "C", itemsize)
+    cdef int typenum = _float_type("gemm_packed_blocks", A, "A", 2)
+    if _float_type("gemm_packed_blocks", Bp, "Bp", 1) != typenum or \
+            _float_type("gemm_packed_blocks", C, "C", 2) != typenum:
+        raise TypeError(f"gemm_packed_blocks: A, Bp and C must have one dtype, got {A.dtype}, "
+                        f"{Bp.dtype} and {C.dtype}")
+    cdef bint f32 = typenum == cnp.NPY_FLOAT32
+    cdef int nr = CGRU_NR_F if f32 else CGRU_NR_D
+    cdef Py_ssize_t itemsize = 4 if f32 else 8
+    cdef cnp.ndarray a = A, bp = Bp, c = C
+    if cnp.PyArray_DIM(bp, 0) > 1 and cnp.PyArray_STRIDE(bp, 0) != itemsize:
+        raise ValueError("gemm_packed_blocks: Bp must be contiguous")
+    if not cnp.PyArray_ISWRITEABLE(c):
+        raise ValueError("gemm_packed_blocks: C must be writable")
+    cdef Py_ssize_t a_rows = cnp.PyArray_DIM(a, 1) if trans_a else cnp.PyArray_DIM(a, 0)
+    if a_rows != cnp.PyArray_DIM(c, 0):
+        raise ValueError(f"gemm_packed_blocks: op(A) has {a_rows} rows, C "
+                         f"{cnp.PyArray_DIM(c, 0)}")
+    J.m, J.n = cnp.PyArray_DIM(c, 0), cnp.PyArray_DIM(c, 1)
+    J.k = cnp.PyArray_DIM(a, 0) if trans_a else cnp.PyArray_DIM(a, 1)
+    if <size_t>cnp.PyArray_DIM(bp, 0) != cgru_packed_size(J.n, J.k, nr):
+        raise ValueError(f"gemm_packed_blocks: Bp has {cnp.PyArray_DIM(bp, 0)} elements; a "
+                         f"packed [{J.k}, {J.n}] matrix has {cgru_packed_size(J.n, J.k, nr)}")
+    J.lda = _leading_nd("gemm_packed_blocks", a, "A", itemsize)
+    J.ldc = _leading_nd("gemm_packed_blocks", c, "C", itemsize)
     J.ldb = 0
     if J.m == 0 or J.n == 0:
         return
@@ -473,8 +491,32 @@ def gemm_packed_blocks(const floating[:, :] A, const floating[::1] Bp, floating[
         if not beta1:
             C[:, :] = 0
         return
-    run_packed(&J, floating is float, trans_a, beta1, &A[0, 0], &Bp[0], &C[0, 0], n_blocks,
-               col_blocks, num_threads, [])
+    run_packed(&J, f32, trans_a, beta1, cnp.PyArray_DATA(a), cnp.PyArray_DATA(bp),
+               cnp.PyArray_DATA(c), n_blocks, col_blocks, num_threads, [])
+
+
+cdef int _float_type(fn, arr, name, int ndim) except -1:
+    """The NumPy type number of ``arr``: a float32 or float64 array of ``ndim`` dimensions."""
+    if not isinstance(arr, cnp.ndarray):
+        raise TypeError(f"{fn}: {name} must be a NumPy array, got {type(arr).__name__}")
+    cdef int t = cnp.PyArray_TYPE(<cnp.ndarray>arr)
+    if t != cnp.NPY_FLOAT32 and t != cnp.NPY_FLOAT64:
+        raise TypeError(f"{fn}: {name} must be float32 or float64, got {arr.dtype}")
+    if cnp.PyArray_NDIM(<cnp.ndarray>arr) != ndim:
+        raise ValueError(f"{fn}: {name} must be {ndim}-D, got shape {list(arr.shape)}")
+    return t
+
+
+cdef Py_ssize_t _leading_nd(fn, cnp.ndarray arr, name, Py_ssize_t itemsize) except -1:
+    """``_leading`` of a 2-D NumPy array, from its C-level shape and strides."""
+    cdef Py_ssize_t rows = cnp.PyArray_DIM(arr, 0), cols = cnp.PyArray_DIM(arr, 1)
+    cdef Py_ssize_t s0 = cnp.PyArray_STRIDE(arr, 0), s1 = cnp.PyArray_STRIDE(arr, 1)
+    if rows * cols > 0 and s1 != itemsize:
+        raise ValueError(f"{fn}: {name} must have unit stride along its last axis")
+    if rows > 1 and cols > 0 and (s0 % itemsize or s0 // itemsize < cols):
+        raise ValueError(f"{fn}: {name} must have a positive row stride of at least its "
+                         f"row length ({cols * itemsize} bytes), got {s0}")
+    return max(1, s0 // itemsize if rows > 1 else cols)
 
 
 cdef int run_packed(GemmJob *J, bint f32, bint trans_a, bint beta1, const void *A,
