@@ -88,6 +88,21 @@ def test_fingerprint_sees_every_byte_and_only_the_bytes():
     assert fingerprint(a[::2]) == fingerprint(np.ascontiguousarray(a[::2]))
 
 
+def test_what_a_mac_covers_names_the_dtype_and_the_shape():
+    # describe's words for a (dtype, shape) are made once and kept: the same bytes under another
+    # dtype, shape or byte order are described apart, and the dropout slot's bits round-trip
+    a = np.arange(12, dtype=np.float64)
+    words = {rv.describe(b) for b in (a, a.reshape(3, 4), a.reshape(4, 3), a.view(np.int64),
+                                      a.view(">f8"), a.view("<f4"))}
+    assert len(words) == 6
+    assert rv.describe(a.reshape(3, 4)) == rv.describe(a.reshape(3, 4).copy())
+    assert rv.describe(a).startswith(b"<f8(12,)")
+    for p in (0.0, -0.0, 0.3, 1 / 3, np.nextafter(1.0, 0.0), np.float32(0.1)):
+        bits = rv._float_bits(p)
+        assert bits == int(np.float64(p).view(np.int64))
+        assert np.float64(rv._bits_float(bits)).tobytes() == np.float64(p).tobytes()
+
+
 def test_fingerprint_is_the_same_on_every_isa_path():
     from cgru._kernels.loops import fingerprint, simd_isa
     levels = {"AVX-512": [0, 3, 4], "AVX2+FMA": [0, 3], "baseline": [0]}[simd_isa()]

@@ -212,7 +212,17 @@ def mac(label, *parts):
 def describe(a, fp=None):
     """What a MAC covers of one array: its dtype, shape and keyed fingerprint (bytes; ``fp``:
     the fingerprint of ``a`` when the caller has taken it already)."""
-    return f"{a.dtype.str}{a.shape}".encode() + (fingerprint(a) if fp is None else fp)
+    key = (a.dtype, a.shape)
+    words = _WORDS.get(key)
+    if words is None:
+        words = f"{a.dtype.str}{a.shape}".encode()
+        if len(_WORDS) < _MAX_WORDS:
+            _WORDS[key] = words
+    return words + (fingerprint(a) if fp is None else fp)
+
+
+_WORDS = {}             # (dtype, shape) -> describe's words for them, made once per pair
+_MAX_WORDS = 4096
 
 
 def data_mac(label, *arrays):
@@ -237,6 +247,17 @@ def weights_mac(frozen):
 
 
 _HEAD_WORDS = struct.Struct(f"={_SEAL}q")     # the slots before the seal, as int64 bytes
+_I64, _F64 = struct.Struct("=q"), struct.Struct("=d")
+
+
+def _float_bits(value):
+    """The bits of ``value`` as a float64, as a signed int64 (the header's dropout slot)."""
+    return _I64.unpack(_F64.pack(value))[0]
+
+
+def _bits_float(bits):
+    """The float64 whose bits are the int64 ``bits`` (``_float_bits`` undone)."""
+    return _F64.unpack(_I64.pack(bits))[0]
 
 
 def _seal(header, lengths):
@@ -261,7 +282,7 @@ def create(layout, *, lengths, dropout, seed, seed2, batch_major, x, weights, h0
     layout.zero_gaps(reserve)
     header, lens, lds, xin = layout.carve(reserve)
     words = [MAGIC, VERSION, layout.T, layout.N, layout.dtype.itemsize,
-             layout.digest(batch_major), int(np.float64(dropout).view(np.int64)), seed, seed2,
+             layout.digest(batch_major), _float_bits(dropout), seed, seed2,
              x, weights, h0, state_mask, _FLAG_BATCH_MAJOR if batch_major else 0]
     lens[:] = lengths
     words += [_seal(words, lens)] + [0] * (HEADER - _SEAL - 1)
@@ -286,7 +307,7 @@ class Opened:
         self.what = what
         self.header, self.lengths, self.lds, self.xin = views
         header = self.header
-        self.dropout = float(np.int64(header[6]).view(np.float64))
+        self.dropout = _bits_float(int(header[6]))
         self.seed, self.seed2 = int(header[7]), int(header[8])
         self.batch_major = bool(header[13] & _FLAG_BATCH_MAJOR)
 
@@ -368,6 +389,6 @@ def read_header(reserve, what="reserve"):
     if head[_SEAL] != _seal(head, lengths):
         raise ValueError(_UNSEALED.format(what=what))
     return {"T": head[2], "N": head[3],
-            "dropout": float(np.int64(head[6]).view(np.float64)),
+            "dropout": _bits_float(head[6]),
             "seed": head[7], "seed2": head[8],
             "batch_major": bool(head[13] & _FLAG_BATCH_MAJOR)}
