@@ -385,6 +385,10 @@ def resolve_num_threads(num_threads=None):
     never the results.
     """
     global cgru_cores
+    if type(num_threads) is int and num_threads == 1:
+        # one thread is one thread on any number of cores: no affinity lookup (a system call
+        # on every call), and no team, so the budget the others share keeps its last reading
+        return 1
     cores = _usable_cores()
     cgru_cores = cores
     if num_threads is None:
