@@ -308,6 +308,8 @@ def test_whole_sequence_packed_products_edge_shapes_and_errors():
     for args, error, match in [
             ((A.tolist(), Bp, C), TypeError, "A must be a NumPy array"),
             ((A.astype(np.int64), Bp, C), TypeError, "A must be float32 or float64"),
+            ((A.astype(A.dtype.newbyteorder()), Bp, C), TypeError, "A must be in the machine's"),
+            ((A, Bp, C.astype(C.dtype.newbyteorder())), TypeError, "C must be in the machine's"),
             ((A, Bp.reshape(-1, 1), C), ValueError, "Bp must be 1-D"),
             ((A, Bp, C.ravel()), ValueError, "C must be 2-D"),
             ((A.astype(np.float32), Bp, C), TypeError, "one dtype"),

@@ -457,7 +457,7 @@ def gemm_packed_blocks(A, Bp, C, bint beta1, int n_blocks, int num_threads,
     would leave to one thread); that too leaves every element's sum as it is.
 
     A, Bp (1-D, contiguous) and C (writable) are NumPy arrays of one dtype, float32 or
-    float64, checked here with NumPy's C API: typed memoryviews of either dtype cost 2–3 µs a
+    float64 in the machine's byte order, checked here with NumPy's C API: typed memoryviews of either dtype cost 2–3 µs a
     call to dispatch and acquire, more than the arithmetic of a one-row step's products."""
     cdef GemmJob J
     cdef int typenum = _float_type("gemm_packed_blocks", A, "A", 2)
@@ -502,6 +502,8 @@ cdef int _float_type(fn, arr, name, int ndim) except -1:
     cdef int t = cnp.PyArray_TYPE(<cnp.ndarray>arr)
     if t != cnp.NPY_FLOAT32 and t != cnp.NPY_FLOAT64:
         raise TypeError(f"{fn}: {name} must be float32 or float64, got {arr.dtype}")
+    if not cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>arr):
+        raise TypeError(f"{fn}: {name} must be in the machine's byte order, got {arr.dtype}")
     if cnp.PyArray_NDIM(<cnp.ndarray>arr) != ndim:
         raise ValueError(f"{fn}: {name} must be {ndim}-D, got shape {list(arr.shape)}")
     return t
