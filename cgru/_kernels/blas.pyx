@@ -105,15 +105,20 @@ def _operands(fn, bint trans_a, bint trans_b, A, B, C, Py_ssize_t itemsize):
 def _leading(fn, arr, name, Py_ssize_t itemsize):
     """The leading dimension (row stride in elements) of the 2-D operand ``arr``, after
     checking it has unit inner stride and a row stride BLAS can express."""
-    rows, cols = arr.shape[0], arr.shape[1]
-    if rows * cols > 0 and arr.strides[1] != itemsize:
-        raise ValueError(f"{fn}: {name} must have unit stride along its last axis")
-    if rows > 1 and cols > 0 and (arr.strides[0] % itemsize
-                                  or arr.strides[0] // itemsize < cols):
-        raise ValueError(f"{fn}: {name} must have a positive row stride of at least its "
-                         f"row length ({cols * itemsize} bytes), got {arr.strides[0]}")
-    return max(1, arr.strides[0] // itemsize if rows > 1 else cols)
+    return _leading_of(fn, name, arr.shape[0], arr.shape[1], arr.strides[0], arr.strides[1],
+                       itemsize)
 
+
+cdef Py_ssize_t _leading_of(fn, name, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t s0,
+                            Py_ssize_t s1, Py_ssize_t itemsize) except -1:
+    """``_leading`` of an operand of ``rows`` × ``cols`` elements with byte strides ``s0``,
+    ``s1`` (the one rule, for memoryviews and NumPy arrays alike)."""
+    if rows * cols > 0 and s1 != itemsize:
+        raise ValueError(f"{fn}: {name} must have unit stride along its last axis")
+    if rows > 1 and cols > 0 and (s0 % itemsize or s0 // itemsize < cols):
+        raise ValueError(f"{fn}: {name} must have a positive row stride of at least its "
+                         f"row length ({cols * itemsize} bytes), got {s0}")
+    return max(1, s0 // itemsize if rows > 1 else cols)
 
 
 def gemm_rm(bint trans_a, bint trans_b, double alpha, const floating[:, :] A,
@@ -482,8 +487,10 @@ def gemm_packed_blocks(A, Bp, C, bint beta1, int n_blocks, int num_threads,
     if <size_t>cnp.PyArray_DIM(bp, 0) != cgru_packed_size(J.n, J.k, nr):
         raise ValueError(f"gemm_packed_blocks: Bp has {cnp.PyArray_DIM(bp, 0)} elements; a "
                          f"packed [{J.k}, {J.n}] matrix has {cgru_packed_size(J.n, J.k, nr)}")
-    J.lda = _leading_nd("gemm_packed_blocks", a, "A", itemsize)
-    J.ldc = _leading_nd("gemm_packed_blocks", c, "C", itemsize)
+    J.lda = _leading_of("gemm_packed_blocks", "A", cnp.PyArray_DIM(a, 0), cnp.PyArray_DIM(a, 1),
+                        cnp.PyArray_STRIDE(a, 0), cnp.PyArray_STRIDE(a, 1), itemsize)
+    J.ldc = _leading_of("gemm_packed_blocks", "C", cnp.PyArray_DIM(c, 0), cnp.PyArray_DIM(c, 1),
+                        cnp.PyArray_STRIDE(c, 0), cnp.PyArray_STRIDE(c, 1), itemsize)
     J.ldb = 0
     if J.m == 0 or J.n == 0:
         return
@@ -507,18 +514,6 @@ cdef int _float_type(fn, arr, name, int ndim) except -1:
     if cnp.PyArray_NDIM(<cnp.ndarray>arr) != ndim:
         raise ValueError(f"{fn}: {name} must be {ndim}-D, got shape {list(arr.shape)}")
     return t
-
-
-cdef Py_ssize_t _leading_nd(fn, cnp.ndarray arr, name, Py_ssize_t itemsize) except -1:
-    """``_leading`` of a 2-D NumPy array, from its C-level shape and strides."""
-    cdef Py_ssize_t rows = cnp.PyArray_DIM(arr, 0), cols = cnp.PyArray_DIM(arr, 1)
-    cdef Py_ssize_t s0 = cnp.PyArray_STRIDE(arr, 0), s1 = cnp.PyArray_STRIDE(arr, 1)
-    if rows * cols > 0 and s1 != itemsize:
-        raise ValueError(f"{fn}: {name} must have unit stride along its last axis")
-    if rows > 1 and cols > 0 and (s0 % itemsize or s0 // itemsize < cols):
-        raise ValueError(f"{fn}: {name} must have a positive row stride of at least its "
-                         f"row length ({cols * itemsize} bytes), got {s0}")
-    return max(1, s0 // itemsize if rows > 1 else cols)
 
 
 cdef int run_packed(GemmJob *J, bint f32, bint trans_a, bint beta1, const void *A,

@@ -214,8 +214,8 @@ def describe(a, fp=None):
     the fingerprint of ``a`` when the caller has taken it already)."""
     key = (a.dtype, a.shape)
     words = _WORDS.get(key)
-    if words is None:
-        words = f"{a.dtype.str}{a.shape}".encode()
+    if words is None:       # (from the key itself: another thread may reshape ``a`` meanwhile)
+        words = f"{key[0].str}{key[1]}".encode()
         if len(_WORDS) < _MAX_WORDS:
             _WORDS[key] = words
     return words + (fingerprint(a) if fp is None else fp)
