@@ -462,8 +462,9 @@ def gemm_packed_blocks(A, Bp, C, bint beta1, int n_blocks, int num_threads,
     would leave to one thread); that too leaves every element's sum as it is.
 
     A, Bp (1-D, contiguous) and C (writable) are NumPy arrays of one dtype, float32 or
-    float64 in the machine's byte order, checked here with NumPy's C API: typed memoryviews of either dtype cost 2–3 µs a
-    call to dispatch and acquire, more than the arithmetic of a one-row step's products."""
+    float64 in the machine's byte order, checked here with NumPy's C API: typed memoryviews
+    of either dtype cost 2–3 µs a call to dispatch and acquire, more than the arithmetic of a
+    one-row step's products."""
     cdef GemmJob J
     cdef int typenum = _float_type("gemm_packed_blocks", A, "A", 2)
     if _float_type("gemm_packed_blocks", Bp, "Bp", 1) != typenum or \

@@ -307,7 +307,7 @@ class Opened:
         self.what = what
         self.header, self.lengths, self.lds, self.xin = views
         header = self.header
-        self.dropout = _bits_float(int(header[6]))
+        self.dropout = _bits_float(header[6])
         self.seed, self.seed2 = int(header[7]), int(header[8])
         self.batch_major = bool(header[13] & _FLAG_BATCH_MAJOR)
 
